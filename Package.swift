@@ -1,0 +1,56 @@
+// swift-tools-version:6.0
+// ModuleHost: a plugin host for Swift services on Linux. See README.md.
+import PackageDescription
+
+let swift6: [SwiftSetting] = [.swiftLanguageMode(.v6)]
+
+let package = Package(
+    name: "ModuleHost",
+    products: [
+        .executable(name: "modhostd", targets: ["modhostd"]),
+        .executable(name: "modhostctl", targets: ["modhostctl"]),
+        .library(name: "ModuleHost", targets: ["ModuleHost"]),
+    ],
+    dependencies: [
+        // The SDK lives in a nested package so that it is one shared library per process.
+        .package(path: "Sources/ModuleKit"),
+    ],
+    targets: [
+        // libffi, from Debian's libffi-dev.
+        .systemLibrary(name: "CFFI", path: "Sources/CFFI", pkgConfig: "libffi",
+                       providers: [.apt(["libffi-dev"])]),
+        // Reading plugin files without running them: ELF structure and the manifest.
+        .target(name: "PluginFormat", swiftSettings: swift6),
+        // Calling plugin functions by name through libffi.
+        .target(name: "PluginCall", dependencies: ["CFFI", "PluginFormat"], swiftSettings: swift6),
+        // Daemon plumbing that knows nothing of plugins: signals, inotify, the control
+        // socket, systemd notification.
+        .target(name: "DaemonKit", dependencies: [.product(name: "ModuleKit", package: "ModuleKit")],
+                swiftSettings: swift6),
+        // The host runtime: validation, loading, registry, daemon, control protocol.
+        .target(
+            name: "ModuleHost",
+            dependencies: [
+                .product(name: "ModuleKit", package: "ModuleKit"),
+                "PluginFormat", "PluginCall", "DaemonKit",
+            ],
+            swiftSettings: swift6),
+        .executableTarget(name: "modhostd", dependencies: ["ModuleHost"], swiftSettings: swift6),
+        .executableTarget(name: "modhostctl", dependencies: ["ModuleHost"], swiftSettings: swift6),
+        .target(
+            name: "TestSupport",
+            dependencies: [.product(name: "ModuleKit", package: "ModuleKit"), "PluginFormat"],
+            swiftSettings: swift6),
+        .testTarget(
+            name: "ModuleKitTests",
+            dependencies: [.product(name: "ModuleKit", package: "ModuleKit"), "TestSupport"],
+            swiftSettings: swift6),
+        .testTarget(name: "PluginFormatTests", dependencies: ["PluginFormat", "TestSupport"], swiftSettings: swift6),
+        .testTarget(name: "PluginCallTests", dependencies: ["PluginCall", "TestSupport"], swiftSettings: swift6),
+        .testTarget(name: "DaemonKitTests", dependencies: ["DaemonKit", "TestSupport"], swiftSettings: swift6),
+        .testTarget(
+            name: "ModuleHostTests",
+            dependencies: ["ModuleHost", "TestSupport", .product(name: "ModuleKit", package: "ModuleKit")],
+            swiftSettings: swift6),
+    ]
+)

@@ -1,0 +1,209 @@
+/// A module: one unit of behaviour a plugin (or the host application) contributes.
+///
+/// Threading: a module object belongs to one `HostInstance` and is only ever touched on
+/// that instance's serial context. Every requirement receives the instance as an
+/// `isolated` parameter, so a module's code runs on that context without an extra hop
+/// and may use `host.moduleManager` and `host.bus` directly. Modules are not `Sendable`
+/// and need no locks of their own.
+///
+/// Errors: handlers do not throw. A module reports a problem by logging it (see
+/// `HostInstance.logger(for:)`); the host logs it with the module's name and carries on.
+public protocol Module: AnyObject {
+    /// The name the module is registered under: unique within a host instance.
+    var moduleName: String { get }
+
+    /// Name, version and metadata, as gathered into the host's info payload.
+    var info: ModuleInfo { get }
+
+    /// Extra notification names this module listens to, beyond the lifecycle events.
+    /// Only notifications named here are delivered to it.
+    var notifications: Set<String> { get }
+
+    /// Handles a synchronous event. Return quickly; start a `Task` for slow work that
+    /// the host need not wait for.
+    func handle(_ event: ModuleEvent, host: isolated HostInstance)
+
+    /// Handles an event the host awaits before it proceeds (flushing before shutdown,
+    /// before unload). The host waits at most its configured deadline, then logs the
+    /// overrun with the module's name and goes on without it.
+    func handle(_ event: AsyncModuleEvent, host: isolated HostInstance) async
+
+    /// Applies a new configuration. Return `self` after mutating in place (observers are
+    /// not notified), a new instance to replace this one (observers are notified and
+    /// this instance gets `.deinitialize`), or nil to disable and remove the module.
+    func updateConfiguration(_ configuration: JSONValue, host: isolated HostInstance) -> (any Module)?
+
+    /// Called on the old instance when a new version of its plugin replaces it: the state
+    /// to hand to the new instance, or nil for none.
+    func stateForReplacement(host: isolated HostInstance) -> JSONValue?
+
+    /// Called on the new instance, after `.initialize` and before `.start`, with what the
+    /// instance it replaces returned from `stateForReplacement`.
+    func restore(state: JSONValue, host: isolated HostInstance)
+}
+
+extension Module {
+    public var notifications: Set<String> { [] }
+    public func handle(_ event: ModuleEvent, host: isolated HostInstance) {}
+    public func handle(_ event: AsyncModuleEvent, host: isolated HostInstance) async {}
+    public func updateConfiguration(_ configuration: JSONValue, host: isolated HostInstance) -> (any Module)? { self }
+    public func stateForReplacement(host: isolated HostInstance) -> JSONValue? { nil }
+    public func restore(state: JSONValue, host: isolated HostInstance) {}
+}
+
+/// A module type that can be created by name: what a Swift plugin exports.
+///
+/// The registry maps `name` to the type; this is ModuleHost's stand-in for looking a class
+/// up with `NSClassFromString` and instantiating it.
+public protocol PluginModule: Module, SendableMetatype {
+    /// The registration name, unique within a host instance.
+    static var name: String { get }
+    /// The module's version, reported in its info.
+    static var version: String { get }
+    /// Free-form metadata reported in its info.
+    static var metadata: [String: JSONValue] { get }
+
+    /// Creates the module on `host`'s serial context with its configuration object
+    /// (an empty object when none is configured). Return nil to refuse; the host logs it.
+    init?(host: isolated HostInstance, configuration: JSONValue)
+}
+
+extension PluginModule {
+    public static var version: String { "0.0.0" }
+    public static var metadata: [String: JSONValue] { [:] }
+    public var moduleName: String { Self.name }
+    public var info: ModuleInfo { ModuleInfo(name: Self.name, version: Self.version, metadata: Self.metadata) }
+}
+
+/// Name, version and free-form metadata of a module (MoEngage's `Info`).
+public struct ModuleInfo: Sendable, Hashable, Codable {
+    public var name: String
+    public var version: String
+    public var metadata: [String: JSONValue]
+
+    public init(name: String, version: String, metadata: [String: JSONValue] = [:]) {
+        self.name = name
+        self.version = version
+        self.metadata = metadata
+    }
+}
+
+/// Synchronous lifecycle events, delivered in this order for a module's life:
+/// `initialize` once when it is registered, `start` after every module registered with it
+/// has been initialized, then any number of the others, and `deinitialize` once when it is
+/// removed or the host stops (modules are deinitialized in reverse order).
+public enum ModuleEvent: Sendable, Hashable {
+    case initialize
+    case start
+    case deinitialize
+    /// The module's configuration changed and `updateConfiguration` kept this instance.
+    case configurationChanged(JSONValue)
+    /// A notification the module listens to (see `Module.notifications`).
+    case notification(name: String, payload: JSONValue)
+    /// An event the host application defines.
+    case custom(name: String, payload: JSONValue)
+
+    /// The event's name as C modules receive it.
+    public var name: String {
+        switch self {
+        case .initialize: "init"
+        case .start: "start"
+        case .deinitialize: "deinit"
+        case .configurationChanged: "configurationChanged"
+        case .notification(let name, _), .custom(let name, _): name
+        }
+    }
+
+    /// The event's payload, `.null` when it has none.
+    public var payload: JSONValue {
+        switch self {
+        case .initialize, .start, .deinitialize: .null
+        case .configurationChanged(let configuration): configuration
+        case .notification(_, let payload), .custom(_, let payload): payload
+        }
+    }
+}
+
+/// Events the host awaits, each with a deadline, before it proceeds.
+public enum AsyncModuleEvent: Sendable, Hashable {
+    /// The host is shutting down; flush what must not be lost.
+    case willTerminate
+    /// This module is about to be removed or replaced by a new version of its plugin.
+    case willUnload
+    /// An event the host application defines (e.g. "willLogout").
+    case custom(name: String, payload: JSONValue)
+
+    /// The event's name as C modules receive it.
+    public var name: String {
+        switch self {
+        case .willTerminate: "willTerminate"
+        case .willUnload: "willUnload"
+        case .custom(let name, _): name
+        }
+    }
+
+    /// The event's payload, `.null` when it has none.
+    public var payload: JSONValue {
+        if case .custom(_, let payload) = self { return payload }
+        return .null
+    }
+}
+
+/// Per-module settings from the host configuration.
+public struct ModuleSettings: Sendable, Hashable, Codable {
+    /// A disabled module is not created; disabling a running one removes it.
+    public var enabled: Bool
+    /// Position among modules; lower first. Nil uses the plugin's default order.
+    public var order: Int?
+    /// The module's free-form configuration object.
+    public var configuration: JSONValue
+
+    public init(enabled: Bool = true, order: Int? = nil, configuration: JSONValue = [:]) {
+        self.enabled = enabled
+        self.order = order
+        self.configuration = configuration
+    }
+
+    enum CodingKeys: String, CodingKey { case enabled, order, configuration }
+
+    public init(from decoder: any Decoder) throws {
+        let container = try decoder.container(keyedBy: CodingKeys.self)
+        enabled = try container.decodeIfPresent(Bool.self, forKey: .enabled) ?? true
+        order = try container.decodeIfPresent(Int.self, forKey: .order)
+        configuration = try container.decodeIfPresent(JSONValue.self, forKey: .configuration) ?? [:]
+    }
+}
+
+/// How to create one named module: the registry's answer to "what is module X".
+///
+/// Factories come from loaded plugins (Swift types or C descriptors) or from the host
+/// application itself. They are `Sendable`; the module objects they make are not and
+/// stay on the host instance that made them.
+public struct ModuleFactory: Sendable {
+    public let name: String
+    public let version: String
+    /// The plugin that provides the module ("" for modules built into the host).
+    public let plugin: String
+    /// Order used when the settings give none.
+    public let defaultOrder: Int
+    /// Extra notification names, known before the module is created.
+    public let make: @Sendable (isolated HostInstance, JSONValue) -> (any Module)?
+
+    public init(
+        name: String, version: String, plugin: String = "", defaultOrder: Int = 0,
+        make: @escaping @Sendable (isolated HostInstance, JSONValue) -> (any Module)?
+    ) {
+        self.name = name
+        self.version = version
+        self.plugin = plugin
+        self.defaultOrder = defaultOrder
+        self.make = make
+    }
+
+    /// A factory that creates `type` with its `init?(host:configuration:)`.
+    public init<M: PluginModule>(_ type: M.Type, plugin: String = "", defaultOrder: Int = 0) {
+        self.init(name: M.name, version: M.version, plugin: plugin, defaultOrder: defaultOrder) { host, configuration in
+            M(host: host, configuration: configuration)
+        }
+    }
+}

@@ -1,0 +1,86 @@
+@_exported import CModuleHost
+import Foundation
+import Synchronization
+
+/// Carries a Swift module type through the C descriptor (`modhost_module.swift_type`).
+/// Immutable, so sharing it between threads is safe.
+public final class ModuleTypeBox: Sendable {
+    public let type: any PluginModule.Type
+    init(_ type: any PluginModule.Type) { self.type = type }
+}
+
+/// Builds the C descriptor a Swift plugin's entry symbol returns.
+///
+/// A Swift plugin exports itself with one line:
+///
+///     @_cdecl("modhost_plugin_entry_v1")
+///     public func entry() -> UnsafeRawPointer? { PluginExport.plugin("Greeter", modules: [Greeter.self]) }
+public enum PluginExport {
+    /// Descriptors already built, by plugin name, as addresses. They are never freed: the
+    /// host keeps pointers into them for the life of the process.
+    private static let built = Mutex<[String: UInt]>([:])
+
+    /// The descriptor of a plugin named `name` providing `modules`, built once and kept
+    /// for the life of the process. Safe to call from any thread.
+    public static func plugin(_ name: String, modules: [any PluginModule.Type]) -> UnsafeRawPointer? {
+        let address = built.withLock { built -> UInt in
+            if let address = built[name] { return address }
+            let address = UInt(bitPattern: makeDescriptor(name, modules))
+            built[name] = address
+            return address
+        }
+        return UnsafeRawPointer(bitPattern: address)
+    }
+
+    private static func makeDescriptor(_ name: String, _ types: [any PluginModule.Type]) -> UnsafeMutablePointer<modhost_plugin> {
+        let modules = UnsafeMutablePointer<modhost_module>.allocate(capacity: max(types.count, 1))
+        for (index, type) in types.enumerated() {
+            let box = Unmanaged.passRetained(ModuleTypeBox(type)).toOpaque()
+            modules[index] = modhost_module(
+                struct_size: UInt32(MemoryLayout<modhost_module>.size),
+                kind: UInt32(MODHOST_MODULE_SWIFT.rawValue),
+                name: strdup(type.name)!,
+                version: strdup(type.version)!,
+                notifications: nil, create: nil, handle_event: nil, destroy: nil,
+                swift_type: UnsafeRawPointer(box))
+        }
+        let plugin = UnsafeMutablePointer<modhost_plugin>.allocate(capacity: 1)
+        plugin.initialize(to: modhost_plugin(
+            struct_size: UInt32(MemoryLayout<modhost_plugin>.size),
+            abi_major: UInt32(MODHOST_ABI_MAJOR), abi_minor: UInt32(MODHOST_ABI_MINOR),
+            module_count: UInt32(types.count), name: strdup(name)!, modules: modules))
+        return plugin
+    }
+
+    /// Host side: the Swift module type a descriptor of kind `MODHOST_MODULE_SWIFT`
+    /// carries, or nil when the pointer is not a `ModuleTypeBox` of this process's
+    /// ModuleKit (e.g. the plugin carries its own copy of the SDK).
+    public static func moduleType(_ swiftType: UnsafeRawPointer) -> (any PluginModule.Type)? {
+        let object = Unmanaged<AnyObject>.fromOpaque(swiftType).takeUnretainedValue()
+        return (object as? ModuleTypeBox)?.type
+    }
+}
+
+/// Facts about the ModuleKit build in this process, for the toolchain fingerprint.
+public enum ModuleKitBuild {
+    /// The Swift language version of the compiler that built this ModuleKit, e.g. "6.3".
+    public static var compilerVersion: String {
+        #if compiler(>=6.5)
+        return "6.5 or later"
+        #elseif compiler(>=6.4)
+        return "6.4"
+        #elseif compiler(>=6.3)
+        return "6.3"
+        #elseif compiler(>=6.2)
+        return "6.2"
+        #elseif compiler(>=6.1)
+        return "6.1"
+        #else
+        return "6.0"
+        #endif
+    }
+
+    /// Any function of ModuleKit; its address tells the host which file the SDK was
+    /// loaded from (dladdr), whose GNU build id is the SDK's fingerprint.
+    public static let anchor: @convention(c) () -> Int32 = { Int32(MODHOST_ABI_MAJOR) }
+}
