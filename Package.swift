@@ -19,10 +19,12 @@ let package = Package(
         // libffi, from Debian's libffi-dev.
         .systemLibrary(name: "CFFI", path: "Sources/CFFI", pkgConfig: "libffi",
                        providers: [.apt(["libffi-dev"])]),
+        // dladdr, which needs _GNU_SOURCE.
+        .target(name: "CDynamicLoader"),
         // Reading plugin files without running them: ELF structure and the manifest.
         .target(name: "PluginFormat", swiftSettings: swift6),
         // Calling plugin functions by name through libffi.
-        .target(name: "PluginCall", dependencies: ["CFFI", "PluginFormat"], swiftSettings: swift6),
+        .target(name: "PluginCall", dependencies: ["CFFI", "CDynamicLoader", "PluginFormat"], swiftSettings: swift6),
         // Daemon plumbing that knows nothing of plugins: signals, inotify, the control
         // socket, systemd notification.
         .target(name: "DaemonKit", dependencies: [.product(name: "ModuleKit", package: "ModuleKit")],
@@ -32,7 +34,7 @@ let package = Package(
             name: "ModuleHost",
             dependencies: [
                 .product(name: "ModuleKit", package: "ModuleKit"),
-                "PluginFormat", "PluginCall", "DaemonKit",
+                "CDynamicLoader", "PluginFormat", "PluginCall", "DaemonKit",
             ],
             swiftSettings: swift6),
         .executableTarget(name: "modhostd", dependencies: ["ModuleHost"], swiftSettings: swift6),
