@@ -1,5 +1,6 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <stddef.h>
 #include "dynamic_loader.h"
 
 const char *modhost_object_containing(const void *address) {
