@@ -3,6 +3,8 @@
 import PackageDescription
 
 let swift6: [SwiftSetting] = [.swiftLanguageMode(.v6)]
+// The executables find libModuleKit.so in ../lib once installed (build/bin, PREFIX/bin).
+let installedRunpath: [LinkerSetting] = [.unsafeFlags(["-Xlinker", "-rpath", "-Xlinker", "$ORIGIN/../lib"])]
 
 let package = Package(
     name: "ModuleHost",
@@ -34,11 +36,13 @@ let package = Package(
             name: "ModuleHost",
             dependencies: [
                 .product(name: "ModuleKit", package: "ModuleKit"),
-                "CDynamicLoader", "PluginFormat", "PluginCall", "DaemonKit",
+                "CFFI", "CDynamicLoader", "PluginFormat",
             ],
             swiftSettings: swift6),
-        .executableTarget(name: "modhostd", dependencies: ["ModuleHost"], swiftSettings: swift6),
-        .executableTarget(name: "modhostctl", dependencies: ["ModuleHost"], swiftSettings: swift6),
+        .executableTarget(name: "modhostd", dependencies: ["ModuleHost"], swiftSettings: swift6,
+                         linkerSettings: installedRunpath),
+        .executableTarget(name: "modhostctl", dependencies: ["ModuleHost"], swiftSettings: swift6,
+                          linkerSettings: installedRunpath),
         .target(
             name: "TestSupport",
             dependencies: [.product(name: "ModuleKit", package: "ModuleKit"), "PluginFormat"],

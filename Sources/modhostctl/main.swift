@@ -1,1 +1,4 @@
-print("modhostctl")
+import Glibc
+import ModuleHost
+
+exit(await ControlCommand().run(Array(CommandLine.arguments.dropFirst())).rawValue)

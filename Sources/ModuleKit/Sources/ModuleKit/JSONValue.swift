@@ -1,3 +1,5 @@
+import Foundation
+
 /// A JSON value: the type of event payloads, module configuration and module metadata.
 ///
 /// It is a plain `Sendable` value so payloads can cross from the host to any module and
@@ -112,4 +114,11 @@ extension JSONValue: ExpressibleByStringLiteral, ExpressibleByIntegerLiteral, Ex
         self = .object(Dictionary(elements, uniquingKeysWith: { _, last in last }))
     }
     public init(nilLiteral: ()) { self = .null }
+}
+
+extension JSONValue {
+    /// Parses JSON text; throws when it is not valid JSON.
+    public static func parse(_ bytes: [UInt8]) throws -> JSONValue {
+        try JSONDecoder().decode(JSONValue.self, from: Data(bytes))
+    }
 }

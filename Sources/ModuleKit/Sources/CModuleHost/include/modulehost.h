@@ -32,7 +32,13 @@ extern "C" {
 /* The ELF section holding the plugin's JSON manifest (added by plugin.mk). */
 #define MODHOST_MANIFEST_SECTION ".modhost.manifest"
 
-#if !__has_feature(nullability)
+/* Nullability annotations are a clang feature; other compilers see nothing. */
+#if defined(__has_feature)
+#if __has_feature(nullability)
+#define MODHOST_HAS_NULLABILITY 1
+#endif
+#endif
+#ifndef MODHOST_HAS_NULLABILITY
 #define _Nonnull
 #define _Nullable
 #endif

@@ -1,0 +1,100 @@
+# ModuleHost: build, test, run, benchmark, install. `make help` lists the targets.
+SHELL := /bin/bash
+SWIFT ?= swift
+CONFIG ?= debug
+PREFIX ?= /usr/local
+BUILD := $(CURDIR)/build
+JOBS ?= 2
+# CI builds with warnings as errors.
+SWIFTFLAGS ?= $(if $(CI),-Xswiftc -warnings-as-errors,)
+
+PLUGINS := $(patsubst Plugins/%/Makefile,%,$(wildcard Plugins/*/Makefile))
+
+.PHONY: all help deps build sdk plugins test run bench install clean
+all: plugins
+
+help:
+	@echo "make            build the SDK, modhostd, modhostctl and every plugin in Plugins/ into build/"
+	@echo "make run        build, then run modhostd on build/plugins (Ctrl-C stops it)"
+	@echo "make test       build, then run every test"
+	@echo "make bench      build in release mode and write build/bench/results.json"
+	@echo "make install    install into PREFIX (default /usr/local)"
+	@echo "make clean      remove build/ and .build/"
+
+# C libraries and tools from Debian packages: installed when missing and running as root,
+# otherwise the exact command is printed.
+DEB_PACKAGES := libffi-dev:libffi pkg-config: binutils:
+deps:
+	@missing=""; \
+	pkg-config --exists libffi 2>/dev/null || missing="$$missing libffi-dev"; \
+	command -v pkg-config >/dev/null || missing="$$missing pkg-config"; \
+	command -v objcopy >/dev/null || missing="$$missing binutils"; \
+	command -v cc >/dev/null || missing="$$missing gcc"; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "installing:$$missing"; \
+	    DEBIAN_FRONTEND=noninteractive apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	  else \
+	    echo "missing Debian packages:$$missing"; echo "run: sudo apt-get install -y$$missing"; exit 1; \
+	  fi; \
+	fi
+
+build: deps
+	$(SWIFT) build -c $(CONFIG) $(SWIFTFLAGS)
+	@$(MAKE) --no-print-directory sdk
+
+BIN = $(shell $(SWIFT) build -c $(CONFIG) --show-bin-path)
+
+# Lay out what users run and what plugin authors build against, as `make install` does.
+# Files are copied only when they changed, so plugins rebuild only for a new SDK.
+sdk:
+	@bin="$(BIN)"; set -e; \
+	mkdir -p $(BUILD)/bin $(BUILD)/lib/modulehost/swift $(BUILD)/include/modulehost $(BUILD)/share/modulehost $(BUILD)/lib/pkgconfig $(BUILD)/plugins; \
+	copy() { cmp -s "$$1" "$$2" || cp -f "$$1" "$$2"; }; \
+	copy $$bin/modhostd $(BUILD)/bin/modhostd; copy $$bin/modhostctl $(BUILD)/bin/modhostctl; \
+	copy $$bin/libModuleKit.so $(BUILD)/lib/libModuleKit.so; \
+	for f in $$bin/Modules/ModuleKit.swiftmodule $$bin/Modules/ModuleKit.swiftdoc; do copy $$f $(BUILD)/lib/modulehost/swift/$$(basename $$f); done; \
+	copy Sources/ModuleKit/Sources/CModuleHost/include/modulehost.h $(BUILD)/include/modulehost.h; \
+	copy share/module.modulemap $(BUILD)/include/modulehost/module.modulemap; \
+	copy share/plugin.mk $(BUILD)/share/modulehost/plugin.mk; \
+	sed -e 's|@PREFIX@|$(BUILD)|' share/modulehost.pc.in > $(BUILD)/lib/pkgconfig/modulehost.pc.new; \
+	copy $(BUILD)/lib/pkgconfig/modulehost.pc.new $(BUILD)/lib/pkgconfig/modulehost.pc; rm -f $(BUILD)/lib/pkgconfig/modulehost.pc.new
+
+# Every Plugins/<Name> builds with the same plugin.mk an out-of-tree plugin uses.
+plugins: build
+	@$(MAKE) --no-print-directory -j$(JOBS) $(addprefix plugin-,$(PLUGINS))
+
+plugin-%:
+	@$(MAKE) --no-print-directory -C Plugins/$* MODHOST_SDK=$(BUILD) PLUGIN_DIR=$(BUILD)/plugins MODULES_DIR=$(BUILD)/plugin-modules OBJ_DIR=$(BUILD)/obj/$*
+
+# Welcome imports Greeting's Swift module.
+plugin-Welcome: plugin-Greeting
+
+test: plugins
+	$(SWIFT) build -c $(CONFIG) --build-tests $(SWIFTFLAGS)
+	@$(MAKE) --no-print-directory sdk plugins
+	MODHOST_BUILD=$(BUILD) $(SWIFT) test -c $(CONFIG) --skip-build
+
+run: plugins
+	$(BUILD)/bin/modhostd --plugins $(BUILD)/plugins --state-dir $(BUILD)/state --socket $(BUILD)/modhostd.sock
+
+bench:
+	$(MAKE) --no-print-directory CONFIG=release BUILD=$(CURDIR)/build/release plugins
+	$(SWIFT) build -c release --product modhost-bench
+	mkdir -p build/bench
+	$$($(SWIFT) build -c release --show-bin-path)/modhost-bench --sdk $(CURDIR)/build/release --out build/bench/results.json
+
+install: plugins
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/modulehost/swift $(DESTDIR)$(PREFIX)/include/modulehost \
+	  $(DESTDIR)$(PREFIX)/share/modulehost $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/lib/modulehost/plugins
+	install -m 0755 $(BUILD)/bin/modhostd $(BUILD)/bin/modhostctl $(DESTDIR)$(PREFIX)/bin/
+	install -m 0644 $(BUILD)/lib/libModuleKit.so $(DESTDIR)$(PREFIX)/lib/
+	install -m 0644 $(BUILD)/lib/modulehost/swift/* $(DESTDIR)$(PREFIX)/lib/modulehost/swift/
+	install -m 0644 $(BUILD)/include/modulehost.h $(DESTDIR)$(PREFIX)/include/
+	install -m 0644 $(BUILD)/include/modulehost/module.modulemap $(DESTDIR)$(PREFIX)/include/modulehost/
+	install -m 0644 $(BUILD)/share/modulehost/plugin.mk $(DESTDIR)$(PREFIX)/share/modulehost/
+	install -m 0644 share/modhostd.service $(DESTDIR)$(PREFIX)/share/modulehost/ 2>/dev/null || true
+	sed -e 's|@PREFIX@|$(PREFIX)|' share/modulehost.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/modulehost.pc
+
+clean:
+	rm -rf build .build

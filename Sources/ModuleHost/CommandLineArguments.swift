@@ -1,0 +1,83 @@
+import Glibc
+import ModuleKit
+
+/// Exit codes of modhostd and modhostctl (sysexits.h names where one fits).
+public enum ExitCode: Int32, Sendable {
+    /// Success.
+    case success = 0
+    /// The command ran and found a problem (e.g. `verify` refused a file).
+    case failure = 1
+    /// Wrong arguments (EX_USAGE).
+    case usage = 64
+    /// Bad input data, such as an invalid configuration file (EX_DATAERR).
+    case dataError = 65
+    /// The daemon is not running or not reachable (EX_UNAVAILABLE).
+    case unavailable = 69
+    /// An operating-system error, such as a socket that cannot be created (EX_OSERR).
+    case osError = 71
+}
+
+/// A command-line mistake: printed as `Error: ...`, the usage line, and where help is.
+public struct UsageError: Error, Sendable {
+    public var message: String
+    public init(_ message: String) { self.message = message }
+}
+
+/// Parsed arguments: positionals in order, options with their values (repeatable), flags.
+struct Arguments {
+    var positionals: [String] = []
+    var values: [String: [String]] = [:]
+    var flags: Set<String> = []
+
+    /// `valueOptions` take a value (`--name VALUE` or `--name=VALUE`); `flagOptions` take
+    /// none. `-h` means `--help`. Anything after `--` is positional.
+    init(_ arguments: some Sequence<String>, valueOptions: Set<String>, flagOptions: Set<String>) throws(UsageError) {
+        var iterator = arguments.makeIterator()
+        var onlyPositionals = false
+        while let argument = iterator.next() {
+            if onlyPositionals || !argument.hasPrefix("-") || argument == "-" {
+                positionals.append(argument)
+                continue
+            }
+            if argument == "--" { onlyPositionals = true; continue }
+            if argument == "-h" || argument == "--help" { flags.insert("help"); continue }
+            guard argument.hasPrefix("--") else { throw UsageError("unknown option '\(argument)'") }
+            var name = String(argument.dropFirst(2))
+            var inlineValue: String?
+            if let equals = name.firstIndex(of: "=") {
+                inlineValue = String(name[name.index(after: equals)...])
+                name = String(name[..<equals])
+            }
+            if flagOptions.contains(name) {
+                guard inlineValue == nil else { throw UsageError("option '--\(name)' takes no value") }
+                flags.insert(name)
+            } else if valueOptions.contains(name) {
+                guard let value = inlineValue ?? iterator.next() else { throw UsageError("option '--\(name)' needs a value") }
+                values[name, default: []].append(value)
+            } else {
+                throw UsageError("unknown option '--\(name)'")
+            }
+        }
+    }
+
+    func value(_ name: String) -> String? { values[name]?.last }
+    func has(_ flag: String) -> Bool { flags.contains(flag) }
+}
+
+/// Where command output goes; tests capture it.
+public protocol CommandOutput: Sendable {
+    func out(_ text: String)
+    func err(_ text: String)
+}
+
+/// Standard output and standard error.
+public struct StandardStreams: CommandOutput {
+    public init() {}
+    public func out(_ text: String) {
+        var line = text
+        if !line.hasSuffix("\n") { line += "\n" }
+        print(line, terminator: "")
+        fflush(nil)
+    }
+    public func err(_ text: String) { StandardError.write(text.hasSuffix("\n") ? text : text + "\n") }
+}

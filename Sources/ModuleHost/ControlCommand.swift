@@ -1,0 +1,232 @@
+import Foundation
+import ModuleKit
+import PluginFormat
+
+/// `modhostctl`: inspects plugin files and controls a running modhostd.
+public struct ControlCommand: Sendable {
+    public static let usage = "modhostctl [--json] <command> [arguments]"
+
+    public static let help = """
+        OVERVIEW: Inspect ModuleHost plugin files and control a running modhostd.
+
+        USAGE: \(usage)
+
+        COMMANDS:
+          inspect FILE              Print a plugin's manifest and validation verdict, without loading it
+          verify DIR|FILE...        Validate plugin files without loading them; exit 1 if any is refused
+          manifest [options] FILE   Complete and check a plugin.json (used by plugin.mk)
+
+        OPTIONS:
+          --json                    Print JSON instead of text
+          --allow-insecure-plugins  Report insecure permissions as warnings, as modhostd would with it
+          -h, --help                Show help information
+
+        EXIT CODES:
+          0 success, 1 a plugin was refused or a command failed, 64 usage error,
+          65 invalid input data, 69 daemon unavailable
+
+        See 'modhostctl <command> --help' for a command's options.
+        """
+
+    let output: any CommandOutput
+
+    public init(output: any CommandOutput = StandardStreams()) { self.output = output }
+
+    /// Runs the command line (without the program name) and returns the exit code.
+    public func run(_ arguments: [String]) async -> ExitCode {
+        do {
+            return try await dispatch(arguments)
+        } catch let error as UsageError {
+            output.err("Error: \(error.message)\nUsage: \(Self.usage)\nSee 'modhostctl --help'.")
+            return .usage
+        } catch {
+            output.err("Error: \(error)")
+            return .failure
+        }
+    }
+
+    private func dispatch(_ arguments: [String]) async throws -> ExitCode {
+        let parsed = try Arguments(arguments, valueOptions: ["language", "sdk", "swift-version", "socket"],
+                                   flagOptions: ["json", "allow-insecure-plugins"])
+        guard let command = parsed.positionals.first else {
+            if parsed.has("help") { output.out(Self.help); return .success }
+            throw UsageError("missing command")
+        }
+        let operands = Array(parsed.positionals.dropFirst())
+        let json = parsed.has("json")
+        let validator = Validator(allowInsecure: parsed.has("allow-insecure-plugins"))
+        switch command {
+        case "inspect":
+            if parsed.has("help") { output.out("USAGE: modhostctl inspect [--json] FILE\n\nPrints the embedded manifest and the validation verdict without running plugin code."); return .success }
+            guard operands.count == 1 else { throw UsageError("inspect takes exactly one FILE") }
+            return inspect(operands[0], validator: validator, json: json)
+        case "verify":
+            if parsed.has("help") { output.out("USAGE: modhostctl verify [--json] [--allow-insecure-plugins] DIR|FILE...\n\nValidates every plugin file without loading it; exits 1 if any is refused."); return .success }
+            guard !operands.isEmpty else { throw UsageError("verify needs at least one DIR or FILE") }
+            return verify(operands, validator: validator, json: json)
+        case "manifest":
+            if parsed.has("help") { output.out("USAGE: modhostctl manifest --language swift|c --sdk LIBMODULEKIT [--swift-version TEXT] plugin.json\n\nPrints the manifest plugin.mk embeds: plugin.json completed with the ABI version, the language and the toolchain fingerprint."); return .success }
+            guard operands.count == 1 else { throw UsageError("manifest takes exactly one plugin.json") }
+            return try manifest(operands[0], parsed)
+        default:
+            throw UsageError("unknown command '\(command)'")
+        }
+    }
+
+    // MARK: inspect and verify
+
+    struct Verdict: Codable {
+        var file: String
+        var valid: Bool
+        var check: String?
+        var problem: String?
+        var fix: String?
+        var warnings: [String]
+        var manifest: Manifest?
+    }
+
+    func verdict(_ path: String, directory: String?, validator: Validator) -> Verdict {
+        do {
+            let file = try validator.validate(path, in: directory)
+            return Verdict(file: path, valid: true, warnings: file.warnings, manifest: file.manifest)
+        } catch {
+            // Show whatever manifest can be read, even from a refused file.
+            let manifest = (try? ELFImage(path: path)).flatMap { try? $0.sectionContents(named: MODHOST_MANIFEST_SECTION) }
+                .flatMap { try? Manifest.parse($0) }
+            return Verdict(file: path, valid: false, check: error.check.rawValue, problem: error.problem, fix: error.fix,
+                           warnings: [], manifest: manifest)
+        }
+    }
+
+    func inspect(_ path: String, validator: Validator, json: Bool) -> ExitCode {
+        let result = verdict(path, directory: nil, validator: validator)
+        if json {
+            output.out(encodeJSON(result))
+        } else {
+            if let manifest = result.manifest {
+                var lines = [
+                    "file:         \(path)",
+                    "name:         \(manifest.name)",
+                    "version:      \(manifest.version)",
+                    "description:  \(manifest.description)",
+                    "language:     \(manifest.language.rawValue)",
+                    "abi:          \(manifest.abi)",
+                    "order:        \(manifest.order)",
+                    "modules:      \(manifest.modules.joined(separator: ", "))",
+                    "dependencies: \(manifest.dependencies.isEmpty ? "none" : manifest.dependencies.joined(separator: ", "))",
+                ]
+                if let toolchain = manifest.toolchain {
+                    lines.append("toolchain:    \(toolchain.swift)")
+                    lines.append("sdk build id: \(toolchain.sdk)")
+                }
+                lines.append("exports:      \(manifest.exports.isEmpty ? "none" : "")")
+                lines += manifest.exports.map { "  \($0.name): \($0.signature)" }
+                output.out(lines.joined(separator: "\n"))
+            } else {
+                output.out("file:         \(path)\nmanifest:     unreadable")
+            }
+            for warning in result.warnings { output.out("warning:      \(warning)") }
+            if result.valid {
+                output.out("verdict:      valid")
+            } else {
+                output.out("verdict:      refused by the \(result.check!) check: \(result.problem!)\nfix:          \(result.fix!)")
+            }
+        }
+        return result.valid ? .success : .failure
+    }
+
+    func verify(_ operands: [String], validator: Validator, json: Bool) -> ExitCode {
+        var results: [Verdict] = []
+        for operand in operands {
+            var isDirectory: ObjCBool = false
+            if FileManager.default.fileExists(atPath: operand, isDirectory: &isDirectory), isDirectory.boolValue {
+                do {
+                    for path in try pluginCandidates(in: operand) {
+                        results.append(verdict(path, directory: operand, validator: validator))
+                    }
+                } catch {
+                    results.append(Verdict(file: operand, valid: false, check: error.check.rawValue, problem: error.problem,
+                                           fix: error.fix, warnings: []))
+                }
+            } else {
+                results.append(verdict(operand, directory: nil, validator: validator))
+            }
+        }
+        // Names used twice among the valid files are refused as the host would.
+        var seenPlugins: [String: String] = [:], seenModules: [String: String] = [:]
+        for index in results.indices where results[index].valid {
+            guard let manifest = results[index].manifest else { continue }
+            if let other = seenPlugins[manifest.name] {
+                results[index].valid = false
+                results[index].check = LoadFailure.Check.duplicate.rawValue
+                results[index].problem = "plugin name \(manifest.name) is already used by \(other)"
+                results[index].fix = "remove one of the two files or rename one plugin"
+            } else if let module = manifest.modules.first(where: { seenModules[$0] != nil }) {
+                results[index].valid = false
+                results[index].check = LoadFailure.Check.duplicate.rawValue
+                results[index].problem = "module \(module) is already provided by \(seenModules[module]!)"
+                results[index].fix = "rename the module or remove one of the two plugins"
+            }
+            if results[index].valid {
+                seenPlugins[manifest.name] = results[index].file
+                for module in manifest.modules { seenModules[module] = results[index].file }
+            }
+        }
+        if json {
+            output.out(encodeJSON(results))
+        } else {
+            for result in results {
+                if result.valid {
+                    output.out("ok       \(result.file) (\(result.manifest?.name ?? "?") \(result.manifest?.version ?? ""))")
+                    for warning in result.warnings { output.out("warning  \(result.file): \(warning)") }
+                } else {
+                    output.out("refused  \(result.file): \(result.check!) check failed: \(result.problem!). Fix: \(result.fix!)")
+                }
+            }
+            let refused = results.filter { !$0.valid }.count
+            output.out("\(results.count - refused) valid, \(refused) refused")
+        }
+        return results.allSatisfy(\.valid) ? .success : .failure
+    }
+
+    // MARK: manifest (plugin.mk)
+
+    func manifest(_ path: String, _ parsed: Arguments) throws -> ExitCode {
+        guard let language = parsed.value("language").flatMap(Manifest.Language.init(rawValue:)) else {
+            throw UsageError("--language must be swift or c")
+        }
+        guard let data = FileManager.default.contents(atPath: path) else {
+            output.err("Error: cannot read \(path)")
+            return .dataError
+        }
+        guard case .object(var fields) = try? JSONDecoder().decode(JSONValue.self, from: data) else {
+            output.err("Error: \(path): not a JSON object. Fix: write the manifest as {\"name\": ..., \"version\": ..., \"modules\": [...]}")
+            return .dataError
+        }
+        fields["abi"] = .string("\(HostSDK.abiMajor).\(HostSDK.abiMinor)")
+        fields["language"] = .string(language.rawValue)
+        if language == .swift {
+            guard let sdk = parsed.value("sdk") else { throw UsageError("a Swift plugin needs --sdk PATH/libModuleKit.so") }
+            guard let buildID = (try? ELFImage(path: sdk).buildID()) ?? nil else {
+                output.err("Error: \(sdk): no GNU build id found. Fix: point --sdk at the libModuleKit.so the plugin links against")
+                return .dataError
+            }
+            fields["toolchain"] = ["swift": .string(parsed.value("swift-version") ?? "unknown"), "sdk": .string(buildID)]
+        }
+        do {
+            let manifest = try Manifest.parse(Array(JSONValue.object(fields).jsonText.utf8))
+            output.out(manifest.jsonText())
+            return .success
+        } catch {
+            output.err("Error: \(path): \(error.reason). Fix: correct \(path)")
+            return .dataError
+        }
+    }
+}
+
+/// Pretty JSON with sorted keys.
+func encodeJSON(_ value: some Encodable) -> String {
+    let encoder = JSONEncoder()
+    encoder.outputFormatting = [.prettyPrinted, .sortedKeys, .withoutEscapingSlashes]
+    return String(decoding: (try? encoder.encode(value)) ?? Data(), as: UTF8.self)
+}

@@ -1,0 +1,44 @@
+import Glibc
+import PluginFormat
+
+/// A plugin file that passed the checks that need no code from it: its path, manifest and
+/// the facts about its ELF image the later checks use.
+public struct PluginFile: Sendable {
+    /// The path as found in the plugin directory.
+    public let path: String
+    /// Where the bytes actually are (the symlink target, if any).
+    public let resolvedPath: String
+    public let manifest: Manifest
+    public let dynamic: DynamicInfo
+    /// Problems tolerated because of `allowInsecure` (permissions), to be logged.
+    public let warnings: [String]
+    /// The name plugins are known by.
+    public var name: String { manifest.name }
+}
+
+/// Lists the candidate plugin files of a directory: names ending in `.so`, without the
+/// dotfiles and temporary names a copy in progress leaves (`.*`, `*.tmp`, `*~`, `*.part`),
+/// sorted by name.
+public func pluginCandidates(in directory: String) throws(LoadFailure) -> [String] {
+    guard let dir = opendir(directory) else {
+        throw LoadFailure(
+            file: directory, check: .fileType, problem: "cannot open the plugin directory (\(String(cString: strerror(errno))))",
+            fix: "create it or correct the --plugins path")
+    }
+    defer { closedir(dir) }
+    var names: [String] = []
+    while let entry = readdir(dir) {
+        let name = withUnsafeBytes(of: entry.pointee.d_name) { raw in
+            String(decoding: raw.prefix(while: { $0 != 0 }), as: UTF8.self)
+        }
+        if isPluginFileName(name) { names.append(name) }
+    }
+    return names.sorted().map { directory.hasSuffix("/") ? directory + $0 : directory + "/" + $0 }
+}
+
+/// True for names the host treats as plugins: `*.so` that is not a dotfile or a
+/// temporary name.
+public func isPluginFileName(_ name: String) -> Bool {
+    name.hasSuffix(".so") && !name.hasPrefix(".") && !name.hasSuffix(".tmp") && !name.hasSuffix("~")
+        && !name.hasSuffix(".part")
+}

@@ -1,0 +1,224 @@
+import Glibc
+import ModuleKit
+import PluginFormat
+
+/// A plugin whose image is mapped and whose entry symbol described its modules.
+public struct LoadedPlugin: Sendable {
+    public struct Module: Sendable {
+        public let factory: ModuleFactory
+        public let swiftType: (any PluginModule.Type)?
+    }
+    public let file: PluginFile
+    public let library: DynamicLibrary
+    public let modules: [Module]
+    public var name: String { file.name }
+}
+
+/// What one load pass did: plugins loaded in dependency order, and every file refused
+/// with its reason.
+public struct LoadReport: Sendable {
+    public var loaded: [LoadedPlugin] = []
+    public var refused: [LoadFailure] = []
+    /// Tolerated problems (insecure permissions with --allow-insecure-plugins).
+    public var warnings: [(file: String, message: String)] = []
+}
+
+/// Finds, validates, orders and opens plugins, and registers their modules.
+///
+/// Every check that needs no plugin code runs before `dlopen`; the rest run right after
+/// it. A refused file never stops the others.
+public struct PluginLoader: Sendable {
+    public var validator: Validator
+    public let registry: ModuleRegistry
+    /// Makes the host service table each C module instance receives.
+    public var hostServices: @Sendable (_ moduleName: String, _ host: HostInstance) -> CHostServices
+
+    public init(validator: Validator = Validator(), registry: ModuleRegistry = ModuleRegistry(),
+                hostServices: (@Sendable (String, HostInstance) -> CHostServices)? = nil) {
+        self.validator = validator
+        self.registry = registry
+        self.hostServices = hostServices ?? { [registry] (name: String, host: HostInstance) -> CHostServices in
+            CHostServices(
+                moduleName: name, logger: host.logger(for: name),
+                post: { notification, payload in Task { await host.post(notification: notification, payload: payload) } },
+                hasModule: { registry.entry(named: $0) != nil })
+        }
+    }
+
+    /// Validates every candidate file of `directories` (and `files` named directly),
+    /// without loading any: what `modhostctl verify` reports.
+    public func validate(directories: [String], files: [String] = []) -> (valid: [PluginFile], refused: [LoadFailure]) {
+        var valid: [PluginFile] = []
+        var refused: [LoadFailure] = []
+        var candidates: [(path: String, directory: String?)] = files.map { ($0, nil) }
+        for directory in directories {
+            do {
+                candidates += try pluginCandidates(in: directory).map { ($0, directory) }
+            } catch {
+                refused.append(error)
+            }
+        }
+        var pluginNames: [String: String] = [:]
+        var moduleNames: [String: String] = [:]
+        for candidate in candidates {
+            do throws(LoadFailure) {
+                let file = try validator.validate(candidate.path, in: candidate.directory)
+                if let other = pluginNames[file.name] {
+                    throw LoadFailure(file: file.path, check: .duplicate, problem: "plugin name \(file.name) is already used by \(other)",
+                                      fix: "remove one of the two files or rename one plugin")
+                }
+                if let module = file.manifest.modules.first(where: { moduleNames[$0] != nil }) {
+                    throw LoadFailure(file: file.path, check: .duplicate,
+                                      problem: "module \(module) is already provided by \(moduleNames[module]!)",
+                                      fix: "rename the module or remove one of the two plugins")
+                }
+                pluginNames[file.name] = file.path
+                for module in file.manifest.modules { moduleNames[module] = file.path }
+                valid.append(file)
+            } catch {
+                refused.append(error)
+            }
+        }
+        return (valid, refused)
+    }
+
+    /// Loads every valid plugin of `directories` in dependency order, registering its
+    /// modules. Plugins named in `loaded` count as present for dependencies.
+    public func load(directories: [String], files: [String] = [], loaded: Set<String> = [],
+                     orderOverride: [String: Int] = [:]) -> LoadReport {
+        var report = LoadReport()
+        let (valid, refused) = validate(directories: directories, files: files)
+        report.refused = refused
+        for file in valid { report.warnings += file.warnings.map { (file.path, $0) } }
+        let order = DependencyOrder(valid, loaded: loaded, orderOverride: orderOverride)
+        report.refused += order.refused
+        var failedNames: [String: LoadFailure] = [:]
+        for file in order.ordered {
+            if let dependency = file.manifest.dependencies.first(where: { failedNames[$0] != nil }) {
+                let failure = LoadFailure(
+                    file: file.path, check: .dependency,
+                    problem: "plugin \(file.name) needs \(dependency), which was refused (\(failedNames[dependency]!.check.rawValue))",
+                    fix: "fix plugin \(dependency) first")
+                failedNames[file.name] = failure
+                report.refused.append(failure)
+                continue
+            }
+            do {
+                let plugin = try open(file)
+                try registry.register(plugin)
+                report.loaded.append(plugin)
+            } catch {
+                failedNames[file.name] = error
+                report.refused.append(error)
+            }
+        }
+        return report
+    }
+
+    /// Opens one validated plugin: `dlopen` with RTLD_NOW, finds the entry symbol in the
+    /// file itself, calls it and checks the descriptor against the manifest.
+    public func open(_ file: PluginFile) throws(LoadFailure) -> LoadedPlugin {
+        func fail(_ check: LoadFailure.Check, _ problem: String, _ fix: String) -> LoadFailure {
+            LoadFailure(file: file.path, check: check, problem: problem, fix: fix)
+        }
+        let library: DynamicLibrary
+        do {
+            library = try DynamicLibrary(path: file.resolvedPath)
+        } catch {
+            let fix = error.message.contains("undefined symbol")
+                ? "link the library that defines the symbol, or rebuild the plugin against this host's SDK"
+                : error.message.contains("cannot open shared object") ? "install the missing library or the plugin it depends on"
+                : "rebuild the plugin with plugin.mk"
+            throw fail(.dlopen, "dlopen failed: \(error.message)", fix)
+        }
+        let entry: UnsafeMutableRawPointer
+        switch library.symbol(MODHOST_ENTRY_SYMBOL) {
+        case .success(let address): entry = address
+        case .failure:
+            throw fail(.entrySymbol, "the file does not export \(MODHOST_ENTRY_SYMBOL)",
+                       "export it: MODHOST_PLUGIN_ENTRY in C, @_cdecl(\"\(MODHOST_ENTRY_SYMBOL)\") in Swift")
+        }
+        let ownFile = realPath(file.resolvedPath) ?? file.resolvedPath
+        if let owner = DynamicLibrary.file(containing: entry), owner != ownFile {
+            throw fail(.entrySymbol, "\(MODHOST_ENTRY_SYMBOL) resolves from \(owner), not from this file",
+                       "define the entry symbol in this plugin itself")
+        }
+        if file.manifest.language == .swift {
+            // The ModuleKit this plugin's scope resolves must be the host's.
+            if case .success(let address) = library.symbol("modhost_abi_compatible"),
+               let owner = DynamicLibrary.file(containing: address), owner != HostSDK.current.libraryPath {
+                throw fail(.sdkLinkage, "the plugin resolves ModuleKit from \(owner), the host uses \(HostSDK.current.libraryPath)",
+                           "build the plugin against the host's SDK and do not ship a libModuleKit.so with it")
+            }
+        }
+        let function = unsafeBitCast(entry, to: modhost_plugin_entry_fn.self)
+        guard let descriptor = function() else {
+            throw fail(.descriptor, "\(MODHOST_ENTRY_SYMBOL) returned NULL", "return the plugin descriptor from the entry function")
+        }
+        guard modhost_abi_compatible(descriptor) != 0 else {
+            throw fail(.abi, "the descriptor says ABI \(descriptor.pointee.abi_major).\(descriptor.pointee.abi_minor) (struct size \(descriptor.pointee.struct_size)), this host provides \(HostSDK.abiMajor).\(HostSDK.abiMinor)",
+                       "rebuild the plugin against this host's modulehost.h")
+        }
+        let name = String(cString: descriptor.pointee.name)
+        guard name == file.manifest.name else {
+            throw fail(.descriptor, "the entry symbol describes plugin \(name), the manifest says \(file.manifest.name)",
+                       "use the same name in the code and in plugin.json")
+        }
+        let modules = try describeModules(descriptor, file)
+        let described = modules.map(\.factory.name)
+        guard described == file.manifest.modules else {
+            throw fail(.descriptor, "the entry symbol describes modules [\(described.joined(separator: ", "))], the manifest lists [\(file.manifest.modules.joined(separator: ", "))]",
+                       "list the same modules, in the same order, in plugin.json")
+        }
+        return LoadedPlugin(file: file, library: library, modules: modules)
+    }
+
+    private func describeModules(_ plugin: UnsafePointer<modhost_plugin>, _ file: PluginFile) throws(LoadFailure) -> [LoadedPlugin.Module] {
+        func fail(_ problem: String, _ fix: String) -> LoadFailure {
+            LoadFailure(file: file.path, check: .descriptor, problem: problem, fix: fix)
+        }
+        let count = Int(plugin.pointee.module_count)
+        guard count > 0 || file.manifest.modules.isEmpty else {
+            throw fail("the descriptor lists no modules", "point `modules` at the module array and set its count")
+        }
+        guard count > 0 else { return [] }
+        let first = plugin.pointee.modules
+        let stride = Int(first.pointee.struct_size)
+        guard stride >= MemoryLayout<modhost_module>.size else {
+            throw fail("module descriptors are \(stride) bytes, ABI \(HostSDK.abiMajor).0 needs at least \(MemoryLayout<modhost_module>.size)",
+                       "initialise struct_size with sizeof(modhost_module)")
+        }
+        var modules: [LoadedPlugin.Module] = []
+        for index in 0..<count {
+            let pointer = UnsafeRawPointer(first).advanced(by: index * stride).assumingMemoryBound(to: modhost_module.self)
+            let descriptor = ModuleDescriptor(pointer)
+            let order = file.manifest.order
+            switch Int(pointer.pointee.kind) {
+            case Int(MODHOST_MODULE_SWIFT.rawValue):
+                guard let box = pointer.pointee.swift_type, let type = PluginExport.moduleType(box) else {
+                    throw LoadFailure(file: file.path, check: .sdkLinkage,
+                                      problem: "module \(descriptor.name)'s type is not a ModuleKit type of this process (the plugin uses another copy of ModuleKit)",
+                                      fix: "link the plugin against the host's libModuleKit.so with plugin.mk")
+                }
+                guard type.name == descriptor.name else {
+                    throw fail("module type \(type) is named \(type.name), the descriptor says \(descriptor.name)", "rebuild the plugin")
+                }
+                modules.append(.init(factory: ModuleFactory(type, plugin: file.name, defaultOrder: order), swiftType: type))
+            case Int(MODHOST_MODULE_C.rawValue):
+                guard pointer.pointee.create != nil, pointer.pointee.handle_event != nil, pointer.pointee.destroy != nil else {
+                    throw fail("C module \(descriptor.name) lacks create, handle_event or destroy", "set all three function pointers")
+                }
+                let services = hostServices
+                let factory = ModuleFactory(name: descriptor.name, version: descriptor.version, plugin: file.name, defaultOrder: order) {
+                    host, configuration in
+                    CModule(descriptor: descriptor, configuration: configuration, services: services(descriptor.name, host))
+                }
+                modules.append(.init(factory: factory, swiftType: nil))
+            default:
+                throw fail("module \(descriptor.name) has kind \(pointer.pointee.kind), expected MODHOST_MODULE_C (1) or MODHOST_MODULE_SWIFT (2)",
+                           "set kind to MODHOST_MODULE_C")
+            }
+        }
+        return modules
+    }
+}

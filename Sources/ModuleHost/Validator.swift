@@ -1,0 +1,165 @@
+import Glibc
+import ModuleKit
+import PluginFormat
+
+/// The checks a plugin file must pass before the host lets `dlopen` touch it. None of
+/// them runs code from the file.
+public struct Validator: Sendable {
+    /// Accept files and directories writable by others or owned by another user, with a
+    /// warning (for development only).
+    public var allowInsecure: Bool
+    /// The SDK plugins must match.
+    public var sdk: HostSDK
+    /// The user that may own plugin files besides root.
+    public var trustedUID: uid_t
+
+    public init(allowInsecure: Bool = false, sdk: HostSDK = .current, trustedUID: uid_t = geteuid()) {
+        self.allowInsecure = allowInsecure
+        self.sdk = sdk
+        self.trustedUID = trustedUID
+    }
+
+    /// Runs every check on one file in order and returns what the loader needs, or the
+    /// first failure. `directory` is the plugin directory the file was found in (nil when
+    /// the operator named the file directly): a symlink must not lead out of it.
+    public func validate(_ path: String, in directory: String? = nil) throws(LoadFailure) -> PluginFile {
+        var warnings: [String] = []
+        func fail(_ check: LoadFailure.Check, _ problem: String, _ fix: String) -> LoadFailure {
+            LoadFailure(file: path, check: check, problem: problem, fix: fix)
+        }
+
+        // File type and location.
+        var link = stat()
+        guard lstat(path, &link) == 0 else {
+            throw fail(.fileType, "cannot stat the file (\(String(cString: strerror(errno))))", "check the path exists")
+        }
+        var resolved = path
+        if link.st_mode & S_IFMT == S_IFLNK {
+            guard let target = realPath(path) else {
+                throw fail(.location, "symlink leads nowhere", "point the symlink at an existing plugin file or remove it")
+            }
+            resolved = target
+            if let directory, let base = realPath(directory), !target.hasPrefix(base + "/") {
+                throw fail(.location, "symlink leads out of the plugin directory \(base) to \(target)",
+                           "copy the plugin into the directory instead of linking to it")
+            }
+        }
+        var file = stat()
+        guard stat(resolved, &file) == 0, file.st_mode & S_IFMT == S_IFREG else {
+            throw fail(.fileType, "not a regular file (\(fileTypeName(file.st_mode)))",
+                       "plugin directories may only hold plugin .so files")
+        }
+
+        // Ownership and permissions (sudo/sshd style).
+        var checks = [(resolved, file)]
+        if let directory {
+            var dir = stat()
+            if stat(directory, &dir) == 0 { checks.append((directory, dir)) }
+        }
+        for (what, status) in checks {
+            var problems: [String] = []
+            if status.st_mode & 0o022 != 0 {
+                problems.append("\(what) is writable by \(status.st_mode & 0o002 != 0 ? "others" : "group") (mode \(String(status.st_mode & 0o7777, radix: 8)))")
+            }
+            if status.st_uid != 0 && status.st_uid != trustedUID {
+                problems.append("\(what) is owned by uid \(status.st_uid), expected root or uid \(trustedUID)")
+            }
+            guard !problems.isEmpty else { continue }
+            let problem = problems.joined(separator: "; ")
+            if !allowInsecure {
+                throw fail(.permissions, problem,
+                           "chmod go-w and chown root (or the daemon's user); --allow-insecure-plugins accepts it for development")
+            }
+            warnings.append("insecure plugin accepted because of --allow-insecure-plugins: \(problem)")
+        }
+
+        // ELF structure.
+        let image: ELFImage
+        do {
+            image = try ELFImage(path: resolved)
+        } catch {
+            throw fail(.elf, error.description, "deploy a shared object built with plugin.mk; a half-copied file is retried when it changes")
+        }
+        guard image.machine == ELFImage.hostMachine else {
+            throw fail(.machine, "built for ELF machine \(image.machine), this host is \(ELFImage.hostMachine)",
+                       "build the plugin for this architecture")
+        }
+        guard image.fileType == ELFImage.typeSharedObject, !image.isExecutable else {
+            let found = image.isExecutable ? "a position-independent executable" : "ELF type \(image.fileType)"
+            throw fail(.elf, "\(found), expected a shared object (ET_DYN without an interpreter)",
+                       "build with -shared (plugin.mk does)")
+        }
+        if let (index, end) = image.loadSegmentPastEnd {
+            throw fail(.segments, "loadable segment \(index) ends at byte \(end) but the file has \(image.fileSize) bytes (truncated copy)",
+                       "copy the complete file again, by writing to a temporary name and renaming it")
+        }
+
+        // Manifest.
+        let manifest: Manifest
+        do {
+            guard let bytes = try image.sectionContents(named: MODHOST_MANIFEST_SECTION) else {
+                throw fail(.manifest, "no \(MODHOST_MANIFEST_SECTION) section",
+                           "build the plugin with plugin.mk, which embeds the manifest")
+            }
+            manifest = try Manifest.parse(bytes)
+        } catch let error as LoadFailure {
+            throw error
+        } catch let error as ManifestError {
+            throw fail(.manifest, "manifest is garbled: \(error.reason)", "correct plugin.json and rebuild with plugin.mk")
+        } catch {
+            throw fail(.manifest, "manifest cannot be read: \(error)", "rebuild the plugin with plugin.mk")
+        }
+
+        // ABI.
+        let abi = manifest.abiVersion!
+        if abi.major != HostSDK.abiMajor || abi.minor > HostSDK.abiMinor {
+            throw fail(.abi, "plugin \(manifest.name) was built for ABI \(manifest.abi), this host provides ABI \(HostSDK.abiMajor).\(HostSDK.abiMinor)",
+                       abi.major != HostSDK.abiMajor
+                        ? "rebuild the plugin against this host's modulehost.h"
+                        : "upgrade the host, or rebuild the plugin against ABI \(HostSDK.abiMajor).\(HostSDK.abiMinor)")
+        }
+
+        // ModuleKit linkage and toolchain.
+        let dynamic: DynamicInfo
+        let defined: [String]
+        do {
+            dynamic = try image.dynamicInfo()
+            defined = try image.definedDynamicSymbols()
+        } catch {
+            throw fail(.elf, error.description, "rebuild the plugin with plugin.mk")
+        }
+        let ownSDK = defined.filter { $0.hasPrefix("$s9ModuleKit") || $0 == "modhost_abi_compatible" }
+        if !ownSDK.isEmpty {
+            throw fail(.sdkLinkage, "the file carries its own copy of ModuleKit (defines \(ownSDK.count) ModuleKit symbols, e.g. \(ownSDK[0]))",
+                       "link against the shared libModuleKit.so (-lModuleKit, as plugin.mk does), never statically")
+        }
+        if let other = dynamic.needed.first(where: { $0.contains("libModuleKit") && $0 != "libModuleKit.so" }) {
+            throw fail(.sdkLinkage, "links ModuleKit as \(other), the host provides libModuleKit.so",
+                       "link with -lModuleKit against the host's SDK (plugin.mk does)")
+        }
+        if manifest.language == .swift {
+            let toolchain = manifest.toolchain!
+            guard dynamic.needed.contains("libModuleKit.so") else {
+                throw fail(.sdkLinkage, "a Swift plugin that does not link libModuleKit.so",
+                           "link with -lModuleKit (plugin.mk does)")
+            }
+            if toolchain.sdk != sdk.buildID {
+                throw fail(.toolchain,
+                           "plugin was built with \(toolchain.swift) against ModuleKit build \(toolchain.sdk.prefix(12)), this host runs ModuleKit build \(sdk.buildID.prefix(12)) (Swift \(sdk.compilerVersion))",
+                           "rebuild the plugin with this host's plugin.mk (Swift has no stable ABI between SDK builds)")
+            }
+        }
+        return PluginFile(path: path, resolvedPath: resolved, manifest: manifest, dynamic: dynamic, warnings: warnings)
+    }
+}
+
+private func fileTypeName(_ mode: mode_t) -> String {
+    switch mode & S_IFMT {
+    case S_IFDIR: "a directory"
+    case S_IFLNK: "a symlink"
+    case S_IFIFO: "a FIFO"
+    case S_IFSOCK: "a socket"
+    case S_IFCHR, S_IFBLK: "a device"
+    default: "not a regular file"
+    }
+}
