@@ -40,10 +40,10 @@ public struct SystemError: Error, Sendable, Hashable, CustomStringConvertible {
     /// `strerror_r` text for an `errno` value; thread-safe.
     public static func describe(_ code: Int32) -> String {
         var buffer = [CChar](repeating: 0, count: 256)
-        // The GNU strerror_r returns a pointer that may or may not point into `buffer`.
-        return buffer.withUnsafeMutableBufferPointer { raw -> String in
-            strerror_r(code, raw.baseAddress!, raw.count).map { String(cString: $0) } ?? "errno \(code)"
-        }
+        // Glibc imports the XSI strerror_r: 0 on success, the text in `buffer`.
+        let status = buffer.withUnsafeMutableBufferPointer { strerror_r(code, $0.baseAddress!, $0.count) }
+        guard status == 0 else { return "Unknown error \(code)" }
+        return String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
     }
 
     /// True for `EINTR`.

@@ -1,0 +1,532 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import Dispatch
+import Synchronization
+
+/// Who is on the other end of a Unix socket, as the kernel reports it (`SO_PEERCRED`):
+/// the credentials of the process at the time it connected.
+public struct PeerCredentials: Sendable, Hashable, CustomStringConvertible {
+    /// The peer's process id.
+    public var pid: Int32
+    /// The peer's effective user id.
+    public var uid: UInt32
+    /// The peer's effective group id.
+    public var gid: UInt32
+
+    /// Creates credentials from explicit values.
+    public init(pid: Int32, uid: UInt32, gid: UInt32) {
+        self.pid = pid
+        self.uid = uid
+        self.gid = gid
+    }
+
+    /// Reads `SO_PEERCRED` of a connected Unix socket.
+    public init(socket fd: Int32) throws(SystemError) {
+        // struct ucred { pid_t pid; uid_t uid; gid_t gid; } (not imported without _GNU_SOURCE)
+        var raw: (Int32, UInt32, UInt32) = (0, 0, 0)
+        var length = socklen_t(MemoryLayout<(Int32, UInt32, UInt32)>.size)
+        try valueOrErrno("getsockopt", subject: "SO_PEERCRED") {
+            getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &raw, &length)
+        }
+        self.init(pid: raw.0, uid: raw.1, gid: raw.2)
+    }
+
+    public var description: String { "pid=\(pid) uid=\(uid) gid=\(gid)" }
+}
+
+/// Why the control server answered with an error line on its own, without the handler.
+public enum ControlRejection: Sendable, Hashable, CustomStringConvertible {
+    /// The peer's uid is neither ours nor root (or `authorize` said no); the connection is
+    /// closed after the reply.
+    case peerNotPermitted(PeerCredentials)
+    /// A request line exceeded the limit (bytes, without the newline); the connection is
+    /// closed after the reply.
+    case lineTooLong(limit: Int)
+    /// A request line was not valid UTF-8; the connection stays open.
+    case invalidUTF8
+    /// A request line was started but not finished within the request timeout; the
+    /// connection is closed after the reply.
+    case timedOut
+    /// The server already serves its maximum number of connections; closed after the reply.
+    case tooManyConnections(limit: Int)
+
+    /// A stable, machine-readable code such as `peer_not_permitted`.
+    public var code: String {
+        switch self {
+        case .peerNotPermitted: "peer_not_permitted"
+        case .lineTooLong: "request_too_long"
+        case .invalidUTF8: "malformed_request"
+        case .timedOut: "request_timeout"
+        case .tooManyConnections: "too_many_connections"
+        }
+    }
+
+    public var description: String {
+        switch self {
+        case .peerNotPermitted(let peer): "peer uid \(peer.uid) is not permitted (only uid \(geteuid()) or root)"
+        case .lineTooLong(let limit): "request line longer than \(limit) bytes"
+        case .invalidUTF8: "request line is not valid UTF-8"
+        case .timedOut: "request not completed in time"
+        case .tooManyConnections(let limit): "more than \(limit) connections"
+        }
+    }
+}
+
+/// Errors of `ControlServer` and `ControlClient`.
+public enum ControlSocketError: Error, Sendable, Hashable, CustomStringConvertible {
+    /// A system call failed.
+    case system(SystemError)
+    /// Another process is accepting connections on the socket path (a second daemon).
+    case alreadyRunning(path: String)
+    /// Something other than a socket exists at the socket path; it is left alone.
+    case notASocket(path: String)
+    /// The operation did not finish within its timeout.
+    case timedOut(operation: String)
+    /// The other side closed the connection before a whole line arrived.
+    case connectionClosed
+    /// A reply line exceeded the client's limit.
+    case lineTooLong(limit: Int)
+
+    public var description: String {
+        switch self {
+        case .system(let error): "\(error)"
+        case .alreadyRunning(let path): "another process is listening on \(path)"
+        case .notASocket(let path): "\(path) exists and is not a socket"
+        case .timedOut(let operation): "\(operation) timed out"
+        case .connectionClosed: "connection closed by peer"
+        case .lineTooLong(let limit): "reply line longer than \(limit) bytes"
+        }
+    }
+}
+
+/// A Unix-domain stream socket server that moves request and reply lines between clients
+/// and an async handler. It knows nothing of the protocol inside the lines.
+///
+/// Guarantees:
+/// - `init` creates the socket file with `Configuration.socketMode` (default 0600), replacing
+///   a stale socket only if nothing accepts on it; it throws `.alreadyRunning` if another
+///   process listens there and `.notASocket` if a non-socket file is in the way.
+/// - Every peer is checked with `SO_PEERCRED` before anything is read: by default only our
+///   effective uid and root are served; others get one error line and are disconnected.
+/// - Requests are newline-terminated lines (a trailing `\r` is dropped, blank lines are
+///   skipped). Each is passed to `handler` with the peer's credentials; its reply is sent
+///   as one line (newlines inside it are turned into spaces). Requests on one connection
+///   are handled strictly in order, one at a time; connections are independent.
+/// - Oversized, non-UTF-8 and slow requests get an error line (`Configuration.errorReply`)
+///   and, except for invalid UTF-8, the connection is closed. Idle connections are closed
+///   after `idleTimeout`. A client that does not read its replies is dropped after
+///   `writeTimeout`. No client can block another or the accept loop.
+/// - Each connection is served by its own OS thread with non-blocking I/O and `poll`
+///   deadlines; the handler runs as a Swift task. All descriptors are close-on-exec, and
+///   each is closed exactly once by the thread that owns it.
+/// - `stop()` stops accepting, closes the listener, unlinks the socket file (only if it is
+///   still the one this server created), closes idle connections, lets requests already in
+///   the handler finish and reply, and returns when every connection is closed.
+public final class ControlServer: Sendable {
+    /// The handler: request line (without newline) and peer in, reply line out.
+    public typealias Handler = @Sendable (String, PeerCredentials) async -> String
+
+    /// Limits and policies of a server.
+    public struct Configuration: Sendable {
+        /// Longest accepted request line in bytes, without the newline. Default 64 KiB.
+        public var maximumLineLength: Int = 64 * 1024
+        /// How long a started request line may take to arrive completely. Default 5 s.
+        public var requestTimeout: Duration = .seconds(5)
+        /// How long a connection may stay silent between requests. Default 60 s.
+        public var idleTimeout: Duration = .seconds(60)
+        /// How long writing one reply may take. Default 5 s.
+        public var writeTimeout: Duration = .seconds(5)
+        /// Connections served at once; further ones get an error line. Default 128.
+        public var maximumConnections: Int = 128
+        /// Permission bits of the socket file. Default 0600.
+        public var socketMode: mode_t = 0o600
+        /// Which peers are served. Default `ControlServer.sameUserOrRoot`.
+        public var authorize: @Sendable (PeerCredentials) -> Bool = ControlServer.sameUserOrRoot
+        /// The error line sent for a rejection (without newline). Default
+        /// `ControlServer.defaultErrorReply`.
+        public var errorReply: @Sendable (ControlRejection) -> String = ControlServer.defaultErrorReply
+
+        /// The defaults listed on each property.
+        public init() {}
+    }
+
+    /// The path (or `@abstract` name) the server listens on.
+    public let socketPath: String
+    private let core: ServerCore
+
+    /// Creates the socket at `socketPath`, starts listening and accepting on a thread of its
+    /// own, and returns. Throws `ControlSocketError`.
+    public init(socketPath: String, configuration: Configuration = Configuration(), handler: @escaping Handler)
+        throws(ControlSocketError)
+    {
+        self.socketPath = socketPath
+        core = try ServerCore(socketPath: socketPath, configuration: configuration, handler: handler)
+        let core = self.core
+        startThread(name: "dk-ctl-accept") { core.acceptLoop() }
+    }
+
+    /// The number of connections currently open (being served or idle).
+    public var connectionCount: Int { core.connectionCount }
+
+    /// Stops the server (see the type's guarantees) and returns once every connection is
+    /// closed. Safe to call more than once and from several tasks.
+    public func stop() async {
+        core.requestStop()
+        await core.waitUntilStopped()
+    }
+
+    deinit { core.requestStop() }
+
+    /// The default policy: the peer runs as our effective uid or as root.
+    public static func sameUserOrRoot(_ peer: PeerCredentials) -> Bool {
+        peer.uid == 0 || peer.uid == geteuid()
+    }
+
+    /// The default error line: `{"ok":false,"error":{"code":"<code>","message":"<text>"}}`.
+    public static func defaultErrorReply(_ rejection: ControlRejection) -> String {
+        "{\"ok\":false,\"error\":{\"code\":\(JSONText.quote(rejection.code)),\"message\":\(JSONText.quote(rejection.description))}}"
+    }
+}
+
+/// The state shared by the server object, its accept thread and its connection threads.
+private final class ServerCore: Sendable {
+    private struct State {
+        var connections = 0
+        var acceptorRunning = true
+        var stopRequested = false
+        var waiters: [CheckedContinuation<Void, Never>] = []
+    }
+
+    let configuration: ControlServer.Configuration
+    let handler: ControlServer.Handler
+    let socketPath: String
+    let listenFD: Int32
+    /// Device and inode of the socket file we created, to unlink only our own.
+    let identity: (dev: UInt64, ino: UInt64)?
+    let wake: WakeEvent
+    private let state = Mutex(State())
+
+    init(socketPath: String, configuration: ControlServer.Configuration, handler: @escaping ControlServer.Handler)
+        throws(ControlSocketError)
+    {
+        self.configuration = configuration
+        self.handler = handler
+        self.socketPath = socketPath
+        let abstract = socketPath.hasPrefix("@")
+        do throws(SystemError) {
+            wake = try WakeEvent()
+            let (address, length) = try UnixSocketAddress.make(socketPath)
+            if !abstract { try Self.removeStaleSocket(socketPath) }
+            let fd = try valueOrErrno("socket") {
+                socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue) | Int32(SOCK_NONBLOCK.rawValue), 0)
+            }
+            do throws(SystemError) {
+                // On Linux the socket inode's mode (minus umask) becomes the file's mode at
+                // bind, so the file is never more open than socketMode, not even briefly.
+                if !abstract { try valueOrErrno("fchmod", subject: socketPath) { fchmod(fd, configuration.socketMode) } }
+                var address = address
+                try valueOrErrno("bind", subject: socketPath) {
+                    withUnsafePointer(to: &address) {
+                        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, length) }
+                    }
+                }
+                if abstract {
+                    identity = nil
+                } else {
+                    try valueOrErrno("chmod", subject: socketPath) { chmod(socketPath, configuration.socketMode) }
+                    var info = stat()
+                    try valueOrErrno("stat", subject: socketPath) { stat(socketPath, &info) }
+                    identity = (UInt64(info.st_dev), UInt64(info.st_ino))
+                }
+                try valueOrErrno("listen", subject: socketPath) { listen(fd, 128) }
+            } catch {
+                closeDescriptor(fd)
+                throw error
+            }
+            listenFD = fd
+        } catch {
+            if error.code == EADDRINUSE { throw .alreadyRunning(path: socketPath) }
+            if error.code == ENOTSOCK && error.syscall == "lstat" { throw .notASocket(path: socketPath) }
+            throw .system(error)
+        }
+    }
+
+    /// Removes a socket file nobody accepts on; throws `EADDRINUSE` if someone does and
+    /// `ENOTSOCK` if the path is not a socket. A missing file is fine.
+    private static func removeStaleSocket(_ path: String) throws(SystemError) {
+        var info = stat()
+        if lstat(path, &info) != 0 {
+            if Glibc.errno == ENOENT { return }
+            throw .current("lstat", subject: path)
+        }
+        guard info.st_mode & S_IFMT == S_IFSOCK else { throw SystemError("lstat", code: ENOTSOCK, subject: path) }
+        switch connectUnix(path) {
+        case .success(let fd):
+            closeDescriptor(fd)
+            throw SystemError("connect", code: EADDRINUSE, subject: path)
+        case .failure(let error) where error.code == ECONNREFUSED:
+            if unlink(path) != 0 && Glibc.errno != ENOENT { throw .current("unlink", subject: path) }
+        case .failure(let error) where error.code == ENOENT:
+            return
+        case .failure(let error):
+            // EAGAIN: its backlog is full, so someone is listening.
+            if error.code == EAGAIN { throw SystemError("connect", code: EADDRINUSE, subject: path) }
+            throw error
+        }
+    }
+
+    var connectionCount: Int { state.withLock { $0.connections } }
+
+    func requestStop() {
+        state.withLock { $0.stopRequested = true }
+        wake.signal()
+    }
+
+    var isStopping: Bool { state.withLock { $0.stopRequested } }
+
+    func waitUntilStopped() async {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            let done = state.withLock { state -> Bool in
+                if !state.acceptorRunning && state.connections == 0 { return true }
+                state.waiters.append(continuation)
+                return false
+            }
+            if done { continuation.resume() }
+        }
+    }
+
+    /// Called when the acceptor or a connection finishes; resumes `stop()` callers once all have.
+    private func finished(connection: Bool) {
+        let waiters = state.withLock { state -> [CheckedContinuation<Void, Never>] in
+            if connection { state.connections -= 1 } else { state.acceptorRunning = false }
+            guard !state.acceptorRunning && state.connections == 0 else { return [] }
+            defer { state.waiters = [] }
+            return state.waiters
+        }
+        for waiter in waiters { waiter.resume() }
+    }
+
+    // MARK: Accepting
+
+    func acceptLoop() {
+        var fds = [pollfd(fd: listenFD, events: Int16(POLLIN), revents: 0),
+                   pollfd(fd: wake.fd, events: Int16(POLLIN), revents: 0)]
+        while true {
+            fds[0].revents = 0
+            fds[1].revents = 0
+            guard (try? pollDescriptors(&fds, timeout: -1)) != nil, fds[1].revents == 0 else { break }
+            let fd = GNUCalls.accept4(listenFD, nil, nil, Int32(SOCK_CLOEXEC.rawValue) | Int32(SOCK_NONBLOCK.rawValue))
+            if fd < 0 {
+                let code = Glibc.errno
+                if code == EMFILE || code == ENFILE || code == ENOBUFS || code == ENOMEM {
+                    usleep(50_000)  // out of descriptors: back off instead of spinning
+                }
+                continue  // EAGAIN, EINTR, ECONNABORTED, ...
+            }
+            admit(fd)
+        }
+        closeDescriptor(listenFD)
+        if let identity {
+            var info = stat()
+            if lstat(socketPath, &info) == 0, UInt64(info.st_dev) == identity.dev, UInt64(info.st_ino) == identity.ino {
+                unlink(socketPath)
+            }
+        }
+        finished(connection: false)
+    }
+
+    /// Checks a new connection and starts its thread, or rejects it.
+    private func admit(_ fd: Int32) {
+        let peer: PeerCredentials
+        do throws(SystemError) {
+            peer = try PeerCredentials(socket: fd)
+        } catch {
+            closeDescriptor(fd)
+            return
+        }
+        let limit = configuration.maximumConnections
+        let admitted = state.withLock { state -> Bool in
+            guard state.connections < limit else { return false }
+            state.connections += 1
+            return true
+        }
+        guard admitted else {
+            // Best effort and brief: a fresh socket's send buffer takes a short line at once.
+            _ = writeLine(fd, configuration.errorReply(.tooManyConnections(limit: limit)),
+                          deadline: .now.advanced(by: .milliseconds(100)))
+            closeDescriptor(fd)
+            return
+        }
+        startThread(name: "dk-ctl-conn") { [self] in
+            serve(fd, peer)
+            closeDescriptor(fd)
+            finished(connection: true)
+        }
+    }
+
+    // MARK: One connection
+
+    private enum ReadOutcome { case data, timedOut, closed, stopping }
+
+    private func serve(_ fd: Int32, _ peer: PeerCredentials) {
+        guard configuration.authorize(peer) else {
+            _ = writeLine(fd, configuration.errorReply(.peerNotPermitted(peer)),
+                          deadline: .now.advanced(by: configuration.writeTimeout))
+            return
+        }
+        let limit = configuration.maximumLineLength
+        var buffer: [UInt8] = []
+        var scanned = 0  // bytes of `buffer` known to hold no newline
+        var lineStarted: ContinuousClock.Instant?
+        while true {
+            // Answer every complete line already buffered, in order.
+            while let newline = buffer[scanned...].firstIndex(of: UInt8(ascii: "\n")) {
+                var line = buffer[..<newline]
+                buffer.removeSubrange(...newline)
+                scanned = 0
+                lineStarted = buffer.isEmpty ? nil : .now
+                if line.last == UInt8(ascii: "\r") { line = line.dropLast() }
+                if line.count > limit {
+                    _ = writeLine(fd, configuration.errorReply(.lineTooLong(limit: limit)),
+                                  deadline: .now.advanced(by: configuration.writeTimeout))
+                    return
+                }
+                if line.isEmpty { continue }
+                let reply: String
+                if let request = String(validating: line, as: UTF8.self) {
+                    reply = callHandler(request, peer)
+                } else {
+                    reply = configuration.errorReply(.invalidUTF8)
+                }
+                guard writeLine(fd, reply, deadline: .now.advanced(by: configuration.writeTimeout)) else { return }
+                if isStopping { return }
+            }
+            scanned = buffer.count
+            if buffer.count > limit {
+                _ = writeLine(fd, configuration.errorReply(.lineTooLong(limit: limit)),
+                              deadline: .now.advanced(by: configuration.writeTimeout))
+                return
+            }
+            let deadline = lineStarted.map { $0.advanced(by: configuration.requestTimeout) }
+                ?? .now.advanced(by: configuration.idleTimeout)
+            switch read(fd, into: &buffer, deadline: deadline) {
+            case .data:
+                if lineStarted == nil && !buffer.isEmpty { lineStarted = .now }
+            case .timedOut:
+                if lineStarted != nil {
+                    _ = writeLine(fd, configuration.errorReply(.timedOut), deadline: .now.advanced(by: .milliseconds(100)))
+                }
+                return
+            case .closed, .stopping:
+                return
+            }
+        }
+    }
+
+    /// Waits for data until `deadline` (or stop) and appends what one `read` returns.
+    private func read(_ fd: Int32, into buffer: inout [UInt8], deadline: ContinuousClock.Instant) -> ReadOutcome {
+        var fds = [pollfd(fd: fd, events: Int16(POLLIN), revents: 0),
+                   pollfd(fd: wake.fd, events: Int16(POLLIN), revents: 0)]
+        while true {
+            fds[0].revents = 0
+            fds[1].revents = 0
+            guard let ready = try? pollDescriptors(&fds, timeout: pollTimeout(until: deadline)) else { return .closed }
+            if fds[1].revents != 0 { return .stopping }
+            if ready == 0 { return .timedOut }
+            var chunk = [UInt8](repeating: 0, count: 16 * 1024)
+            let count = chunk.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
+            if count > 0 {
+                buffer.append(contentsOf: chunk[..<count])
+                return .data
+            }
+            if count == 0 { return .closed }
+            let code = Glibc.errno
+            if code == EAGAIN || code == EWOULDBLOCK || code == EINTR { continue }
+            return .closed
+        }
+    }
+
+    /// Runs the async handler from this connection thread and waits for its reply. The
+    /// thread is ours (not the cooperative pool), so blocking it is fine.
+    private func callHandler(_ request: String, _ peer: PeerCredentials) -> String {
+        let box = ReplyBox()
+        let handler = self.handler
+        Task {
+            let reply = await handler(request, peer)
+            box.put(reply)
+        }
+        return box.take()
+    }
+
+    private func writeLine(_ fd: Int32, _ text: String, deadline: ContinuousClock.Instant) -> Bool {
+        writeAll(fd, Array(Self.oneLine(text).utf8) + [UInt8(ascii: "\n")], deadline: deadline)
+    }
+
+    /// `text` with line breaks turned into spaces, so it stays one protocol line.
+    static func oneLine(_ text: String) -> String {
+        guard text.utf8.contains(where: { $0 == 10 || $0 == 13 }) else { return text }
+        return String(text.map { $0 == "\n" || $0 == "\r" || $0 == "\r\n" ? " " : $0 })
+    }
+}
+
+/// Hands one reply from a task to a waiting thread.
+private final class ReplyBox: Sendable {
+    private let value = Mutex<String?>(nil)
+    private let ready = DispatchSemaphore(value: 0)
+
+    func put(_ reply: String) {
+        value.withLock { $0 = reply }
+        ready.signal()
+    }
+
+    func take() -> String {
+        ready.wait()
+        return value.withLock { $0 ?? "" }
+    }
+}
+
+// MARK: Shared socket helpers
+
+/// Connects a non-blocking, close-on-exec stream socket to `path` (or `@abstract`).
+func connectUnix(_ path: String) -> Result<Int32, SystemError> {
+    do throws(SystemError) {
+        var (address, length) = try UnixSocketAddress.make(path)
+        let fd = try valueOrErrno("socket") {
+            socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue) | Int32(SOCK_NONBLOCK.rawValue), 0)
+        }
+        do throws(SystemError) {
+            try valueOrErrno("connect", subject: path) {
+                withUnsafePointer(to: &address) {
+                    $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, length) }
+                }
+            }
+        } catch {
+            closeDescriptor(fd)
+            throw error
+        }
+        return .success(fd)
+    } catch {
+        return .failure(error)
+    }
+}
+
+/// Writes all of `bytes` to a non-blocking socket by `deadline`; false on timeout or error.
+/// Uses `MSG_NOSIGNAL` so a vanished peer never raises SIGPIPE.
+func writeAll(_ fd: Int32, _ bytes: [UInt8], deadline: ContinuousClock.Instant) -> Bool {
+    var offset = 0
+    while offset < bytes.count {
+        let count = bytes.withUnsafeBytes { raw in
+            send(fd, raw.baseAddress! + offset, raw.count - offset, Int32(MSG_NOSIGNAL))
+        }
+        if count > 0 {
+            offset += count
+            continue
+        }
+        let code = Glibc.errno
+        guard count < 0, code == EAGAIN || code == EWOULDBLOCK || code == EINTR else { return false }
+        var fds = [pollfd(fd: fd, events: Int16(POLLOUT), revents: 0)]
+        guard let ready = try? pollDescriptors(&fds, timeout: pollTimeout(until: deadline)), ready > 0 else { return false }
+    }
+    return true
+}

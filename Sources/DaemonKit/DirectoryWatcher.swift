@@ -1,0 +1,328 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import Synchronization
+
+/// One change a `DirectoryWatcher` reports.
+public struct DirectoryChange: Hashable, Sendable, CustomStringConvertible {
+    /// What happened.
+    public enum Kind: Hashable, Sendable {
+        /// A file is complete at `path`: it was closed after writing (`IN_CLOSE_WRITE`) or
+        /// renamed into the directory (`IN_MOVED_TO`). Never sent for a file that is still
+        /// being written (no `IN_CREATE`).
+        case ready
+        /// The file at `path` is gone: deleted (`IN_DELETE`) or renamed away
+        /// (`IN_MOVED_FROM`, also when renamed to an ignored name).
+        case removed
+        /// The watched directory itself is gone (deleted, moved away or unmounted:
+        /// `IN_DELETE_SELF`, `IN_MOVE_SELF`, `IN_IGNORED`). `path` is the directory. The
+        /// watcher no longer watches it; call `watch(_:)` again once it exists.
+        case directoryRemoved
+        /// The kernel's event queue overflowed (`IN_Q_OVERFLOW`); events were lost. `path` and
+        /// `directory` are empty. Rescan every directory.
+        case overflow
+    }
+
+    /// What happened.
+    public var kind: Kind
+    /// `directory + "/" + name` for file changes; the directory for `.directoryRemoved`.
+    public var path: String
+    /// The watched directory, exactly as passed to `watch(_:)` (trailing slashes removed).
+    public var directory: String
+
+    /// Creates a change; the watcher is the usual source of these.
+    public init(kind: Kind, path: String, directory: String) {
+        self.kind = kind
+        self.path = path
+        self.directory = directory
+    }
+
+    /// The last path component (the file name).
+    public var name: String {
+        guard let slash = path.lastIndex(of: "/") else { return path }
+        return String(path[path.index(after: slash)...])
+    }
+
+    public var description: String { "\(kind) \(path)" }
+}
+
+/// Watches directories with inotify and reports complete files, removals and vanished
+/// directories, in coalesced batches.
+///
+/// Guarantees:
+/// - A file is reported `.ready` only on `IN_CLOSE_WRITE` or `IN_MOVED_TO`, never on
+///   `IN_CREATE`, so a half-copied file is never reported (FINDINGS section 9).
+/// - Names for which `Configuration.isIgnored` is true (by default dotfiles, `*.tmp`, `*~`,
+///   `*.part`; see `isIgnoredName(_:)`) and subdirectories are never reported, except
+///   that renaming a file to an ignored name reports its old name `.removed`.
+/// - Bursts are coalesced: a batch is emitted once no event arrived for `settle`, or at the
+///   latest `maximumDelay` after the first event of the batch. Within a batch each path
+///   appears once with the kind of its last event; changes are ordered by their last event.
+/// - `changes` is single-consumer, unbounded, and finishes after `stop()` (or deinit).
+/// - The inotify descriptor is read on a dedicated thread, never on the cooperative pool.
+///
+/// Not reported: the state before `watch(_:)`; callers scan the directory after watching
+/// it (watch first, then scan, so nothing falls between the two).
+public final class DirectoryWatcher: Sendable {
+    /// Tuning for a watcher.
+    public struct Configuration: Sendable {
+        /// Quiet time after the last event before a batch is emitted. Default 50 ms.
+        public var settle: Duration
+        /// Upper bound on how long an event waits in a batch while events keep coming.
+        /// Default 500 ms.
+        public var maximumDelay: Duration
+        /// Names (last path component) never reported. Default `isIgnoredName(_:)`.
+        public var isIgnored: @Sendable (String) -> Bool
+
+        /// Creates a configuration; see the properties for the defaults.
+        public init(
+            settle: Duration = .milliseconds(50), maximumDelay: Duration = .milliseconds(500),
+            isIgnored: @escaping @Sendable (String) -> Bool = DirectoryWatcher.isIgnoredName
+        ) {
+            self.settle = settle
+            self.maximumDelay = max(maximumDelay, settle)
+            self.isIgnored = isIgnored
+        }
+    }
+
+    /// The batches of changes, in the order they happened. Iterate from one task.
+    public let changes: AsyncStream<[DirectoryChange]>
+    private let core: WatcherCore
+
+    /// Creates a watcher with no directories and starts its reader thread.
+    public init(configuration: Configuration = Configuration()) throws(SystemError) {
+        let (stream, continuation) = AsyncStream.makeStream(of: [DirectoryChange].self)
+        changes = stream
+        core = try WatcherCore(configuration: configuration, continuation: continuation)
+        let core = self.core
+        startThread(name: "dk-inotify") { core.run() }
+    }
+
+    /// Creates a watcher and watches each of `directories`; throws (and watches nothing)
+    /// if one of them cannot be watched.
+    public convenience init(directories: [String], configuration: Configuration = Configuration())
+        throws(SystemError)
+    {
+        try self.init(configuration: configuration)
+        do throws(SystemError) {
+            for directory in directories { try watch(directory) }
+        } catch {
+            stop()
+            throw error
+        }
+    }
+
+    /// Starts watching `directory` (following a symlink to it). Watching a directory twice
+    /// is harmless. Throws `SystemError` (`inotify_add_watch`, e.g. `ENOENT`, `ENOTDIR`).
+    /// Events from it are reported from the moment this returns.
+    public func watch(_ directory: String) throws(SystemError) {
+        try core.watch(Self.normalize(directory))
+    }
+
+    /// Stops watching `directory`; no `.directoryRemoved` is reported for it. Events from it
+    /// already in the current batch are still delivered.
+    public func unwatch(_ directory: String) {
+        core.unwatch(Self.normalize(directory))
+    }
+
+    /// The directories currently watched, sorted.
+    public var directories: [String] { core.watchedDirectories }
+
+    /// Stops the reader thread, emits the pending batch (if any), finishes `changes` and
+    /// closes the inotify descriptor. Idempotent; does not block.
+    public func stop() { core.wake.signal() }
+
+    deinit { core.wake.signal() }
+
+    /// The default ignore rule: dotfiles (`.*`, which covers editors' and `rsync`'s
+    /// temporaries), `*.tmp`, `*~` and `*.part`. Also used by callers' full rescans so both
+    /// paths agree.
+    public static func isIgnoredName(_ name: String) -> Bool {
+        name.isEmpty || name.hasPrefix(".") || name.hasSuffix(".tmp") || name.hasSuffix("~")
+            || name.hasSuffix(".part")
+    }
+
+    static func normalize(_ directory: String) -> String {
+        var result = directory
+        while result.count > 1 && result.hasSuffix("/") { result.removeLast() }
+        return result
+    }
+}
+
+/// The state shared by a watcher and its reader thread.
+private final class WatcherCore: Sendable {
+    private struct Watches {
+        /// -1 once the reader thread has closed it.
+        var fd: Int32
+        var directoryByDescriptor: [Int32: String] = [:]
+        var descriptorByDirectory: [String: Int32] = [:]
+    }
+
+    let wake: WakeEvent
+    private let configuration: DirectoryWatcher.Configuration
+    private let continuation: AsyncStream<[DirectoryChange]>.Continuation
+    private let watches: Mutex<Watches>
+    private let inotifyFD: Int32
+
+    /// Events watched on each directory. `IN_CREATE` and `IN_MODIFY` deliberately absent.
+    private static let mask: UInt32 =
+        UInt32(IN_CLOSE_WRITE) | UInt32(IN_MOVED_TO) | UInt32(IN_DELETE) | UInt32(IN_MOVED_FROM)
+        | UInt32(IN_DELETE_SELF) | UInt32(IN_MOVE_SELF) | UInt32(IN_ONLYDIR) | UInt32(IN_EXCL_UNLINK)
+
+    init(configuration: DirectoryWatcher.Configuration,
+         continuation: AsyncStream<[DirectoryChange]>.Continuation) throws(SystemError)
+    {
+        self.configuration = configuration
+        self.continuation = continuation
+        wake = try WakeEvent()
+        inotifyFD = try valueOrErrno("inotify_init1") { inotify_init1(Int32(IN_CLOEXEC | IN_NONBLOCK)) }
+        watches = Mutex(Watches(fd: inotifyFD))
+    }
+
+    func watch(_ directory: String) throws(SystemError) {
+        let result: Result<Void, SystemError> = watches.withLock { watches in
+            guard watches.fd >= 0 else { return .failure(SystemError("inotify_add_watch", code: EBADF, subject: directory)) }
+            let wd = inotify_add_watch(watches.fd, directory, Self.mask)
+            if wd < 0 { return .failure(.current("inotify_add_watch", subject: directory)) }
+            if let old = watches.directoryByDescriptor[wd], old != directory {
+                // Two names for one directory share a watch; keep reporting under the first.
+                return .success(())
+            }
+            watches.directoryByDescriptor[wd] = directory
+            watches.descriptorByDirectory[directory] = wd
+            return .success(())
+        }
+        try result.get()
+    }
+
+    func unwatch(_ directory: String) {
+        watches.withLock { watches in
+            guard let wd = watches.descriptorByDirectory.removeValue(forKey: directory) else { return }
+            watches.directoryByDescriptor[wd] = nil
+            if watches.fd >= 0 { _ = inotify_rm_watch(watches.fd, wd) }
+        }
+    }
+
+    var watchedDirectories: [String] {
+        watches.withLock { Array($0.descriptorByDirectory.keys) }.sorted()
+    }
+
+    // MARK: Reader thread
+
+    private struct Pending {
+        var changes: [String: (change: DirectoryChange, sequence: Int)] = [:]
+        var sequence = 0
+        var firstEvent: ContinuousClock.Instant?
+        var lastEvent: ContinuousClock.Instant?
+
+        mutating func add(_ change: DirectoryChange, key: String) {
+            let now = ContinuousClock.now
+            if firstEvent == nil { firstEvent = now }
+            lastEvent = now
+            sequence += 1
+            changes[key] = (change, sequence)
+        }
+
+        func deadline(settle: Duration, maximumDelay: Duration) -> ContinuousClock.Instant? {
+            guard let firstEvent, let lastEvent else { return nil }
+            return min(lastEvent.advanced(by: settle), firstEvent.advanced(by: maximumDelay))
+        }
+
+        mutating func take() -> [DirectoryChange] {
+            let batch = changes.values.sorted { $0.sequence < $1.sequence }.map(\.change)
+            self = Pending(sequence: sequence)
+            return batch
+        }
+    }
+
+    func run() {
+        var pending = Pending()
+        var buffer = [UInt8](repeating: 0, count: 64 * 1024)
+        var fds = [pollfd(fd: inotifyFD, events: Int16(POLLIN), revents: 0),
+                   pollfd(fd: wake.fd, events: Int16(POLLIN), revents: 0)]
+        loop: while true {
+            let deadline = pending.deadline(settle: configuration.settle, maximumDelay: configuration.maximumDelay)
+            fds[0].revents = 0
+            fds[1].revents = 0
+            do throws(SystemError) {
+                _ = try pollDescriptors(&fds, timeout: pollTimeout(until: deadline))
+            } catch {
+                break loop  // poll only fails for programming errors (EFAULT, EINVAL)
+            }
+            if fds[1].revents != 0 { break loop }
+            if fds[0].revents != 0 { drain(into: &pending, buffer: &buffer) }
+            if let deadline = pending.deadline(settle: configuration.settle, maximumDelay: configuration.maximumDelay),
+               ContinuousClock.now >= deadline
+            {
+                let batch = pending.take()
+                if !batch.isEmpty { continuation.yield(batch) }
+            }
+        }
+        let batch = pending.take()
+        if !batch.isEmpty { continuation.yield(batch) }
+        continuation.finish()
+        watches.withLock { watches in
+            closeDescriptor(watches.fd)
+            watches.fd = -1
+            watches.directoryByDescriptor = [:]
+            watches.descriptorByDirectory = [:]
+        }
+    }
+
+    /// Reads every queued inotify event and merges it into `pending`.
+    private func drain(into pending: inout Pending, buffer: inout [UInt8]) {
+        while true {
+            let count = buffer.withUnsafeMutableBytes { Glibc.read(inotifyFD, $0.baseAddress, $0.count) }
+            if count < 0 {
+                if Glibc.errno == EINTR { continue }
+                return  // EAGAIN: queue empty
+            }
+            if count == 0 { return }
+            buffer.withUnsafeBytes { raw in
+                var offset = 0
+                // struct inotify_event { int wd; uint32_t mask, cookie, len; char name[]; }
+                while offset + 16 <= count {
+                    let wd = raw.loadUnaligned(fromByteOffset: offset, as: Int32.self)
+                    let mask = raw.loadUnaligned(fromByteOffset: offset + 4, as: UInt32.self)
+                    let length = Int(raw.loadUnaligned(fromByteOffset: offset + 12, as: UInt32.self))
+                    let nameBytes = raw[(offset + 16)..<min(offset + 16 + length, count)]
+                    let name = String(decoding: nameBytes.prefix { $0 != 0 }, as: UTF8.self)
+                    handle(wd: wd, mask: mask, name: name, into: &pending)
+                    offset += 16 + length
+                }
+            }
+        }
+    }
+
+    private func handle(wd: Int32, mask: UInt32, name: String, into pending: inout Pending) {
+        func has(_ flag: Int32) -> Bool { mask & UInt32(flag) != 0 }
+        if has(IN_Q_OVERFLOW) {
+            pending.add(DirectoryChange(kind: .overflow, path: "", directory: ""), key: "\0overflow")
+            return
+        }
+        let selfGone = has(IN_DELETE_SELF) || has(IN_MOVE_SELF) || has(IN_IGNORED) || has(IN_UNMOUNT)
+        if selfGone {
+            // Forget the watch first so a later IN_IGNORED for it is not reported twice.
+            let directory: String? = watches.withLock { watches in
+                guard let directory = watches.directoryByDescriptor.removeValue(forKey: wd) else { return nil }
+                watches.descriptorByDirectory[directory] = nil
+                // A moved directory keeps its watch; drop it since its path is no longer ours.
+                if has(IN_MOVE_SELF), watches.fd >= 0 { _ = inotify_rm_watch(watches.fd, wd) }
+                return directory
+            }
+            if let directory {
+                pending.add(DirectoryChange(kind: .directoryRemoved, path: directory, directory: directory),
+                            key: directory)
+            }
+            return
+        }
+        if has(IN_ISDIR) || configuration.isIgnored(name) { return }
+        guard let directory = watches.withLock({ $0.directoryByDescriptor[wd] }) else { return }
+        let path = directory == "/" ? "/" + name : directory + "/" + name
+        if has(IN_CLOSE_WRITE) || has(IN_MOVED_TO) {
+            pending.add(DirectoryChange(kind: .ready, path: path, directory: directory), key: path)
+        } else if has(IN_DELETE) || has(IN_MOVED_FROM) {
+            pending.add(DirectoryChange(kind: .removed, path: path, directory: directory), key: path)
+        }
+    }
+}

@@ -1,0 +1,159 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import ModuleKit
+
+/// Where a log backend puts its finished lines. Each call receives one complete line,
+/// ending in `\n`; it may be called from any thread concurrently.
+public typealias LogLineSink = @Sendable (String) -> Void
+
+/// Writes each line to standard error with a single `write(2)` (retried for partial
+/// writes), so concurrent lines never interleave mid-line (lines up to `PIPE_BUF` are
+/// atomic on pipes, which is what journald and most supervisors use).
+public let standardErrorSink: LogLineSink = { line in
+    var bytes = Array(line.utf8)
+    var offset = 0
+    while offset < bytes.count {
+        let count = bytes.withUnsafeMutableBytes { Glibc.write(2, $0.baseAddress! + offset, $0.count - offset) }
+        if count > 0 {
+            offset += count
+        } else if count < 0 && Glibc.errno == EINTR {
+            continue
+        } else {
+            return
+        }
+    }
+}
+
+/// Plain text log lines, friendly to journald and terminals:
+/// `[2024-05-01T12:00:00.123Z ]level label: message key=value key="value with spaces"`.
+///
+/// - Timestamps are off by default (journald adds its own); turn them on for files.
+/// - One record is always one line: newlines and other control characters in the message
+///   and values are escaped (`\n`, `\t`, `\u{1b}`...). Values containing spaces, `"`, `=`,
+///   or nothing are written as JSON strings.
+/// - `write` is thread-safe; output goes to `sink` (default standard error).
+public struct TextLogBackend: LogBackend {
+    /// Whether each line starts with an ISO 8601 UTC timestamp with milliseconds.
+    public var timestamps: Bool
+    private let sink: LogLineSink
+
+    /// Creates a backend writing to `sink`.
+    public init(timestamps: Bool = false, sink: @escaping LogLineSink = standardErrorSink) {
+        self.timestamps = timestamps
+        self.sink = sink
+    }
+
+    /// Formats `record` as one line and hands it to the sink.
+    public func write(_ record: LogRecord) {
+        sink(format(record))
+    }
+
+    /// The line `write` would emit for `record`, including the newline.
+    public func format(_ record: LogRecord) -> String {
+        var line = ""
+        if timestamps { line += LogTimestamp.now() + " " }
+        line += "\(record.level) \(Self.escape(record.label)): \(Self.escape(record.message))"
+        for (key, value) in record.metadata {
+            line += " \(Self.escape(key))="
+            line += Self.needsQuotes(value) ? JSONText.quote(value) : value
+        }
+        return line + "\n"
+    }
+
+    private static func needsQuotes(_ value: String) -> Bool {
+        value.isEmpty || value.unicodeScalars.contains { $0 == " " || $0 == "\"" || $0 == "=" || $0.value < 0x20 || $0.value == 0x7f }
+    }
+
+    /// Control characters escaped so a message stays on its line.
+    private static func escape(_ text: String) -> String {
+        guard text.unicodeScalars.contains(where: { $0.value < 0x20 || $0.value == 0x7f }) else { return text }
+        let quoted = JSONText.quote(text)
+        return String(quoted.dropFirst().dropLast())
+    }
+}
+
+/// JSON log lines for log shippers, one object per line:
+/// `{"time":"2024-05-01T12:00:00.123Z","level":"info","label":"modhostd","message":"loaded","plugin":"a.so"}`.
+///
+/// - Fixed keys come first in this order: `time` (if enabled), `level`, `label`, `message`;
+///   metadata follows in its order as string members. A metadata key that collides with a
+///   fixed key or an earlier metadata key is written with a `_` prefix, so no key repeats.
+/// - `write` is thread-safe; output goes to `sink` (default standard error).
+public struct JSONLogBackend: LogBackend {
+    /// Whether each object has a `time` member (ISO 8601 UTC, milliseconds).
+    public var timestamps: Bool
+    private let sink: LogLineSink
+
+    /// Creates a backend writing to `sink`.
+    public init(timestamps: Bool = true, sink: @escaping LogLineSink = standardErrorSink) {
+        self.timestamps = timestamps
+        self.sink = sink
+    }
+
+    /// Formats `record` as one JSON line and hands it to the sink.
+    public func write(_ record: LogRecord) {
+        sink(format(record))
+    }
+
+    /// The line `write` would emit for `record`, including the newline.
+    public func format(_ record: LogRecord) -> String {
+        var used: Set<String> = ["level", "label", "message"]
+        var line = "{"
+        if timestamps {
+            used.insert("time")
+            line += "\"time\":\(JSONText.quote(LogTimestamp.now())),"
+        }
+        line += "\"level\":\(JSONText.quote(record.level.description)),"
+        line += "\"label\":\(JSONText.quote(record.label)),"
+        line += "\"message\":\(JSONText.quote(record.message))"
+        for (key, value) in record.metadata {
+            var name = key
+            while used.contains(name) { name = "_" + name }
+            used.insert(name)
+            line += ",\(JSONText.quote(name)):\(JSONText.quote(value))"
+        }
+        return line + "}\n"
+    }
+}
+
+/// JSON string literals.
+enum JSONText {
+    /// `text` as a JSON string literal with quotes; control characters, `"` and `\` escaped.
+    static func quote(_ text: String) -> String {
+        var out = "\""
+        for scalar in text.unicodeScalars {
+            switch scalar {
+            case "\"": out += "\\\""
+            case "\\": out += "\\\\"
+            case "\n": out += "\\n"
+            case "\r": out += "\\r"
+            case "\t": out += "\\t"
+            case _ where scalar.value < 0x20 || scalar.value == 0x7f:
+                let hex = String(scalar.value, radix: 16)
+                out += "\\u" + String(repeating: "0", count: 4 - hex.count) + hex
+            default: out.unicodeScalars.append(scalar)
+            }
+        }
+        return out + "\""
+    }
+}
+
+/// Wall-clock timestamps for log lines.
+enum LogTimestamp {
+    /// Now as `YYYY-MM-DDTHH:MM:SS.mmmZ` (UTC).
+    static func now() -> String {
+        var now = timespec()
+        clock_gettime(CLOCK_REALTIME, &now)
+        var seconds = now.tv_sec
+        var parts = tm()
+        gmtime_r(&seconds, &parts)
+        func pad(_ value: Int, _ width: Int) -> String {
+            let digits = String(value)
+            return String(repeating: "0", count: max(0, width - digits.count)) + digits
+        }
+        return "\(pad(Int(parts.tm_year) + 1900, 4))-\(pad(Int(parts.tm_mon) + 1, 2))-\(pad(Int(parts.tm_mday), 2))"
+            + "T\(pad(Int(parts.tm_hour), 2)):\(pad(Int(parts.tm_min), 2)):\(pad(Int(parts.tm_sec), 2))"
+            + ".\(pad(Int(now.tv_nsec) / 1_000_000, 3))Z"
+    }
+}
