@@ -2,7 +2,7 @@ import Glibc
 import ModuleKit
 
 /// Exit codes of modhostd and modhostctl (sysexits.h names where one fits).
-public enum ExitCode: Int32, Sendable {
+public enum ExitCode: Int32, Sendable, Error {
     /// Success.
     case success = 0
     /// The command ran and found a problem (e.g. `verify` refused a file).

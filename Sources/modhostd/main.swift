@@ -1,1 +1,4 @@
-print("modhostd")
+import Glibc
+import ModuleHost
+
+exit(await DaemonCommand().run(Array(CommandLine.arguments.dropFirst())).rawValue)
