@@ -51,10 +51,15 @@ public struct TextLogBackend: LogBackend {
 
     /// The line `write` would emit for `record`, including the newline.
     public func format(_ record: LogRecord) -> String {
+        format(level: record.level, label: record.label, message: record.message, metadata: record.metadata)
+    }
+
+    /// The line for a record with these fields, including the newline.
+    public func format(level: LogLevel, label: String, message: String, metadata: [(String, String)]) -> String {
         var line = ""
         if timestamps { line += LogTimestamp.now() + " " }
-        line += "\(record.level) \(Self.escape(record.label)): \(Self.escape(record.message))"
-        for (key, value) in record.metadata {
+        line += "\(level) \(Self.escape(label)): \(Self.escape(message))"
+        for (key, value) in metadata {
             line += " \(Self.escape(key))="
             line += Self.needsQuotes(value) ? JSONText.quote(value) : value
         }
@@ -98,16 +103,21 @@ public struct JSONLogBackend: LogBackend {
 
     /// The line `write` would emit for `record`, including the newline.
     public func format(_ record: LogRecord) -> String {
+        format(level: record.level, label: record.label, message: record.message, metadata: record.metadata)
+    }
+
+    /// The line for a record with these fields, including the newline.
+    public func format(level: LogLevel, label: String, message: String, metadata: [(String, String)]) -> String {
         var used: Set<String> = ["level", "label", "message"]
         var line = "{"
         if timestamps {
             used.insert("time")
             line += "\"time\":\(JSONText.quote(LogTimestamp.now())),"
         }
-        line += "\"level\":\(JSONText.quote(record.level.description)),"
-        line += "\"label\":\(JSONText.quote(record.label)),"
-        line += "\"message\":\(JSONText.quote(record.message))"
-        for (key, value) in record.metadata {
+        line += "\"level\":\(JSONText.quote(level.description)),"
+        line += "\"label\":\(JSONText.quote(label)),"
+        line += "\"message\":\(JSONText.quote(message))"
+        for (key, value) in metadata {
             var name = key
             while used.contains(name) { name = "_" + name }
             used.insert(name)
