@@ -258,15 +258,15 @@ private final class WatcherCore: Sendable {
                 if !batch.isEmpty { continuation.yield(batch) }
             }
         }
-        let batch = pending.take()
-        if !batch.isEmpty { continuation.yield(batch) }
-        continuation.finish()
         watches.withLock { watches in
             closeDescriptor(watches.fd)
             watches.fd = -1
             watches.directoryByDescriptor = [:]
             watches.descriptorByDirectory = [:]
         }
+        let batch = pending.take()
+        if !batch.isEmpty { continuation.yield(batch) }
+        continuation.finish()
     }
 
     /// Reads every queued inotify event and merges it into `pending`.
