@@ -5,6 +5,8 @@ CONFIG ?= debug
 PREFIX ?= /usr/local
 BUILD := $(CURDIR)/build
 JOBS ?= 2
+# Plugins build in parallel; the Swift build before them uses every core by itself.
+MAKEFLAGS += -j$(JOBS)
 # CI builds with warnings as errors.
 SWIFTFLAGS ?= $(if $(CI),-Xswiftc -warnings-as-errors,)
 
@@ -61,10 +63,9 @@ sdk:
 	copy $(BUILD)/lib/pkgconfig/modulehost.pc.new $(BUILD)/lib/pkgconfig/modulehost.pc; rm -f $(BUILD)/lib/pkgconfig/modulehost.pc.new
 
 # Every Plugins/<Name> builds with the same plugin.mk an out-of-tree plugin uses.
-plugins: build
-	@$(MAKE) --no-print-directory -j$(JOBS) $(addprefix plugin-,$(PLUGINS))
+plugins: $(addprefix plugin-,$(PLUGINS))
 
-plugin-%:
+plugin-%: build
 	@$(MAKE) --no-print-directory -C Plugins/$* MODHOST_SDK=$(BUILD) PLUGIN_DIR=$(BUILD)/plugins MODULES_DIR=$(BUILD)/plugin-modules OBJ_DIR=$(BUILD)/obj/$*
 
 # Welcome imports Greeting's Swift module.

@@ -36,7 +36,7 @@ let package = Package(
             name: "ModuleHost",
             dependencies: [
                 .product(name: "ModuleKit", package: "ModuleKit"),
-                "CFFI", "CDynamicLoader", "PluginFormat", "DaemonKit",
+                "CDynamicLoader", "PluginFormat", "PluginCall", "DaemonKit",
             ],
             swiftSettings: swift6),
         .executableTarget(name: "modhostd", dependencies: ["ModuleHost"], swiftSettings: swift6,

@@ -31,17 +31,17 @@ public struct PluginLoader: Sendable {
     public var validator: Validator
     public let registry: ModuleRegistry
     /// Makes the host service table each C module instance receives.
-    public var hostServices: @Sendable (_ moduleName: String, _ host: HostInstance) -> CHostServices
+    public var hostServices: @Sendable (_ moduleName: String, _ host: HostInstance) throws -> CHostServices
 
     public init(validator: Validator = Validator(), registry: ModuleRegistry = ModuleRegistry(),
-                hostServices: (@Sendable (String, HostInstance) -> CHostServices)? = nil) {
+                hostServices: (@Sendable (String, HostInstance) throws -> CHostServices)? = nil) {
         self.validator = validator
         self.registry = registry
-        self.hostServices = hostServices ?? { [registry] (name: String, host: HostInstance) -> CHostServices in
-            CHostServices(
+        self.hostServices = hostServices ?? { (name: String, host: HostInstance) throws -> CHostServices in
+            try CHostServices(
                 moduleName: name, logger: host.logger(for: name),
-                post: { notification, payload in Task { await host.post(notification: notification, payload: payload) } },
-                hasModule: { registry.entry(named: $0) != nil })
+                post: { notification, payload in host.postFromAnywhere(notification: notification, payload: payload) },
+                hasModule: { host.isRunning(moduleNamed: $0) })
         }
     }
 
@@ -211,7 +211,12 @@ public struct PluginLoader: Sendable {
                 let services = hostServices
                 let factory = ModuleFactory(name: descriptor.name, version: descriptor.version, plugin: file.name, defaultOrder: order) {
                     host, configuration in
-                    CModule(descriptor: descriptor, configuration: configuration, services: services(descriptor.name, host))
+                    do {
+                        return CModule(descriptor: descriptor, configuration: configuration, services: try services(descriptor.name, host))
+                    } catch {
+                        host.logger(for: descriptor.name).error("cannot create the host services of a C module: \(error)")
+                        return nil
+                    }
                 }
                 modules.append(.init(factory: factory, swiftType: nil))
             default:

@@ -1,1 +1,0 @@
-// Placeholder until the first real file of this target lands.

@@ -1,0 +1,203 @@
+import Foundation
+import Glibc
+@testable import ModuleHost
+import ModuleKit
+import Testing
+import TestSupport
+
+/// Loading real plugin files: the checks after dlopen, dependency order, the registry.
+/// Every test uses plugin names of its own: the dynamic loader remembers every image.
+@Suite struct LoaderTests {
+    let dir = TemporaryDirectory("loader")
+    var factory: PluginFactory { PluginFactory(directory: dir.path) }
+
+    @discardableResult
+    func plugin(_ name: String, modules: [String]? = nil, dependencies: [String] = [], order: Int = 0,
+                source: String? = nil, flags: String = "") throws -> String {
+        let modules = modules ?? [name.lowercased()]
+        return try factory.buildC(
+            name, source: source ?? PluginFactory.cSource(plugin: name, modules: modules),
+            manifest: PluginFactory.manifest(plugin: name, modules: modules, dependencies: dependencies, order: order),
+            flags: flags)
+    }
+
+    func load() -> LoadReport { PluginLoader().load(directories: [dir.path]) }
+
+    func failure(_ report: LoadReport, _ name: String) -> LoadFailure? {
+        report.refused.first { $0.file.hasSuffix("/lib\(name).so") }
+    }
+
+    @Test func anUnresolvedSymbolIsRefusedByDlopen() throws {
+        try plugin("Dangling", source: PluginFactory.cSource(
+            plugin: "Dangling", modules: ["dangling"],
+            extra: "int nowhere_to_be_found(void); __attribute__((visibility(\"default\"))) int use(void) { return nowhere_to_be_found(); }"))
+        let refused = failure(load(), "Dangling")
+        #expect(refused?.check == .dlopen)
+        #expect(refused?.problem.contains("undefined symbol: nowhere_to_be_found") == true)
+    }
+
+    @Test func aMissingEntrySymbolIsRefused() throws {
+        let source = PluginFactory.cSource(plugin: "Silent", modules: ["silent"])
+            .replacingOccurrences(of: "MODHOST_PLUGIN_ENTRY {", with: "static const modhost_plugin *unused(void) {")
+        try plugin("Silent", source: source + "\nvoid *keep = (void *)unused;")
+        let refused = failure(load(), "Silent")
+        #expect(refused?.check == .entrySymbol)
+        #expect(refused?.problem.contains("does not export modhost_plugin_entry_v1") == true)
+    }
+
+    @Test func anEntrySymbolFromAnotherLibraryIsRefused() throws {
+        // Borrower has no entry of its own, but links EntryLender, which has one.
+        let lender = dir.directory("lib")
+        try PluginFactory(directory: lender).buildC(
+            "EntryLender", source: PluginFactory.cSource(plugin: "EntryLender", modules: ["lender"]), manifest: nil)
+        let source = PluginFactory.cSource(plugin: "Borrower", modules: ["borrower"])
+            .replacingOccurrences(of: "MODHOST_PLUGIN_ENTRY {", with: "static const modhost_plugin *unused(void) {")
+        try plugin("Borrower", source: source + "\nvoid *keep = (void *)unused;",
+                   flags: "-L '\(lender)' -lEntryLender -Wl,-rpath,'\(lender)'")
+        let refused = failure(load(), "Borrower")
+        #expect(refused?.check == .entrySymbol)
+        #expect(refused?.problem.contains("resolves from \(lender)/libEntryLender.so, not from this file") == true)
+    }
+
+    @Test func anEntryReturningNullIsRefused() throws {
+        try plugin("Nothing", source: PluginFactory.cSource(plugin: "Nothing", modules: ["nothing"], entryBody: "return NULL;"))
+        let refused = failure(load(), "Nothing")
+        #expect(refused?.check == .descriptor)
+        #expect(refused?.problem.contains("returned NULL") == true)
+    }
+
+    @Test func aDescriptorThatDisagreesWithTheManifestIsRefused() throws {
+        // The manifest lists "listed"; the code describes "described".
+        try factory.buildC("Liar", source: PluginFactory.cSource(plugin: "Liar", modules: ["described"]),
+                           manifest: PluginFactory.manifest(plugin: "Liar", modules: ["listed"]))
+        let refused = failure(load(), "Liar")
+        #expect(refused?.check == .descriptor)
+        #expect(refused?.problem.contains("describes modules [described], the manifest lists [listed]") == true)
+    }
+
+    @Test func aDescriptorWithAnotherABIMajorIsRefused() throws {
+        try plugin("OldCode", source: PluginFactory.cSource(plugin: "OldCode", modules: ["oldcode"], abiMajor: "7"))
+        let refused = failure(load(), "OldCode")
+        #expect(refused?.check == .abi)
+        #expect(refused?.problem.contains("descriptor says ABI 7.0") == true)
+    }
+
+    @Test func aDuplicateModuleNameRefusesTheSecondPlugin() throws {
+        try plugin("DupA", modules: ["shared-name"])
+        try plugin("DupB", modules: ["shared-name"])
+        let report = load()
+        #expect(report.loaded.map(\.name) == ["DupA"])
+        let refused = failure(report, "DupB")
+        #expect(refused?.check == .duplicate)
+        #expect(refused?.problem.contains("module shared-name is already provided by") == true)
+    }
+
+    @Test func pluginsLoadInDependencyOrderThenOrderThenName() throws {
+        try plugin("OrdBase", order: 50)
+        try plugin("OrdMiddle", dependencies: ["OrdBase"], order: 1)
+        try plugin("OrdTop", dependencies: ["OrdMiddle"], order: 0)
+        try plugin("OrdFirst", order: 10)
+        try plugin("OrdAlpha", order: 10)
+        let report = load()
+        #expect(report.refused.isEmpty, "\(report.refused)")
+        // OrdBase has the highest order but OrdMiddle and OrdTop need it first.
+        #expect(report.loaded.map(\.name) == ["OrdAlpha", "OrdFirst", "OrdBase", "OrdMiddle", "OrdTop"])
+    }
+
+    @Test func aMissingDependencyRefusesItsDependentsAndLoadsTheRest() throws {
+        try plugin("NeedsGhost", dependencies: ["Ghost"])
+        try plugin("NeedsNeeder", dependencies: ["NeedsGhost"])
+        try plugin("Independent")
+        let report = load()
+        #expect(report.loaded.map(\.name) == ["Independent"])
+        #expect(failure(report, "NeedsGhost")?.problem.contains("needs Ghost: dependency Ghost is not available") == true)
+        let transitive = failure(report, "NeedsNeeder")
+        #expect(transitive?.check == .dependency)
+        #expect(transitive?.problem.contains("dependency NeedsGhost was refused") == true)
+    }
+
+    @Test func aCycleRefusesEveryMemberAndNamesIt() throws {
+        try plugin("CycA", dependencies: ["CycB"])
+        try plugin("CycB", dependencies: ["CycC"])
+        try plugin("CycC", dependencies: ["CycA"])
+        try plugin("CycSelf", dependencies: ["CycSelf"])
+        try plugin("CycFree")
+        let report = load()
+        #expect(report.loaded.map(\.name) == ["CycFree"])
+        for name in ["CycA", "CycB", "CycC"] {
+            let refused = failure(report, name)
+            #expect(refused?.check == .cycle)
+            #expect(refused?.problem.contains("CycA -> CycB -> CycC -> CycA") == true)
+        }
+        #expect(failure(report, "CycSelf")?.problem.contains("CycSelf -> CycSelf") == true)
+    }
+
+    @Test func aRefusedDependencyAtDlopenRefusesItsDependents() throws {
+        try plugin("BrokenBase", source: PluginFactory.cSource(plugin: "BrokenBase", modules: ["brokenbase"], entryBody: "return NULL;"))
+        try plugin("OnBroken", dependencies: ["BrokenBase"])
+        let report = load()
+        #expect(report.loaded.isEmpty)
+        #expect(failure(report, "OnBroken")?.problem.contains("needs BrokenBase, which was refused (descriptor)") == true)
+    }
+
+    @Test func oneFileMayProvideSeveralModules() async throws {
+        try plugin("Multi", modules: ["multi-one", "multi-two", "multi-three"])
+        let report = load()
+        #expect(report.loaded.first?.modules.map(\.factory.name) == ["multi-one", "multi-two", "multi-three"])
+        let host = HostInstance(name: "multi")
+        await host.add(report.loaded.flatMap { $0.modules.map(\.factory) })
+        #expect(await host.moduleNames == ["multi-one", "multi-two", "multi-three"])
+        await host.shutdown()
+    }
+}
+
+/// The example plugins of Plugins/, as `make` built them: Swift and C side by side, a
+/// protocol cast across two .so files, the registry.
+@Suite struct ExamplePluginTests {
+    @Test func swiftAndCPluginsLoadSideBySide() async throws {
+        let loader = PluginLoader()
+        let report = loader.load(directories: [BuildProducts.pluginDirectory])
+        #expect(report.refused.isEmpty, "\(report.refused)")
+        let names = report.loaded.map(\.name)
+        // Welcome depends on Greeting, so it loads after it whatever the orders say.
+        #expect(names.firstIndex(of: "Greeting")! < names.firstIndex(of: "Welcome")!)
+        #expect(Set(names) == ["Greeting", "Welcome", "Counter", "Calculator"])
+
+        let host = HostInstance(name: "examples")
+        await host.add(report.loaded.flatMap { $0.modules.map(\.factory) })
+        await host.start()
+        #expect(await host.moduleNames == ["greeting", "welcome", "counter", "calculator"])
+        // Welcome found Greeting's module through a cast to Greeting's protocol: two .so
+        // files, one ModuleKit.
+        let welcome = try #require(await host.infos().first { $0.name == "welcome" })
+        #expect(welcome.metadata["greeter"] == "greeting")
+        #expect(welcome.metadata["lastGreeting"] == "Hello, operator!")
+        await host.shutdown()
+    }
+
+    @Test func theRegistryAnswersByName() throws {
+        let loader = PluginLoader()
+        _ = loader.load(directories: [BuildProducts.pluginDirectory])
+        let type = try #require(loader.registry.moduleType(named: "greeting"))
+        #expect(type.name == "greeting")
+        #expect(type.version == "1.0.0")
+        #expect(loader.registry.moduleType(named: "counter") == nil)  // a C module has no Swift type
+        #expect(try loader.registry.factory(named: "counter").plugin == "Counter")
+        #expect(loader.registry.entry(named: "no-such-module") == nil)
+        #expect(throws: UnknownModule.self) { try loader.registry.factory(named: "no-such-module") }
+        do {
+            _ = try loader.registry.factory(named: "no-such-module")
+        } catch {
+            #expect(error.description == "no module named no-such-module is registered; known modules: calculator, counter, greeting, welcome")
+        }
+    }
+
+    @Test func swiftPluginsLinkTheOneSharedSDK() throws {
+        let report = PluginLoader().load(directories: [BuildProducts.pluginDirectory])
+        let greeting = try #require(report.loaded.first { $0.name == "Greeting" })
+        #expect(greeting.file.dynamic.needed.contains("libModuleKit.so"))
+        #expect(greeting.file.dynamic.soname == "libGreeting.so")
+        let welcome = try #require(report.loaded.first { $0.name == "Welcome" })
+        #expect(welcome.file.dynamic.needed.contains("libGreeting.so"))
+    }
+}
