@@ -62,12 +62,6 @@ func pollTimeout(until deadline: ContinuousClock.Instant?) -> Int32 {
     return Int32(clamping: millis)
 }
 
-/// Milliseconds in a `Duration`, rounded up, for `poll`.
-func milliseconds(_ duration: Duration) -> Int64 {
-    let (seconds, attoseconds) = duration.components
-    return seconds * 1000 + (attoseconds + 999_999_999_999_999) / 1_000_000_000_000_000
-}
-
 /// Polls `fds` until one is ready or `timeout` (milliseconds, -1 = forever) passes, retrying
 /// `EINTR` with the remaining time. Returns the number of ready descriptors (0 on timeout).
 func pollDescriptors(_ fds: inout [pollfd], timeout: Int32) throws(SystemError) -> Int32 {

@@ -69,7 +69,7 @@ func writeFile(_ path: String, _ text: String) throws {
 
 /// A raw, blocking Unix stream socket connection for sending exactly the bytes a test
 /// wants (partial lines, invalid UTF-8) and reading what comes back.
-final class RawConnection {
+final class RawConnection: Sendable {
     let fd: Int32
 
     init(_ path: String) throws {

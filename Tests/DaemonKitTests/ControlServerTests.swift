@@ -1,0 +1,330 @@
+import DaemonKit
+import Foundation
+import Synchronization
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The control socket with real clients: concurrent, malformed, oversized, slow, and of
+/// another uid.
+struct ControlServerTests {
+    /// A server in a fresh directory with an echo handler that records who asked.
+    final class Fixture: Sendable {
+        let directory: TemporaryDirectory
+        let server: ControlServer
+        let peers = Collector<PeerCredentials>()
+        var path: String { server.socketPath }
+
+        init(directoryMode: mode_t = 0o700, configuration: ControlServer.Configuration = .init(),
+             handler: ControlServer.Handler? = nil) throws
+        {
+            directory = try TemporaryDirectory(mode: directoryMode)
+            let peers = self.peers
+            server = try ControlServer(socketPath: directory.file("ctl.sock"), configuration: configuration) {
+                request, peer in
+                peers.append(peer)
+                if let handler { return await handler(request, peer) }
+                return "echo:\(request)"
+            }
+        }
+
+        func finish() async {
+            await server.stop()
+            directory.remove()
+        }
+    }
+
+    @Test func servesARequestFromASocketWithMode0600() async throws {
+        let fixture = try Fixture()
+        var info = stat()
+        #expect(lstat(fixture.path, &info) == 0)
+        #expect(info.st_mode & S_IFMT == S_IFSOCK)
+        #expect(info.st_mode & 0o777 == 0o600)
+
+        let path = fixture.path
+        let reply = await onThread { try? ControlClient.request("{\"cmd\":\"status\"}", socketPath: path) }
+        #expect(reply == "echo:{\"cmd\":\"status\"}")
+        #expect(fixture.peers.all == [PeerCredentials(pid: getpid(), uid: getuid(), gid: getgid())])
+        await fixture.finish()
+    }
+
+    @Test func sixteenConcurrentClientsAreServedConcurrently() async throws {
+        let inFlight = Mutex((now: 0, peak: 0))
+        let fixture = try Fixture { request, _ in
+            inFlight.withLock { $0.now += 1; $0.peak = max($0.peak, $0.now) }
+            try? await Task.sleep(for: .milliseconds(20))
+            inFlight.withLock { $0.now -= 1 }
+            return "re:" + request
+        }
+        let path = fixture.path
+        let failures = Collector<String>()
+        await withTaskGroup(of: Void.self) { group in
+            for client in 0..<16 {
+                group.addTask {
+                    await onThread {
+                        do {
+                            let connection = try ControlClient(socketPath: path, timeout: .seconds(30))
+                            for request in 0..<10 {
+                                let line = "client \(client) request \(request)"
+                                let reply = try connection.request(line)
+                                if reply != "re:" + line { failures.append("\(line) -> \(reply)") }
+                            }
+                        } catch {
+                            failures.append("client \(client): \(error)")
+                        }
+                    }
+                }
+            }
+        }
+        #expect(failures.all.isEmpty)
+        #expect(fixture.peers.all.count == 160)
+        #expect(inFlight.withLock { $0.peak } > 1, "requests of different clients never overlapped")
+        #expect(await eventually { fixture.server.connectionCount == 0 })
+        await fixture.finish()
+    }
+
+    @Test func pipelinedRequestsAreAnsweredInOrder() async throws {
+        let fixture = try Fixture()
+        let connection = try RawConnection(fixture.path)
+        connection.send("one\r\ntwo\n\nthree\n")
+        let (lines, _) = await onThread { connection.readLines(3) }
+        #expect(lines == ["echo:one", "echo:two", "echo:three"])
+        await fixture.finish()
+    }
+
+    @Test func invalidUTF8GetsAnErrorAndTheConnectionStaysUsable() async throws {
+        let fixture = try Fixture()
+        let connection = try RawConnection(fixture.path)
+        connection.send([0x66, 0xff, 0xfe, 0x0a])
+        connection.send("fine\n")
+        let (lines, eof) = await onThread { connection.readLines(2) }
+        #expect(lines.count == 2)
+        #expect(lines.first?.contains("\"malformed_request\"") == true)
+        #expect(lines.last == "echo:fine")
+        #expect(!eof)
+        #expect(fixture.peers.all.count == 1)  // the handler never saw the bad line
+        await fixture.finish()
+    }
+
+    @Test func oversizedLinesGetAnErrorAndAreDisconnected() async throws {
+        var configuration = ControlServer.Configuration()
+        configuration.maximumLineLength = 64 * 1024
+        let fixture = try Fixture(configuration: configuration)
+
+        // Without a newline: the server must not buffer forever.
+        let endless = try RawConnection(fixture.path)
+        let sender = Task.detached { endless.send([UInt8](repeating: 0x61, count: 1 << 20)) }
+        let (lines, eof) = await onThread { endless.readLines(1) }
+        #expect(lines.first?.contains("\"request_too_long\"") == true)
+        #expect(eof || endless.waitForEOF())
+        await sender.value
+
+        // With a newline, just over the limit.
+        let long = try RawConnection(fixture.path)
+        long.send(String(repeating: "b", count: 64 * 1024 + 1) + "\n")
+        let (longLines, _) = await onThread { long.readLines(1) }
+        #expect(longLines.first?.contains("\"request_too_long\"") == true)
+        #expect(await onThread { long.waitForEOF() })
+
+        // Exactly at the limit is accepted.
+        let path = fixture.path
+        let maximal = String(repeating: "c", count: 64 * 1024)
+        let reply = await onThread { try? ControlClient.request(maximal, socketPath: path) }
+        #expect(reply == "echo:" + maximal)
+        #expect(fixture.peers.all.count == 1)
+        await fixture.finish()
+    }
+
+    @Test func aSlowClientTimesOutWithoutDelayingOthers() async throws {
+        var configuration = ControlServer.Configuration()
+        configuration.requestTimeout = .milliseconds(500)
+        configuration.idleTimeout = .milliseconds(500)
+        let fixture = try Fixture(configuration: configuration)
+        let path = fixture.path
+
+        let slow = try RawConnection(fixture.path)
+        slow.send("{\"cmd\":")  // and never finishes the line
+        let silent = try RawConnection(fixture.path)  // never sends anything
+
+        // Others are served while those two hang around.
+        for index in 0..<5 {
+            let reply = await onThread { try? ControlClient.request("ping \(index)", socketPath: path) }
+            #expect(reply == "echo:ping \(index)")
+        }
+        let (lines, _) = await onThread { slow.readLines(1) }
+        #expect(lines.first?.contains("\"request_timeout\"") == true)
+        #expect(await onThread { slow.waitForEOF() })
+        // An idle connection is closed without a reply.
+        let (silentLines, silentEOF) = await onThread { silent.readLines(1) }
+        #expect(silentLines.isEmpty && silentEOF)
+        #expect(await eventually { fixture.server.connectionCount == 0 })
+        await fixture.finish()
+    }
+
+    @Test func aStaleSocketIsReplacedButALiveServerIsNot() async throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let path = directory.file("ctl.sock")
+
+        // A socket file left behind by a dead daemon: bound, never listening, closed.
+        let dead = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
+        var address = sockaddr_un()
+        address.sun_family = sa_family_t(AF_UNIX)
+        withUnsafeMutableBytes(of: &address.sun_path) { $0.copyBytes(from: Array(path.utf8)) }
+        let bound = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(dead, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+        }
+        #expect(bound == 0)
+        close(dead)
+
+        let first = try ControlServer(socketPath: path) { request, _ in "first:" + request }
+        #expect(await onThread { try? ControlClient.request("x", socketPath: path) } == "first:x")
+
+        #expect(throws: ControlSocketError.alreadyRunning(path: path)) {
+            _ = try ControlServer(socketPath: path) { request, _ in "second:" + request }
+        }
+        // The refused second server left the first one's socket alone.
+        #expect(await onThread { try? ControlClient.request("y", socketPath: path) } == "first:y")
+        await first.stop()
+    }
+
+    @Test func aFileThatIsNotASocketIsLeftAlone() throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let path = directory.file("ctl.sock")
+        try writeFile(path, "precious")
+        #expect(throws: ControlSocketError.notASocket(path: path)) {
+            _ = try ControlServer(socketPath: path) { request, _ in request }
+        }
+        #expect(try String(contentsOfFile: path, encoding: .utf8) == "precious")
+    }
+
+    @Test func stopClosesIdleConnectionsFinishesRequestsAndUnlinksTheSocket() async throws {
+        let gate = Collector<Bool>()
+        let entered = Collector<Bool>()
+        let fixture = try Fixture { request, _ in
+            if request == "wait" {
+                entered.append(true)
+                _ = await gate.waitFor { !$0.isEmpty }
+            }
+            return "done:" + request
+        }
+        let path = fixture.path
+        let idle = try RawConnection(path)
+        let busy = try ControlClient(socketPath: path, timeout: .seconds(30))
+        let pending = Task.detached { await onThread { try? busy.request("wait") } }
+        #expect(await entered.waitFor { !$0.isEmpty })
+
+        let stopped = Task { await fixture.server.stop() }
+        #expect(await onThread { idle.waitForEOF() })
+        #expect(await eventually { access(path, F_OK) != 0 })  // unlinked while draining
+        gate.append(true)
+        #expect(await pending.value == "done:wait")  // the in-flight request was answered
+        await stopped.value
+        #expect(fixture.server.connectionCount == 0)
+        #expect(throws: ControlSocketError.self) { try busy.request("again") }
+        await fixture.server.stop()  // idempotent
+        fixture.directory.remove()
+    }
+
+    @Test func stopLeavesAReplacementSocketAlone() async throws {
+        let fixture = try Fixture()
+        let path = fixture.path
+        // Someone replaced the socket file (e.g. a new daemon after a forced takeover).
+        #expect(unlink(path) == 0)
+        try writeFile(path, "not ours")
+        await fixture.server.stop()
+        #expect(access(path, F_OK) == 0)
+        fixture.directory.remove()
+    }
+
+    @Test func connectionsDoNotLeakDescriptors() async throws {
+        let fixture = try Fixture()
+        let path = fixture.path
+        let before = openDescriptorCount()
+        let failures = await onThread { () -> Int in
+            var failures = 0
+            for index in 0..<200 {
+                if (try? ControlClient.request("n\(index)", socketPath: path)) != "echo:n\(index)" { failures += 1 }
+            }
+            return failures
+        }
+        #expect(failures == 0)
+        #expect(await eventually { fixture.server.connectionCount == 0 })
+        await fixture.finish()
+        // Other suites run in parallel and open descriptors too; a leak of one per
+        // connection would show as +200 or more.
+        #expect(openDescriptorCount() < before + 100)
+    }
+
+    @Test func theClientTimesOutOnASilentServerAndReportsMissingSockets() async throws {
+        let release = Collector<Bool>()
+        let fixture = try Fixture { request, _ in
+            _ = await release.waitFor(timeout: .seconds(60)) { !$0.isEmpty }
+            return request
+        }
+        let path = fixture.path
+        let outcome = await onThread { () -> ControlSocketError? in
+            do {
+                _ = try ControlClient.request("hang", socketPath: path, timeout: .milliseconds(300))
+                return nil
+            } catch { return error as? ControlSocketError }
+        }
+        guard case .timedOut = outcome else {
+            Issue.record("expected a timeout, got \(String(describing: outcome))")
+            return
+        }
+        release.append(true)
+        await fixture.finish()
+
+        do {
+            _ = try ControlClient(socketPath: fixture.directory.file("missing.sock"))
+            Issue.record("connecting to a missing socket should fail")
+        } catch {
+            #expect(error == .system(SystemError("connect", code: ENOENT, subject: fixture.directory.file("missing.sock"))))
+        }
+    }
+
+    @Test func tooManyConnectionsAreRefusedWithAnError() async throws {
+        var configuration = ControlServer.Configuration()
+        configuration.maximumConnections = 2
+        let fixture = try Fixture(configuration: configuration)
+        let first = try RawConnection(fixture.path)
+        let second = try RawConnection(fixture.path)
+        first.send("a\n")
+        second.send("b\n")
+        #expect(await onThread { first.readLines(1).lines } == ["echo:a"])
+        #expect(await onThread { second.readLines(1).lines } == ["echo:b"])
+        let third = try RawConnection(fixture.path)
+        let (lines, _) = await onThread { third.readLines(1) }
+        #expect(lines.first?.contains("\"too_many_connections\"") == true)
+        await fixture.finish()
+    }
+
+    @Test func aPeerOfAnotherUserIsRefused() async throws {
+        // `nobody` must be able to reach the socket for SO_PEERCRED to be what refuses it.
+        var configuration = ControlServer.Configuration()
+        configuration.socketMode = 0o666
+        let fixture = try Fixture(directoryMode: 0o755, configuration: configuration)
+        let path = fixture.path
+        #expect(getuid() == 0, "this test needs root to switch to uid 65534")
+
+        // A child process drops to nobody and talks to the server: exit 0 means it got the
+        // refusal line, 2 that it was served, 3 that it could not even connect.
+        await #expect(processExitsWith: .exitCode(0)) { [path = path as String] in
+            guard setgroups(0, nil) == 0, setgid(65534) == 0, setuid(65534) == 0, getuid() == 65534 else { exit(4) }
+            do {
+                let reply = try ControlClient.request("hello", socketPath: path, timeout: .seconds(20))
+                exit(reply.contains("\"peer_not_permitted\"") ? 0 : 2)
+            } catch {
+                exit(3)
+            }
+        }
+        #expect(!fixture.peers.all.contains { $0.uid == 65534 }, "the handler saw the refused peer")
+        // Root, same path, same socket: served.
+        #expect(await onThread { try? ControlClient.request("root", socketPath: path) } == "echo:root")
+        await fixture.finish()
+    }
+}
