@@ -47,7 +47,7 @@ public final class CallableFunction: Sendable {
     private let returnType: ValueType
     private let cParameterCount: Int
     /// True when some argument is `str` or `buf`, or the result is `buf`: those need
-    /// storage pinned for the duration of the call.
+    /// storage pinned for the duration of the call (a `str` result needs none).
     private let needsPinning: Bool
 
     /// Prepares a function for calling: `ffi_prep_cif` runs here, once.
@@ -136,7 +136,7 @@ public final class CallableFunction: Sendable {
                 }
                 return callWithSlots(slots, resultLengthAddress: nil)
             }
-            return decodeScalar(raw)
+            return try decodeResult(raw, length: 0)
         }
         // Strings and buffers: check everything first so nothing can fail once storage
         // is pinned, then pin each value's storage for the duration of the call.

@@ -120,7 +120,7 @@ public struct Signature: Sendable, Hashable, CustomStringConvertible {
         mutating func parseType(expecting: String, allowVoid: Bool, hint: String?) throws(SignatureError) -> ValueType {
             let start = position
             while position < characters.count, characters[position].isASCII,
-                characters[position].isLetter || characters[position].isNumber
+                characters[position].isLetter || characters[position].isNumber || characters[position] == "_"
             {
                 position += 1
             }
