@@ -12,7 +12,7 @@ SWIFTFLAGS ?= $(if $(CI),-Xswiftc -warnings-as-errors,)
 
 PLUGINS := $(patsubst Plugins/%/Makefile,%,$(wildcard Plugins/*/Makefile))
 
-.PHONY: all help deps build sdk plugins test run bench install clean
+.PHONY: all help deps swift-build build sdk plugins test run bench install clean
 all: plugins
 
 help:
@@ -41,15 +41,20 @@ deps:
 	  fi; \
 	fi
 
-build: deps
-	$(SWIFT) build -c $(CONFIG) $(SWIFTFLAGS)
-	@$(MAKE) --no-print-directory sdk
+# `make test` also builds the test bundle here, in the same step, so that the
+# libModuleKit.so the tests load is the one the plugins were built against.
+SWIFT_BUILD_TESTS := $(if $(filter test,$(MAKECMDGOALS)),--build-tests,)
+
+swift-build: deps
+	$(SWIFT) build -c $(CONFIG) $(SWIFT_BUILD_TESTS) $(SWIFTFLAGS)
+
+build: sdk
 
 BIN = $(shell $(SWIFT) build -c $(CONFIG) --show-bin-path)
 
 # Lay out what users run and what plugin authors build against, as `make install` does.
 # Files are copied only when they changed, so plugins rebuild only for a new SDK.
-sdk:
+sdk: swift-build
 	@bin="$(BIN)"; set -e; \
 	mkdir -p $(BUILD)/bin $(BUILD)/lib/modulehost/swift $(BUILD)/include/modulehost $(BUILD)/share/modulehost $(BUILD)/lib/pkgconfig $(BUILD)/plugins; \
 	copy() { cmp -s "$$1" "$$2" || cp -f "$$1" "$$2"; }; \
@@ -65,15 +70,13 @@ sdk:
 # Every Plugins/<Name> builds with the same plugin.mk an out-of-tree plugin uses.
 plugins: $(addprefix plugin-,$(PLUGINS))
 
-plugin-%: build
+plugin-%: sdk
 	@$(MAKE) --no-print-directory -C Plugins/$* MODHOST_SDK=$(BUILD) PLUGIN_DIR=$(BUILD)/plugins MODULES_DIR=$(BUILD)/plugin-modules OBJ_DIR=$(BUILD)/obj/$*
 
 # Welcome imports Greeting's Swift module.
 plugin-Welcome: plugin-Greeting
 
 test: plugins
-	$(SWIFT) build -c $(CONFIG) --build-tests $(SWIFTFLAGS)
-	@$(MAKE) --no-print-directory sdk plugins
 	MODHOST_BUILD=$(BUILD) $(SWIFT) test -c $(CONFIG) --skip-build
 
 run: plugins

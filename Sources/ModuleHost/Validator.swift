@@ -85,7 +85,9 @@ public struct Validator: Sendable {
                        "build the plugin for this architecture")
         }
         guard image.fileType == ELFImage.typeSharedObject, !image.isExecutable else {
-            let found = image.isExecutable ? "a position-independent executable" : "ELF type \(image.fileType)"
+            let found = image.fileType == ELFImage.typeSharedObject
+                ? "a position-independent executable"
+                : "ELF type \(image.fileType)\(image.fileType == 2 ? " (an executable)" : image.fileType == 1 ? " (an object file)" : "")"
             throw fail(.elf, "\(found), expected a shared object (ET_DYN without an interpreter)",
                        "build with -shared (plugin.mk does)")
         }

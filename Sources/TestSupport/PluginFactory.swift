@@ -1,4 +1,5 @@
 import Foundation
+import PluginFormat
 
 /// Builds real plugin files for tests: C plugins compiled with the system C compiler
 /// against the installed header, with a manifest embedded the way plugin.mk does it, and
@@ -90,8 +91,9 @@ public struct PluginFactory: Sendable {
         return output
     }
 
-    /// The manifest embedded in `file`, as text.
+    /// The manifest embedded in `file`, as text ("" when it has none).
     public static func embeddedManifest(_ file: String) throws -> String {
-        try shell("objcopy -O binary --only-section=.modhost.manifest '\(file)' /dev/stdout")
+        let bytes = try ELFImage(path: file).sectionContents(named: ".modhost.manifest") ?? []
+        return String(decoding: bytes, as: UTF8.self)
     }
 }
