@@ -13,6 +13,8 @@ import Synchronization
 ///   error the connection is closed and further requests throw `.connectionClosed`.
 /// - The descriptor is close-on-exec, writes never raise SIGPIPE, and it is closed by
 ///   `close()` or deinit.
+/// - Calls block the calling thread (this is for `modhostctl` and tests); from async code
+///   in a server, run them on a thread of their own rather than the cooperative pool.
 public final class ControlClient: Sendable {
     private struct Connection {
         var fd: Int32

@@ -32,6 +32,7 @@ public struct PeerCredentials: Sendable, Hashable, CustomStringConvertible {
         self.init(pid: raw.0, uid: raw.1, gid: raw.2)
     }
 
+    /// `pid=N uid=N gid=N`.
     public var description: String { "pid=\(pid) uid=\(uid) gid=\(gid)" }
 }
 
@@ -62,6 +63,7 @@ public enum ControlRejection: Sendable, Hashable, CustomStringConvertible {
         }
     }
 
+    /// A human-readable sentence for the error line's message.
     public var description: String {
         switch self {
         case .peerNotPermitted(let peer): "peer uid \(peer.uid) is not permitted (only uid \(geteuid()) or root)"
@@ -88,6 +90,7 @@ public enum ControlSocketError: Error, Sendable, Hashable, CustomStringConvertib
     /// A reply line exceeded the client's limit.
     case lineTooLong(limit: Int)
 
+    /// A human-readable sentence, suitable for `modhostctl`'s `Error: ...` line.
     public var description: String {
         switch self {
         case .system(let error): "\(error)"

@@ -67,6 +67,7 @@ public struct UnixSignal: Hashable, Sendable, CustomStringConvertible {
 ///
 /// One consumer per instance: iterate it from one task.
 public final class UnixSignals: AsyncSequence, Sendable {
+    /// Each element is one received signal.
     public typealias Element = UnixSignal
 
     /// The signals this sequence delivers.
@@ -99,6 +100,7 @@ public final class UnixSignals: AsyncSequence, Sendable {
 
     deinit { SignalDispatcher.shared.unregister(token) }
 
+    /// The iterator; create one per instance (single consumer).
     public func makeAsyncIterator() -> AsyncIterator {
         AsyncIterator(base: stream.makeAsyncIterator(), owner: self)
     }
