@@ -1,56 +1,592 @@
-/// One host instance: its modules, their events and its Bus, all confined to this actor.
+import Synchronization
+
+/// One host instance: its modules, their lifecycle events, their notifications and its
+/// Bus, all confined to this actor (the seed's per-SDK-instance actor).
 ///
-/// Several instances may live in one process; each gets its own module objects, created
-/// from the same factories, and nothing posted to one reaches another.
+/// Threading: every module callback of an instance runs on the instance's serial context
+/// (this actor); module objects never leave it. Module code receives the instance as
+/// `host: isolated HostInstance` and may use `host.moduleManager`, `host.send`,
+/// `host.post` and `host.bus` directly, without `await`. Everything marked `nonisolated`
+/// may be used from any thread.
+///
+/// Isolation: several instances may live in one process; each creates its own module
+/// objects from the same factories, and nothing sent, posted or installed on one reaches
+/// another.
+///
+/// Lifecycle of one module (see docs/modules.md):
+///
+///     created ─▶ .initialize ─▶ .start ─▶ events, notifications ─▶ [.willUnload | .willTerminate] ─▶ .deinitialize
+///
+/// Updates (add, remove, replace, settings changes, shutdown) are serialized: one runs at
+/// a time, in call order. While one is in progress the observables of `moduleManager`
+/// emit nothing; each emits at most once when it completes.
 public actor HostInstance {
-    /// A label for logs.
+    /// A label for logs and for the info payload.
     public nonisolated let name: String
+    /// The host's logger; module lines use `logger(for:)`.
     public nonisolated let logger: Logger
+    /// The longest the host waits for one module's async handler.
+    public nonisolated let eventDeadline: Duration
+    /// This instance's Bus (see `Bus` for its thread-safety).
+    public nonisolated let bus: Bus
+    /// The ordered modules and the observation API, usable on this instance's context.
+    public let moduleManager = ModuleManager()
 
-    struct Entry {
-        let factory: ModuleFactory
-        var module: any Module
+    enum Phase { case idle, started, terminated }
+
+    private var phase = Phase.idle
+    /// Known factories by name, running or not (disabled modules stay known).
+    private var factories: [String: ModuleFactory] = [:]
+    private var settings: [String: ModuleSettings]
+    private var updateGateBusy = false
+    private var updateGateWaiters: [CheckedContinuation<Void, Never>] = []
+
+    private nonisolated let runningNames = Mutex<[String]>([])
+    private nonisolated let diagnosticsHub = DiagnosticsHub()
+    private nonisolated let mailbox: AsyncStream<MailboxMessage>.Continuation
+
+    private enum MailboxMessage: Sendable {
+        case notification(name: String, payload: JSONValue)
+        case event(ModuleEvent, to: String?)
     }
-    var entries: [Entry] = []
-    var started = false
 
-    public init(name: String = "default", logger: Logger = Logger(label: "modulehost")) {
+    /// Creates an instance with no module.
+    ///
+    /// - Parameters:
+    ///   - name: a label for logs and the info payload.
+    ///   - settings: per-module settings by module name; a module without settings is
+    ///     enabled, with its factory's default order and an empty configuration object.
+    ///   - eventDeadline: how long the host waits for one module's async handler.
+    ///   - logger: the host's logger.
+    public init(
+        name: String = "default", settings: [String: ModuleSettings] = [:], eventDeadline: Duration = .seconds(5),
+        logger: Logger = Logger(label: "modulehost")
+    ) {
         self.name = name
-        self.logger = logger
+        self.settings = settings
+        self.eventDeadline = eventDeadline
+        self.logger = logger.with("instance", name)
+        self.bus = Bus(label: "host:\(name)")
+        let (stream, continuation) = AsyncStream.makeStream(of: MailboxMessage.self)
+        self.mailbox = continuation
+        // The mailbox consumer keeps no strong reference while waiting, so the instance
+        // can be released; deinit finishes the stream, which ends the task.
+        Task { [weak self] in
+            for await message in stream {
+                guard let self else { return }
+                await self.receive(message)
+            }
+        }
     }
 
-    /// Registers modules: creates each in order, sends `.initialize`, and `.start` when the
-    /// host has already started.
+    deinit {
+        mailbox.finish()
+        diagnosticsHub.finish()
+    }
+
+    private func receive(_ message: MailboxMessage) {
+        switch message {
+        case .notification(let name, let payload): post(notification: name, payload: payload)
+        case .event(let event, let target): send(event, to: target)
+        }
+    }
+
+    // MARK: Registering and creating modules
+
+    /// Registers `factories` and creates the enabled ones.
+    ///
+    /// Every factory becomes known by name, even when its settings disable it (enabling it
+    /// later creates it). The enabled ones are created in order (the settings' order, else
+    /// the factory's default order, then name) with their configuration object; all of them
+    /// are created and inserted first, then each gets `.initialize` in order, then, when the
+    /// host has already started, each gets `.start` in order. A factory whose `make`
+    /// returns nil is logged with its name and skipped; one named like a running module is
+    /// logged and skipped. Observers are notified once, afterwards.
+    ///
+    /// After `shutdown()` this does nothing (logged).
     public func add(_ factories: [ModuleFactory]) {
-        var added: [Entry] = []
+        guard phase != .terminated else {
+            logger.warning("modules added after shutdown were ignored", [("modules", factories.map(\.name).joined(separator: ","))])
+            return
+        }
+        beginUpdate()
+        defer { endUpdate() }
+        var toCreate: [ModuleFactory] = []
+        var names: Set<String> = []
         for factory in factories {
-            guard let module = factory.make(self, [:]) else {
-                logger.error("module refused to initialize", [("module", factory.name), ("plugin", factory.plugin)])
+            if moduleManager.slot(named: factory.name) != nil || names.contains(factory.name) {
+                logger.error("a module with this name is already running", [("module", factory.name), ("plugin", factory.plugin)])
+                diagnosticsHub.emit(.duplicateModule(module: factory.name, plugin: factory.plugin))
                 continue
             }
-            let entry = Entry(factory: factory, module: module)
-            entries.append(entry)
-            added.append(entry)
-            module.handle(.initialize, host: self)
+            names.insert(factory.name)
+            self.factories[factory.name] = factory
+            if isEnabled(factory.name) { toCreate.append(factory) }
         }
-        if started {
-            for entry in added { entry.module.handle(.start, host: self) }
-        }
+        let created = createModules(toCreate)
+        initializeAndStart(created, states: [:])
     }
 
-    /// Sends `.start` to every module in order.
+    /// Sends `.start` to every running module, in order. Call it once every module of the
+    /// initial configuration has been added (and so initialized); modules added later are
+    /// started as they are added. Marks the modules ready if no update did yet. Calling it
+    /// again, or after shutdown, does nothing.
     public func start() {
-        started = true
-        for entry in entries { entry.module.handle(.start, host: self) }
+        guard phase == .idle else { return }
+        phase = .started
+        if !moduleManager.hasBeenReady {
+            beginUpdate()
+            endUpdate()
+        }
+        for slot in moduleManager.slots {
+            guard moduleManager.index(ofSerial: slot.serial) != nil else { continue }
+            slot.module.handle(.start, host: self)
+        }
     }
 
-    /// Sends `.willTerminate` then `.deinitialize` in reverse order, and drops the modules.
+    /// Removes the running modules named `names` and forgets their factories.
+    ///
+    /// In reverse order, each module gets `.willUnload` (awaited, with the deadline), then
+    /// `.deinitialize`, then is removed. Names that are not running are only forgotten.
+    /// Observers are notified once, afterwards.
+    public func remove(moduleNamed names: [String]) async {
+        await acquireUpdateGate()
+        defer { releaseUpdateGate() }
+        beginUpdate()
+        defer { endUpdate() }
+        let wanted = Set(names)
+        for slot in moduleManager.slots.reversed() where wanted.contains(slot.name) {
+            await unload(slot, sendWillUnload: true)
+        }
+        for name in names { factories[name] = nil }
+    }
+
+    /// Replaces the running modules named `names` by the modules of `factories` (a new
+    /// version of their plugin), handing state across.
+    ///
+    /// In order: each old module gets `.willUnload` (awaited, with the deadline) then
+    /// `stateForReplacement`, in reverse order; the old modules leave the list and their
+    /// factories are forgotten; the new factories are registered and the enabled ones
+    /// created in order; each new module gets `.initialize`, then `restore(state:)` with the
+    /// state of the old module of the same name (when it returned one), then `.start` if the
+    /// host has started; finally each old module gets `.deinitialize`, in reverse order.
+    /// Observers see the new instances in one update.
+    public func replace(with factories: [ModuleFactory], replacing names: [String]) async {
+        await acquireUpdateGate()
+        defer { releaseUpdateGate() }
+        beginUpdate()
+        defer { endUpdate() }
+        let wanted = Set(names)
+        var states: [String: JSONValue] = [:]
+        var leaving: [UInt64] = []
+        for slot in moduleManager.slots.reversed() where wanted.contains(slot.name) {
+            await deliver(.willUnload, to: slot)
+            guard let index = moduleManager.index(ofSerial: slot.serial) else { continue }
+            let current = moduleManager.slots[index]
+            if let state = current.module.stateForReplacement(host: self) { states[current.name] = state }
+            leaving.append(slot.serial)
+        }
+        var removed: [ModuleSlot] = []
+        for serial in leaving {
+            if let index = moduleManager.index(ofSerial: serial) { removed.append(moduleManager.slots.remove(at: index)) }
+        }
+        for name in names { self.factories[name] = nil }
+        if phase == .terminated {
+            for slot in removed { slot.module.handle(.deinitialize, host: self) }
+            return
+        }
+        var toCreate: [ModuleFactory] = []
+        for factory in factories {
+            if moduleManager.slot(named: factory.name) != nil || toCreate.contains(where: { $0.name == factory.name }) {
+                logger.error("a module with this name is already running", [("module", factory.name), ("plugin", factory.plugin)])
+                diagnosticsHub.emit(.duplicateModule(module: factory.name, plugin: factory.plugin))
+                continue
+            }
+            self.factories[factory.name] = factory
+            if isEnabled(factory.name) { toCreate.append(factory) }
+        }
+        let created = createModules(toCreate)
+        initializeAndStart(created, states: states)
+        // `removed` is in reverse order already.
+        for slot in removed { slot.module.handle(.deinitialize, host: self) }
+    }
+
+    /// Applies new settings, acting only on differences with the current ones.
+    ///
+    /// In order: running modules that become disabled are removed (`.willUnload` awaited,
+    /// then `.deinitialize`), in reverse order; running modules whose configuration changed
+    /// get `updateConfiguration`, in order: the same instance back gets
+    /// `.configurationChanged` and observers are not re-notified for it; a new instance
+    /// takes the old one's place (the old gets `.deinitialize`, the new `.initialize`, then
+    /// `.start` if the host has started) and observers are re-notified; nil removes the
+    /// module (it gets `.deinitialize`; a later configuration change tries to create it
+    /// again). Then order changes re-sort the modules, and known
+    /// modules that become enabled (or whose configuration changed while they were not
+    /// running) are created, initialized and started like `add`. Settings of unknown names
+    /// are kept for factories added later. Observers are notified once, afterwards.
+    public func updateSettings(_ newSettings: [String: ModuleSettings]) async {
+        await acquireUpdateGate()
+        defer { releaseUpdateGate() }
+        let oldSettings = settings
+        settings = newSettings
+        guard phase != .terminated else { return }
+        beginUpdate()
+        defer { endUpdate() }
+
+        func configuration(_ settings: [String: ModuleSettings], _ name: String) -> JSONValue {
+            settings[name]?.configuration ?? [:]
+        }
+
+        // Disabled: removed in reverse order.
+        for slot in moduleManager.slots.reversed() where !isEnabled(slot.name) {
+            await unload(slot, sendWillUnload: true)
+        }
+
+        // Configuration changes, in order.
+        var removedByConfiguration: Set<String> = []
+        for slot in moduleManager.slots {
+            let newConfiguration = configuration(newSettings, slot.name)
+            guard newConfiguration != configuration(oldSettings, slot.name),
+                let index = moduleManager.index(ofSerial: slot.serial)
+            else { continue }
+            let old = moduleManager.slots[index].module
+            let result = old.updateConfiguration(newConfiguration, host: self)
+            guard let index = moduleManager.index(ofSerial: slot.serial) else { continue }
+            if let result, result === old {
+                old.handle(.configurationChanged(newConfiguration), host: self)
+            } else if let result {
+                moduleManager.slots[index].module = result
+                moduleManager.slots[index].serial = moduleManager.makeSerial()
+                moduleManager.slots[index].notifications = result.notifications
+                old.handle(.deinitialize, host: self)
+                result.handle(.initialize, host: self)
+                if phase == .started { result.handle(.start, host: self) }
+            } else {
+                moduleManager.slots.remove(at: index)
+                removedByConfiguration.insert(slot.name)
+                old.handle(.deinitialize, host: self)
+                logger.info("module removed itself on a configuration change", [("module", slot.name)])
+                diagnosticsHub.emit(.moduleRemovedByConfiguration(module: slot.name))
+            }
+        }
+
+        // Order changes.
+        for index in moduleManager.slots.indices {
+            let order = effectiveOrder(moduleManager.slots[index].factory)
+            if moduleManager.slots[index].order != order { moduleManager.slots[index].order = order }
+        }
+        moduleManager.sortSlots()
+
+        // Newly enabled (or reconfigured while not running).
+        let toCreate = factories.values.filter { factory in
+            let name = factory.name
+            guard isEnabled(name), moduleManager.slot(named: name) == nil, !removedByConfiguration.contains(name) else {
+                return false
+            }
+            let wasEnabled = oldSettings[name]?.enabled ?? true
+            return !wasEnabled || configuration(oldSettings, name) != configuration(newSettings, name)
+        }
+        initializeAndStart(createModules(toCreate), states: [:])
+    }
+
+    /// Stops the instance: every module gets `.willTerminate` (awaited, each with the
+    /// deadline), in reverse order; then every module gets `.deinitialize`, in reverse
+    /// order; the instance then holds no module. Observers get their final value (no
+    /// modules), streams finish, pending `getModule` completions get nil, and everything on
+    /// the Bus is uninstalled in reverse order with its hooks. Later calls do nothing.
     public func shutdown() async {
-        for entry in entries.reversed() { await entry.module.handle(.willTerminate, host: self) }
-        for entry in entries.reversed() { entry.module.handle(.deinitialize, host: self) }
-        entries.removeAll()
+        await acquireUpdateGate()
+        defer { releaseUpdateGate() }
+        guard phase != .terminated else { return }
+        beginUpdate()
+        for slot in moduleManager.slots.reversed() {
+            guard moduleManager.index(ofSerial: slot.serial) != nil else { continue }
+            await deliver(.willTerminate, to: slot)
+        }
+        phase = .terminated
+        while let slot = moduleManager.slots.popLast() {
+            slot.module.handle(.deinitialize, host: self)
+        }
+        endUpdate()
+        moduleManager.finishAll()
+        bus.uninstallAll()
+        mailbox.finish()
+        diagnosticsHub.finish()
     }
 
-    /// The names of the registered modules, in order.
-    public var moduleNames: [String] { entries.map(\.factory.name) }
+    // MARK: Events and notifications
+
+    /// Delivers a synchronous event to every running module in order, or only to the one
+    /// named `name`, on this context, before returning.
+    ///
+    /// `.notification` events go only to modules listening to that name (as `post`).
+    /// The lifecycle events `.initialize`, `.start` and `.deinitialize` are the host's to
+    /// send: passing one here is logged and ignored.
+    public func send(_ event: ModuleEvent, to name: String? = nil) {
+        switch event {
+        case .initialize, .start, .deinitialize:
+            logger.warning("lifecycle events are sent by the host itself; ignored", [("event", event.name)])
+            return
+        case .notification(let notification, _):
+            for slot in moduleManager.slots where slot.notifications.contains(notification) && (name == nil || slot.name == name) {
+                slot.module.handle(event, host: self)
+            }
+            return
+        case .configurationChanged, .custom:
+            break
+        }
+        if let name {
+            moduleManager.slot(named: name)?.module.handle(event, host: self)
+            return
+        }
+        let modules = moduleManager.orderedModules
+        for module in modules { module.handle(event, host: self) }
+    }
+
+    /// Delivers an awaited event to every running module, or only to the one named `name`,
+    /// one module at a time, and returns when all have finished or overrun.
+    ///
+    /// `.willTerminate` and `.willUnload` go in reverse order (teardown), custom events in
+    /// order. Each module has `eventDeadline`: a handler still running then is logged (with
+    /// the module's name and the time taken), reported to `diagnostics()`, cancelled
+    /// (cooperatively) and left behind; the host goes on with the next module. While a
+    /// handler is suspended this context keeps serving other calls (actor reentrancy).
+    public func send(_ event: AsyncModuleEvent, to name: String? = nil) async {
+        var targets = moduleManager.slots
+        if let name { targets = targets.filter { $0.name == name } }
+        switch event {
+        case .willTerminate, .willUnload: targets.reverse()
+        case .custom: break
+        }
+        for slot in targets where moduleManager.index(ofSerial: slot.serial) != nil {
+            await deliver(event, to: slot)
+        }
+    }
+
+    /// Posts a notification: delivered as `.notification(name:payload:)`, on this context
+    /// and before returning, to every running module whose `notifications` contain `name`,
+    /// in order. Other modules never see it.
+    public func post(notification name: String, payload: JSONValue = .null) {
+        let event = ModuleEvent.notification(name: name, payload: payload)
+        let slots = moduleManager.slots
+        for slot in slots where slot.notifications.contains(name) {
+            guard moduleManager.index(ofSerial: slot.serial) != nil else { continue }
+            slot.module.handle(event, host: self)
+        }
+    }
+
+    /// Posts a notification from any thread (C host callbacks use it). Delivery happens
+    /// later, on this instance's context, as `post(notification:payload:)`; messages from
+    /// `postFromAnywhere` and `sendFromAnywhere` are delivered in the order they were made.
+    public nonisolated func postFromAnywhere(notification name: String, payload: JSONValue = .null) {
+        mailbox.yield(.notification(name: name, payload: payload))
+    }
+
+    /// Sends a synchronous event from any thread: delivered later, on this instance's
+    /// context, as `send(_:to:)`, in the same order as `postFromAnywhere` messages.
+    public nonisolated func sendFromAnywhere(_ event: ModuleEvent, to name: String? = nil) {
+        mailbox.yield(.event(event, to: name))
+    }
+
+    // MARK: Reading
+
+    /// The names of the running modules, in order.
+    public var moduleNames: [String] { moduleManager.moduleNames }
+
+    /// The running module named `name`, or nil.
+    public func module(named name: String) -> (any Module)? { moduleManager.module(named: name) }
+
+    /// The info (name, version, metadata) of every running module, in order.
+    public func infos() -> [ModuleInfo] { moduleManager.modules.map(\.info) }
+
+    /// The info payload (the seed's "network payload"): every running module's info, in
+    /// order, as `{"instance": name, "modules": [{"name", "version", "metadata"}, ...]}`.
+    public func infoPayload() -> JSONValue {
+        .object(["instance": .string(name), "modules": .array(infos().map(\.payload))])
+    }
+
+    /// The running modules, in order, with their plugin and effective settings.
+    public func runningModules() -> [ModuleStatus] {
+        moduleManager.slots.map { status(of: $0.factory, running: true) }
+    }
+
+    /// Every registered module, running or not (e.g. disabled), sorted by order then name.
+    public func registeredModules() -> [ModuleStatus] {
+        factories.values
+            .map { status(of: $0, running: moduleManager.slot(named: $0.name) != nil) }
+            .sorted { ($0.order, $0.name) < ($1.order, $1.name) }
+    }
+
+    /// The current settings.
+    public var currentSettings: [String: ModuleSettings] { settings }
+
+    /// True once `start()` was called and until `shutdown()`.
+    public var isStarted: Bool { phase == .started }
+
+    /// A snapshot of the running modules' names, in order, readable from any thread (C
+    /// `has_module` callbacks use it). Updated when each update completes.
+    public nonisolated var runningModuleNames: [String] { runningNames.withLock { $0 } }
+
+    /// True when a module named `name` is running, from any thread (see
+    /// `runningModuleNames`).
+    public nonisolated func isRunning(moduleNamed name: String) -> Bool {
+        runningNames.withLock { $0.contains(name) }
+    }
+
+    /// A logger for lines attributed to `moduleName`: they carry `instance` and `module`.
+    public nonisolated func logger(for moduleName: String) -> Logger {
+        logger.with("module", moduleName)
+    }
+
+    /// A stream of this instance's diagnostics (deadline overruns, refused modules...),
+    /// from the moment it is created until shutdown. Any number of streams may exist.
+    public nonisolated func diagnostics() -> AsyncStream<HostDiagnostic> { diagnosticsHub.stream() }
+
+    /// Runs `body` on this instance's context and returns its result: how code outside the
+    /// host (a test, a benchmark, the daemon) reaches `moduleManager` and the modules.
+    @discardableResult
+    public func perform<T: Sendable>(_ body: @Sendable (isolated HostInstance) throws -> T) rethrows -> T {
+        try body(self)
+    }
+
+    // MARK: Observables from anywhere
+
+    /// `moduleManager.observeModules(_:)`, callable from any thread. The observable is
+    /// subscribed on, and emits on, this instance's context.
+    public nonisolated func observeModules<T>(_ transform: @escaping @Sendable (any Module) -> T?) -> Observable<[T]> {
+        ModuleManager.modulesObservable(host: self, transform)
+    }
+
+    /// `moduleManager.observeModule(_:)` (transform form), callable from any thread.
+    public nonisolated func observeModule<T>(_ transform: @escaping @Sendable (any Module) -> T?) -> Observable<T?> {
+        ModuleManager.moduleObservable(host: self, transform)
+    }
+
+    /// `moduleManager.observeModule(_:)` (type form), callable from any thread.
+    public nonisolated func observeModule<T: Module & SendableMetatype>(_ type: T.Type = T.self) -> Observable<T?> {
+        ModuleManager.moduleObservable(host: self) { $0 as? T }
+    }
+
+    // MARK: Internals
+
+    private func isEnabled(_ name: String) -> Bool { settings[name]?.enabled ?? true }
+
+    private func effectiveOrder(_ factory: ModuleFactory) -> Int { settings[factory.name]?.order ?? factory.defaultOrder }
+
+    private func status(of factory: ModuleFactory, running: Bool) -> ModuleStatus {
+        ModuleStatus(
+            name: factory.name, version: factory.version, plugin: factory.plugin, order: effectiveOrder(factory),
+            enabled: isEnabled(factory.name), running: running)
+    }
+
+    private func beginUpdate() { moduleManager.updateDepth += 1 }
+
+    private func endUpdate() {
+        moduleManager.updateDepth -= 1
+        guard moduleManager.updateDepth == 0 else { return }
+        moduleManager.hasBeenReady = true
+        let names = moduleManager.moduleNames
+        runningNames.withLock { $0 = names }
+        moduleManager.notifyObservers()
+    }
+
+    /// Creates the modules of `factories` in order and inserts them; returns the new slots
+    /// in order.
+    private func createModules(_ factories: [ModuleFactory]) -> [ModuleSlot] {
+        let sorted = factories.sorted { (effectiveOrder($0), $0.name) < (effectiveOrder($1), $1.name) }
+        var created: [ModuleSlot] = []
+        for factory in sorted {
+            guard let module = factory.make(self, settings[factory.name]?.configuration ?? [:]) else {
+                logger.error("module refused to initialize", [("module", factory.name), ("plugin", factory.plugin)])
+                diagnosticsHub.emit(.moduleRefused(module: factory.name, plugin: factory.plugin))
+                continue
+            }
+            let slot = ModuleSlot(
+                factory: factory, module: module, serial: moduleManager.makeSerial(), order: effectiveOrder(factory),
+                notifications: module.notifications)
+            created.append(slot)
+            moduleManager.slots.append(slot)
+        }
+        moduleManager.sortSlots()
+        return created
+    }
+
+    /// `.initialize` to each, then `restore(state:)` where a state exists, then `.start` to
+    /// each if the host has started. Skips modules removed meanwhile by a handler.
+    private func initializeAndStart(_ created: [ModuleSlot], states: [String: JSONValue]) {
+        for slot in created where moduleManager.index(ofSerial: slot.serial) != nil {
+            slot.module.handle(.initialize, host: self)
+        }
+        for slot in created where moduleManager.index(ofSerial: slot.serial) != nil {
+            if let state = states[slot.name] { slot.module.restore(state: state, host: self) }
+        }
+        guard phase == .started else { return }
+        for slot in created where moduleManager.index(ofSerial: slot.serial) != nil {
+            slot.module.handle(.start, host: self)
+        }
+    }
+
+    /// `.willUnload` (optional, awaited), `.deinitialize`, removal, for the slot if still present.
+    private func unload(_ slot: ModuleSlot, sendWillUnload: Bool) async {
+        guard moduleManager.index(ofSerial: slot.serial) != nil else { return }
+        if sendWillUnload { await deliver(.willUnload, to: slot) }
+        guard let index = moduleManager.index(ofSerial: slot.serial) else { return }
+        let removed = moduleManager.slots.remove(at: index)
+        removed.module.handle(.deinitialize, host: self)
+    }
+
+    /// Runs one module's async handler against the deadline.
+    private func deliver(_ event: AsyncModuleEvent, to slot: ModuleSlot) async {
+        let module = slot.module
+        let moduleName = slot.name
+        let deadline = eventDeadline
+        let race = DeadlineRace()
+        let clock = ContinuousClock()
+        let started = clock.now
+        let handler = Task {
+            await module.handle(event, host: self)
+            if !race.finish(.completed) {
+                let elapsed = clock.now - started
+                self.logger.info(
+                    "module finished an event after its deadline",
+                    [("module", moduleName), ("event", event.name), ("elapsed", elapsed.millisecondsText)])
+                self.diagnosticsHub.emit(.finishedLate(module: moduleName, event: event.name, elapsed: elapsed))
+            }
+        }
+        let timer = Task {
+            do {
+                try await Task.sleep(for: deadline, clock: clock)
+                race.finish(.deadlineExceeded)
+            } catch {
+                // Cancelled: the handler finished first.
+            }
+        }
+        let outcome = await race.wait()
+        timer.cancel()
+        guard outcome == .deadlineExceeded else { return }
+        handler.cancel()
+        let elapsed = clock.now - started
+        logger.warning(
+            "module did not finish an event within the deadline; going on without it",
+            [("module", moduleName), ("event", event.name), ("elapsed", elapsed.millisecondsText),
+             ("deadline", deadline.millisecondsText)])
+        diagnosticsHub.emit(.deadlineExceeded(module: moduleName, event: event.name, elapsed: elapsed))
+    }
+
+    /// Serializes updates that await: one at a time, first come first served.
+    private func acquireUpdateGate() async {
+        guard updateGateBusy else {
+            updateGateBusy = true
+            return
+        }
+        await withCheckedContinuation { updateGateWaiters.append($0) }
+    }
+
+    private func releaseUpdateGate() {
+        if updateGateWaiters.isEmpty {
+            updateGateBusy = false
+        } else {
+            updateGateWaiters.removeFirst().resume()
+        }
+    }
 }

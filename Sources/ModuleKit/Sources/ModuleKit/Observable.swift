@@ -1,0 +1,313 @@
+import Dispatch
+import Synchronization
+
+/// Something that can be disposed of to stop a delivery: a subscription, or a pending
+/// `getModule` completion.
+///
+/// `dispose()` may be called from any thread, any number of times. Once it returns, the
+/// observer or completion it guards is never called again (a call already running on the
+/// host context finishes).
+public protocol Disposable: Sendable {
+    /// Stops the delivery. Idempotent; safe from any thread.
+    func dispose()
+    /// True once `dispose()` was called (or a one-shot delivery happened).
+    var isDisposed: Bool { get }
+}
+
+/// The `Disposable` every subscription of this module returns: an atomic flag the host
+/// checks before each delivery.
+final class SubscriptionToken: Disposable {
+    private let disposed = Atomic<Bool>(false)
+
+    init(disposed: Bool = false) {
+        if disposed { self.disposed.store(true, ordering: .relaxed) }
+    }
+
+    func dispose() { disposed.store(true, ordering: .releasing) }
+
+    var isDisposed: Bool { disposed.load(ordering: .acquiring) }
+
+    /// Marks the token disposed; true only for the one caller that did it first. Used by
+    /// one-shot deliveries so that a completion runs at most once.
+    func claim() -> Bool {
+        disposed.compareExchange(expected: false, desired: true, ordering: .acquiringAndReleasing).exchanged
+    }
+}
+
+/// A set of disposables disposed of together, e.g. everything a module subscribed to,
+/// disposed of when it receives `.deinitialize`. Safe from any thread.
+public final class DisposeBag: Disposable {
+    private struct State {
+        var items: [any Disposable] = []
+        var disposed = false
+    }
+    private let state = Mutex(State())
+
+    public init() {}
+
+    /// Adds `disposable`; disposes of it at once when the bag was already disposed of.
+    public func add(_ disposable: any Disposable) {
+        let keep = state.withLock { state -> Bool in
+            if state.disposed { return false }
+            state.items.append(disposable)
+            return true
+        }
+        if !keep { disposable.dispose() }
+    }
+
+    /// Disposes of every disposable added so far, in the order they were added, and of
+    /// every one added later.
+    public func dispose() {
+        let items = state.withLock { state -> [any Disposable] in
+            state.disposed = true
+            defer { state.items.removeAll() }
+            return state.items
+        }
+        for item in items { item.dispose() }
+    }
+
+    public var isDisposed: Bool { state.withLock { $0.disposed } }
+}
+
+extension Disposable {
+    /// Adds this disposable to `bag` (chaining form: `observable.subscribe { ... }.disposed(by: bag)`).
+    public func disposed(by bag: DisposeBag) { bag.add(self) }
+}
+
+/// A stream of values produced on one host instance's serial context: the seed's
+/// `Observable`.
+///
+/// - Creation: anywhere. An `Observable` is a `Sendable` description; creating one does no
+///   work and touches no module.
+/// - Subscription: on its host's context. `subscribe` takes the caller's isolation, which
+///   must be that `HostInstance`; the compiler rejects a call from any other context
+///   (`#isolation` would not be a `HostInstance`), and a call from another host instance's
+///   context stops the process with a precondition failure.
+/// - Emission: on the host's context, synchronously, in subscription order. The observables
+///   made by `ModuleManager` emit nothing while modules are being created or updated, and
+///   when subscribed while the modules are ready they emit the current value at once,
+///   before `subscribe` returns.
+/// - To consume values elsewhere: `observeOn(_:)` (a dispatch queue, subscribable from any
+///   thread: the seed's `subscribeOn(host)` + `observeOn(queue)` in one step), `values`
+///   (an `AsyncStream`, for `Sendable` values, iterable anywhere) or `valuesOnHost()` (an
+///   `AsyncSequence` iterated on the host's context, for module objects).
+public struct Observable<Element>: Sendable {
+    /// The host instance on whose context the observable is subscribed and emits. Weak:
+    /// an observable does not keep its host alive.
+    public weak let host: HostInstance?
+
+    /// Attaches an observer under a token, on the host's context.
+    let attach: @Sendable (isolated HostInstance, SubscriptionToken, ObservationSink<Element>) -> Void
+
+    init(
+        host: HostInstance,
+        attach: @escaping @Sendable (isolated HostInstance, SubscriptionToken, ObservationSink<Element>) -> Void
+    ) {
+        self.host = host
+        self.attach = attach
+    }
+
+    /// Subscribes `observer`, which is then called on the host's context with every value
+    /// the observable emits (the current one first, at once, when the modules are ready),
+    /// until the returned `Disposable` is disposed of or the host shuts down.
+    ///
+    /// Must be called on this observable's host context: the default `isolation` argument
+    /// is the caller's actor, which the compiler requires to be a `HostInstance`.
+    @discardableResult
+    public func subscribe(
+        isolation: isolated HostInstance = #isolation, _ observer: @escaping (Element) -> Void
+    ) -> any Disposable {
+        let token = SubscriptionToken()
+        attachChecked(isolation, token, ObservationSink(receive: observer, finish: nil))
+        return token
+    }
+
+    /// An observable emitting `transform` of every value of this one. The transform runs
+    /// on the host's context; it does not drop repeated values.
+    public func map<Mapped>(_ transform: @escaping @Sendable (Element) -> Mapped) -> Observable<Mapped> {
+        let upstream = self
+        return Observable<Mapped>(weakHost: host) { host, token, sink in
+            upstream.attachChecked(host, token, ObservationSink(receive: { sink.receive(transform($0)) }, finish: sink.finish))
+        }
+    }
+
+    /// The values of this observable as an `AsyncSequence` iterated on the host's context,
+    /// for elements that may not leave it (module objects). The subscription is made
+    /// before this returns, so no value emitted afterwards is lost; values are buffered
+    /// until the loop asks for them. The sequence ends when the host shuts down; breaking
+    /// out of the loop (dropping the iterator) disposes of the subscription.
+    ///
+    /// The compiler keeps the sequence on the host's context: it cannot be sent elsewhere.
+    public func valuesOnHost(isolation: isolated HostInstance = #isolation) -> HostValueSequence<Element> {
+        let buffer = HostValueBuffer<Element>(token: SubscriptionToken())
+        attachChecked(
+            isolation, buffer.token,
+            ObservationSink(
+                receive: { [weak buffer] value in buffer?.push(value) },
+                finish: { [weak buffer] in buffer?.finish() }))
+        return HostValueSequence(buffer: buffer, host: isolation)
+    }
+
+    private init(
+        weakHost host: HostInstance?,
+        attach: @escaping @Sendable (isolated HostInstance, SubscriptionToken, ObservationSink<Element>) -> Void
+    ) {
+        self.host = host
+        self.attach = attach
+    }
+
+    /// Attaches after checking that `isolation` is this observable's host.
+    func attachChecked(_ isolation: isolated HostInstance, _ token: SubscriptionToken, _ sink: ObservationSink<Element>) {
+        precondition(
+            host === isolation,
+            "an Observable must be subscribed on the context of the HostInstance that made it")
+        attach(isolation, token, sink)
+    }
+}
+
+/// Where an observable delivers: the observer, and what to do when the host shuts down
+/// (streams finish).
+struct ObservationSink<Element> {
+    let receive: (Element) -> Void
+    let finish: (() -> Void)?
+}
+
+extension Observable where Element: Sendable {
+    /// The values as an `AsyncStream`, iterable from any context. Creating the stream
+    /// subscribes on the host's context asynchronously (a hop), so the first value is the
+    /// state at that moment; later values are buffered in order until consumed. The stream
+    /// finishes when the host shuts down; cancelling the consuming task or dropping the
+    /// stream disposes of the subscription.
+    public var values: AsyncStream<Element> {
+        let (stream, continuation) = AsyncStream.makeStream(of: Element.self)
+        let token = SubscriptionToken()
+        continuation.onTermination = { _ in token.dispose() }
+        guard let host else {
+            continuation.finish()
+            return stream
+        }
+        let upstream = self
+        Task {
+            await host.perform { host in
+                upstream.attachChecked(
+                    host, token,
+                    ObservationSink(receive: { continuation.yield($0) }, finish: { continuation.finish() }))
+            }
+        }
+        return stream
+    }
+
+    /// The seed's `subscribeOn(hostQueue).observeOn(queue)`: an observable that may be
+    /// subscribed from any thread (the subscription hops to the host's context) and
+    /// delivers every value, in order, on `queue`.
+    public func observeOn(_ queue: DispatchQueue) -> RelayedObservable<Element> {
+        RelayedObservable(upstream: self, queue: queue)
+    }
+}
+
+/// An observable whose values are delivered on a dispatch queue of the subscriber's
+/// choosing (see `Observable.observeOn(_:)`). `subscribe` may be called from any thread.
+public struct RelayedObservable<Element: Sendable>: Sendable {
+    let upstream: Observable<Element>
+    let queue: DispatchQueue
+
+    /// Subscribes from any thread. The subscription is made on the host's context shortly
+    /// after this returns; `observer` is then called on the queue with every value, in
+    /// emission order, until the returned `Disposable` is disposed of.
+    @discardableResult
+    public func subscribe(_ observer: @escaping @Sendable (Element) -> Void) -> any Disposable {
+        let token = SubscriptionToken()
+        guard let host = upstream.host else { return token }
+        let upstream = self.upstream
+        let queue = self.queue
+        Task {
+            await host.perform { host in
+                upstream.attachChecked(
+                    host, token,
+                    ObservationSink(
+                        receive: { value in
+                            queue.async { if !token.isDisposed { observer(value) } }
+                        },
+                        finish: nil))
+            }
+        }
+        return token
+    }
+}
+
+/// The buffer behind `valuesOnHost()`. Only touched on the host's context: the emission
+/// side runs there, and the sequence holding it cannot leave that context.
+final class HostValueBuffer<Element> {
+    let token: SubscriptionToken
+    private var items: [Element] = []
+    private var head = 0
+    private var finished = false
+    private var waiter: CheckedContinuation<Void, Never>?
+
+    init(token: SubscriptionToken) { self.token = token }
+
+    deinit { token.dispose() }
+
+    func push(_ value: Element) {
+        items.append(value)
+        wake()
+    }
+
+    func finish() {
+        finished = true
+        wake()
+    }
+
+    private func wake() {
+        if let waiter {
+            self.waiter = nil
+            waiter.resume()
+        }
+    }
+
+    func next(isolation actor: isolated (any Actor)?) async -> Element? {
+        while head == items.count {
+            if finished { return nil }
+            await withCheckedContinuation(isolation: actor) { (continuation: CheckedContinuation<Void, Never>) in
+                waiter = continuation
+            }
+        }
+        let value = items[head]
+        head += 1
+        if head > 64, head * 2 > items.count {
+            items.removeFirst(head)
+            head = 0
+        }
+        return value
+    }
+}
+
+/// An `AsyncSequence` of an observable's values, iterated on its host's context (see
+/// `Observable.valuesOnHost()`). Not `Sendable`: the compiler keeps it where it was made.
+public struct HostValueSequence<Element>: AsyncSequence {
+    let buffer: HostValueBuffer<Element>
+    weak let host: HostInstance?
+
+    public func makeAsyncIterator() -> Iterator { Iterator(buffer: buffer, host: host) }
+
+    /// Iterates with `next(isolation:)`, which `for await` uses and which must run on the
+    /// host's context.
+    public struct Iterator: AsyncIteratorProtocol {
+        let buffer: HostValueBuffer<Element>
+        weak let host: HostInstance?
+
+        /// Not supported: a nonisolated `next()` would leave the host's context. `for await`
+        /// calls `next(isolation:)` instead.
+        public mutating func next() async -> Element? {
+            preconditionFailure("HostValueSequence must be iterated with for-await on its host's context")
+        }
+
+        /// The next value, suspending until one is emitted; nil once the host has shut down.
+        public mutating func next(isolation actor: isolated (any Actor)?) async -> Element? {
+            precondition(
+                actor != nil && actor === host,
+                "HostValueSequence must be iterated on the context of the HostInstance that made it")
+            return await buffer.next(isolation: actor)
+        }
+    }
+}

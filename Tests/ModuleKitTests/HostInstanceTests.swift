@@ -1,0 +1,151 @@
+import Dispatch
+import ModuleKit
+import Testing
+
+/// Notifications, module info, logging, thread-safe snapshots and instance isolation.
+@Suite("Host instance")
+struct HostInstanceTests {
+    // "A module declares the extra notification names it listens to ... and receives only
+    // those; the host and the modules can post them with a payload."
+    @Test func notificationsReachOnlyTheModulesListeningToThem() async {
+        let recorder = Recorder()
+        let host = makeHost()
+        await host.add([
+            probe("a", order: 0, recorder: recorder, behavior: ProbeBehavior(notifications: ["cache.flush"])),
+            probe("b", order: 1, recorder: recorder, behavior: ProbeBehavior(notifications: ["user.login", "cache.flush"])),
+            probe("c", order: 2, recorder: recorder),
+        ])
+        recorder.clear()
+        await host.post(notification: "cache.flush", payload: ["reason": "test"])
+        await host.post(notification: "user.login")
+        await host.post(notification: "unheard")
+        #expect(recorder.all == [
+            "a.cache.flush({\"reason\":\"test\"})", "b.cache.flush({\"reason\":\"test\"})", "b.user.login(null)",
+        ])
+    }
+
+    // Modules post too: a module's handler posting a notification reaches the listeners.
+    @Test func aModuleCanPostANotificationToOthers() async {
+        let recorder = Recorder()
+        let host = makeHost()
+        let poster = ModuleFactory(name: "poster", version: "1") { _, _ in Poster() }
+        await host.add([poster, probe("listener", order: 1, recorder: recorder, behavior: ProbeBehavior(notifications: ["hello"]))])
+        recorder.clear()
+        await host.send(ModuleEvent.custom(name: "go", payload: .null), to: "poster")
+        #expect(recorder.all == ["listener.hello(\"from poster\")"])
+    }
+
+    // postFromAnywhere is usable from any thread and keeps the order of one poster.
+    @Test(.timeLimit(.minutes(1)))
+    func postFromAnywhereDeliversInOrderOnTheHost() async {
+        let recorder = Recorder()
+        let host = makeHost()
+        await host.add([probe("a", recorder: recorder, behavior: ProbeBehavior(notifications: ["n"]))])
+        recorder.clear()
+        DispatchQueue.global().async {
+            for index in 0..<50 { host.postFromAnywhere(notification: "n", payload: .number(Double(index))) }
+            host.sendFromAnywhere(.custom(name: "end", payload: .null))
+        }
+        await recorder.wait { $0.count == 51 }
+        #expect(recorder.all == (0..<50).map { "a.n(\($0))" } + ["a.end(null)"])
+    }
+
+    // Module Info: "Name, version and metadata per module, and the host's payload of all of
+    // them as JSON (the seed's network payload)".
+    @Test func infosAndThePayloadListTheRunningModulesInOrder() async throws {
+        let host = makeHost("infos")
+        await host.add([
+            probe("cards", order: 1, recorder: Recorder(), behavior: ProbeBehavior(version: "2.1.0", metadata: ["cardTypes": ["carousel", "stack"]])),
+            probe("analytics", order: 0, recorder: Recorder(), behavior: ProbeBehavior(version: "3.0.0")),
+        ])
+        let infos = await host.infos()
+        #expect(infos == [
+            ModuleInfo(name: "analytics", version: "3.0.0"),
+            ModuleInfo(name: "cards", version: "2.1.0", metadata: ["cardTypes": ["carousel", "stack"]]),
+        ])
+        let payload = await host.infoPayload()
+        #expect(payload.jsonText == """
+            {"instance":"infos","modules":[{"metadata":{},"name":"analytics","version":"3.0.0"},\
+            {"metadata":{"cardTypes":["carousel","stack"]},"name":"cards","version":"2.1.0"}]}
+            """)
+    }
+
+    // "errors they report are logged with the module's name": the logger a module gets
+    // carries its name and the instance's.
+    @Test func aModuleLoggerCarriesTheModuleAndInstanceNames() {
+        let host = makeHost("logs")
+        let logger = host.logger(for: "cards")
+        #expect(logger.metadata.contains { $0 == ("module", "cards") })
+        #expect(logger.metadata.contains { $0 == ("instance", "logs") })
+    }
+
+    // The snapshot of running names is readable from any thread (C has_module callbacks).
+    @Test func runningModuleNamesIsASnapshotReadableFromAnyThread() async {
+        let host = makeHost()
+        #expect(host.runningModuleNames.isEmpty)
+        await host.add([probe("a", recorder: Recorder()), probe("b", order: 1, recorder: Recorder())])
+        let seen = await Task.detached { (host.runningModuleNames, host.isRunning(moduleNamed: "b"), host.isRunning(moduleNamed: "x")) }.value
+        #expect(seen.0 == ["a", "b"] && seen.1 && !seen.2)
+        await host.remove(moduleNamed: ["b"])
+        #expect(!host.isRunning(moduleNamed: "b"))
+    }
+
+    // "the same plugin used by two instances gets separate module objects and state; events,
+    // notifications and Bus contents of one never reach the other."
+    @Test func twoInstancesStayIsolated() async {
+        let first = Recorder()
+        let second = Recorder()
+        let hostOne = makeHost("one")
+        let hostTwo = makeHost("two")
+        let shared = ModuleFactory(name: "shared", version: "1", plugin: "common") { host, _ in
+            Probe(name: "shared", recorder: host.name == "one" ? first : second, behavior: ProbeBehavior(notifications: ["n"]))
+        }
+        await hostOne.add([shared])
+        await hostTwo.add([shared])
+        let tagOne = await hostOne.perform { host in tags(host.moduleManager.modules) }
+        let tagTwo = await hostTwo.perform { host in tags(host.moduleManager.modules) }
+        #expect(tagOne != tagTwo, "separate module objects")
+
+        await hostOne.post(notification: "n", payload: 1)
+        await hostTwo.send(ModuleEvent.custom(name: "only-two", payload: .null))
+        await hostOne.send(AsyncModuleEvent.custom(name: "only-one", payload: .null))
+        #expect(first.all == ["shared.init", "shared.n(1)", "shared.only-one", "shared.only-one.done"])
+        #expect(second.all == ["shared.init", "shared.only-two(null)"])
+
+        hostOne.bus.install(Counter(value: 1))
+        #expect(hostOne.bus.access(Counter.self)?.value == 1)
+        #expect(hostTwo.bus.access(Counter.self) == nil)
+
+        let emissions = Recorder()
+        await hostTwo.perform { host in
+            host.moduleManager.observeModules { $0 as? Probe }.subscribe { emissions.record("two:\($0.count)") }
+        }
+        await hostOne.remove(moduleNamed: ["shared"])
+        #expect(emissions.all == ["two:1"], "an update of one instance does not notify the other's observers")
+        #expect(hostTwo.runningModuleNames == ["shared"])
+    }
+
+    // The Bus of an instance is emptied, in reverse order with hooks, when it shuts down.
+    @Test func shutdownUninstallsTheInstanceBus() async {
+        let recorder = Recorder()
+        let host = makeHost()
+        host.bus.install(HookedValue(Counter(value: 1)).preUninstall { _ in recorder.record("counter") })
+        host.bus.install(HookedValue("text").preUninstall { _ in recorder.record("text") })
+        await host.shutdown()
+        #expect(recorder.all == ["text", "counter"])
+        #expect(host.bus.count == 0)
+    }
+}
+
+/// Posts "hello" when it receives the custom event "go".
+final class Poster: Module {
+    var moduleName: String { "poster" }
+    var info: ModuleInfo { ModuleInfo(name: "poster", version: "1") }
+    func handle(_ event: ModuleEvent, host: isolated HostInstance) {
+        if case .custom("go", _) = event { host.post(notification: "hello", payload: "from poster") }
+    }
+}
+
+struct Counter: Sendable, Equatable {
+    var value: Int
+}

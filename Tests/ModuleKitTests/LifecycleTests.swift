@@ -1,0 +1,346 @@
+import ModuleKit
+import Testing
+
+/// Lifecycle events (the seed's MoEngage model), configuration, removal and replacement.
+@Suite("Lifecycle events and configuration")
+struct LifecycleTests {
+    // "1. .init — called once when module is registered; 2. .start — called after all modules
+    // are initialized; 3. .deinit — called when SDK instance is being removed", deinit in
+    // reverse order, after the awaited willTerminate.
+    @Test func eventsFollowTheCoreLifecycleOrder() async {
+        let recorder = Recorder()
+        let host = makeHost()
+        await host.add([probe("b", order: 2, recorder: recorder), probe("a", order: 1, recorder: recorder), probe("c", order: 3, recorder: recorder)])
+        #expect(recorder.all == ["a.init", "b.init", "c.init"])
+        await host.start()
+        await host.shutdown()
+        #expect(recorder.all == [
+            "a.init", "b.init", "c.init",
+            "a.start", "b.start", "c.start",
+            "c.willTerminate", "c.willTerminate.done", "b.willTerminate", "b.willTerminate.done",
+            "a.willTerminate", "a.willTerminate.done",
+            "c.deinit", "b.deinit", "a.deinit",
+        ])
+        #expect(await host.moduleNames.isEmpty, "the instance holds no modules after shutdown")
+    }
+
+    // ".init — called once when module is registered": registering the same name again does
+    // not create or initialize a second module.
+    @Test func initIsSentOnceAndADuplicateNameIsRefused() async {
+        let recorder = Recorder()
+        let host = makeHost()
+        let diagnostics = host.diagnostics()
+        await host.add([probe("a", recorder: recorder)])
+        await host.add([probe("a", recorder: recorder), probe("a", recorder: recorder)])
+        await host.start()
+        #expect(recorder.all == ["a.init", "a.start"])
+        await host.shutdown()
+        var duplicates = 0
+        for await diagnostic in diagnostics {
+            if case .duplicateModule(module: "a", plugin: "test") = diagnostic { duplicates += 1 }
+        }
+        #expect(duplicates == 2)
+    }
+
+    // A module added once the host runs gets .init then .start (it was initialized before it
+    // starts, like everyone else).
+    @Test func aModuleAddedAfterStartIsInitializedThenStarted() async {
+        let recorder = Recorder()
+        let host = makeHost()
+        await host.add([probe("a", recorder: recorder)])
+        await host.start()
+        await host.add([probe("b", order: 1, recorder: recorder), probe("c", order: 2, recorder: recorder)])
+        #expect(recorder.all == ["a.init", "a.start", "b.init", "c.init", "b.start", "c.start"])
+    }
+
+    // "A module whose make returns nil is logged with its name and skipped."
+    @Test func aModuleThatRefusesIsSkippedAndReported() async {
+        let recorder = Recorder()
+        let host = makeHost()
+        let diagnostics = host.diagnostics()
+        await host.add([refusing("nope", order: 0), probe("a", order: 1, recorder: recorder)])
+        #expect(await host.moduleNames == ["a"])
+        let registered = await host.registeredModules()
+        #expect(registered.map(\.name) == ["nope", "a"])
+        #expect(registered.first?.running == false)
+        await host.shutdown()
+        var refused: [HostDiagnostic] = []
+        for await diagnostic in diagnostics { refused.append(diagnostic) }
+        #expect(refused == [.moduleRefused(module: "nope", plugin: "refuser")])
+    }
+
+    // Module order: "ordered by their settings' order, then name"; the factory's default order
+    // when the settings give none.
+    @Test func modulesAreOrderedBySettingsThenDefaultOrderThenName() async {
+        let host = makeHost(settings: ["z": ModuleSettings(order: -1)])
+        await host.add([
+            probe("b", order: 1, recorder: Recorder()), probe("a", order: 1, recorder: Recorder()),
+            probe("z", order: 7, recorder: Recorder()), probe("c", order: 0, recorder: Recorder()),
+        ])
+        #expect(await host.moduleNames == ["z", "c", "a", "b"])
+        let running = await host.runningModules()
+        #expect(running.map(\.order) == [-1, 0, 1, 1])
+        #expect(running.allSatisfy { $0.plugin == "test" && $0.enabled && $0.running })
+    }
+
+    // Settings: "enabled or disabled by settings"; a disabled module is known but not created.
+    @Test func aDisabledModuleIsKnownButNotCreatedUntilEnabled() async {
+        let recorder = Recorder()
+        let host = makeHost(settings: ["b": ModuleSettings(enabled: false)])
+        await host.add([probe("a", recorder: recorder), probe("b", order: 1, recorder: recorder)])
+        await host.start()
+        #expect(await host.moduleNames == ["a"])
+        #expect(await host.registeredModules().map(\.enabled) == [true, false])
+        await host.updateSettings(["b": ModuleSettings(enabled: true, configuration: ["k": 1])])
+        #expect(await host.moduleNames == ["a", "b"])
+        #expect(recorder.all == ["a.init", "a.start", "b.init", "b.start"])
+        let configuration = await host.perform { host in (host.module(named: "b") as? Probe)?.configuration }
+        #expect(configuration == ["k": 1])
+    }
+
+    // Disabling a running module removes it: willUnload awaited, then deinit.
+    @Test func disablingARunningModuleRemovesIt() async {
+        let recorder = Recorder()
+        let host = makeHost()
+        await host.add([probe("a", recorder: recorder), probe("b", order: 1, recorder: recorder), probe("c", order: 2, recorder: recorder)])
+        recorder.clear()
+        await host.updateSettings(["a": ModuleSettings(enabled: false), "c": ModuleSettings(enabled: false)])
+        #expect(recorder.all == ["c.willUnload", "c.willUnload.done", "c.deinit", "a.willUnload", "a.willUnload.done", "a.deinit"])
+        #expect(await host.moduleNames == ["b"])
+        #expect(await host.registeredModules().map(\.name) == ["a", "b", "c"], "still known by name")
+    }
+
+    // "A module's updateConfiguration may mutate itself and return the same instance": it gets
+    // .configurationChanged; nothing is re-created.
+    @Test func sameInstanceFromUpdateConfigurationGetsConfigurationChanged() async {
+        let recorder = Recorder()
+        let host = makeHost()
+        await host.add([probe("a", recorder: recorder), probe("b", order: 1, recorder: recorder)])
+        recorder.clear()
+        await host.updateSettings(["a": ModuleSettings(configuration: ["level": 2])])
+        #expect(recorder.all == ["a.configurationChanged({\"level\":2})"])
+        let configuration = await host.perform { host in (host.module(named: "a") as? Probe)?.configuration }
+        #expect(configuration == ["level": 2])
+        await host.updateSettings(["a": ModuleSettings(order: 5, configuration: ["level": 2])])
+        #expect(recorder.all.count == 1, "an unchanged configuration is not re-sent")
+    }
+
+    // "... return a new instance (observers are re-notified; the old instance gets deinit)".
+    @Test func aNewInstanceFromUpdateConfigurationReplacesTheOldOne() async {
+        let recorder = Recorder()
+        let host = makeHost()
+        await host.add([probe("a", recorder: recorder)])
+        await host.start()
+        let before = await host.perform { host in tags(host.moduleManager.modules) }
+        recorder.clear()
+        await host.updateSettings(["a": ModuleSettings(configuration: ["reply": "new"])])
+        let after = await host.perform { host in tags(host.moduleManager.modules) }
+        #expect(before != after)
+        #expect(recorder.all == ["a.deinit", "a.init", "a.start"])
+        let configuration = await host.perform { host in (host.module(named: "a") as? Probe)?.configuration }
+        #expect(configuration == ["reply": "new"])
+    }
+
+    // "... or return nil (the module is disabled and removed)".
+    @Test func nilFromUpdateConfigurationRemovesTheModule() async {
+        let recorder = Recorder()
+        let emissions = Recorder()
+        let host = makeHost()
+        await host.add([probe("a", recorder: recorder), probe("b", order: 1, recorder: recorder)])
+        await host.perform { host in
+            host.moduleManager.observeModule { $0 as? Probe }.subscribe { emissions.record($0?.moduleName ?? "nil") }
+        }
+        recorder.clear()
+        await host.updateSettings(["a": ModuleSettings(configuration: ["reply": "remove"])])
+        #expect(recorder.all == ["a.deinit"])
+        #expect(await host.moduleNames == ["b"])
+        #expect(emissions.all == ["a", "b"])
+    }
+
+    // Remove: "for each (reverse order): willUnload awaited, deinit, removed"; observers once.
+    @Test func removeUnloadsInReverseOrderAndNotifiesOnce() async {
+        let recorder = Recorder()
+        let emissions = Recorder()
+        let host = makeHost()
+        await host.add([probe("a", recorder: recorder), probe("b", order: 1, recorder: recorder), probe("c", order: 2, recorder: recorder)])
+        await host.perform { host in
+            host.moduleManager.observeModules { $0 as? Probe }.subscribe { emissions.record($0.map(\.moduleName).joined(separator: ",")) }
+        }
+        recorder.clear()
+        await host.remove(moduleNamed: ["a", "b"])
+        #expect(recorder.all == ["b.willUnload", "b.willUnload.done", "b.deinit", "a.willUnload", "a.willUnload.done", "a.deinit"])
+        #expect(emissions.all == ["a,b,c", "c"])
+        #expect(await host.registeredModules().map(\.name) == ["c"], "removed modules are forgotten")
+        #expect(host.runningModuleNames == ["c"])
+    }
+
+    // Hot replace: willUnload, stateForReplacement, new init, restore(state), start, old deinit;
+    // observers see the new instances in one update.
+    @Test func replaceHandsStateToTheNewInstanceInOneUpdate() async {
+        let old = Recorder()
+        let new = Recorder()
+        let emissions = Recorder()
+        let host = makeHost()
+        await host.add([
+            probe("a", order: 0, recorder: old, behavior: ProbeBehavior(state: ["count": 3])),
+            probe("b", order: 1, recorder: old, behavior: ProbeBehavior(state: nil)),
+            probe("other", order: 2, recorder: old),
+        ])
+        await host.start()
+        await host.perform { host in
+            host.moduleManager.observeModules { $0 as? Probe }.subscribe { emissions.record(tags($0)) }
+        }
+        old.clear()
+        await host.replace(
+            with: [probe("a", order: 0, recorder: new, behavior: ProbeBehavior(version: "2.0.0")),
+                   probe("b", order: 1, recorder: new, behavior: ProbeBehavior(version: "2.0.0"))],
+            replacing: ["a", "b"])
+        #expect(old.all == [
+            "b.willUnload", "b.willUnload.done", "b.stateForReplacement",
+            "a.willUnload", "a.willUnload.done", "a.stateForReplacement",
+            "b.deinit", "a.deinit",
+        ])
+        #expect(new.all == ["a.init", "b.init", "a.restore({\"count\":3})", "a.start", "b.start"])
+        #expect(emissions.all.count == 2)
+        #expect(await host.infos().map(\.version) == ["2.0.0", "2.0.0", "1.0.0"])
+    }
+
+    // "Asynchronous events, each awaited before the host proceeds" — host-defined ones in order.
+    @Test func customAsyncEventsAreAwaitedInOrder() async {
+        let recorder = Recorder()
+        let host = makeHost()
+        await host.add([probe("a", recorder: recorder), probe("b", order: 1, recorder: recorder)])
+        recorder.clear()
+        await host.send(AsyncModuleEvent.custom(name: "willLogout", payload: ["user": "u1"]))
+        #expect(recorder.all == ["a.willLogout", "a.willLogout.done", "b.willLogout", "b.willLogout.done"])
+        recorder.clear()
+        await host.send(AsyncModuleEvent.custom(name: "willLogout", payload: .null), to: "b")
+        #expect(recorder.all == ["b.willLogout", "b.willLogout.done"])
+    }
+
+    // "Every awaited handler has a deadline ... one that overruns is logged with the module's
+    // name and the time taken and the host goes on without it."
+    @Test(.timeLimit(.minutes(1)))
+    func aHandlerThatNeverFinishesHitsTheDeadlineAndTheHostGoesOn() async {
+        let recorder = Recorder()
+        let gate = Gate()
+        let host = makeHost(deadline: .milliseconds(100))
+        let diagnostics = host.diagnostics()
+        await host.add([
+            probe("a", order: 0, recorder: recorder),
+            probe("stuck", order: 1, recorder: recorder, behavior: ProbeBehavior(blockOn: ["willTerminate"], gate: gate)),
+        ])
+        await host.start()
+        recorder.clear()
+        let clock = ContinuousClock()
+        let started = clock.now
+        await host.shutdown()
+        let took = clock.now - started
+        #expect(recorder.all == ["stuck.willTerminate", "a.willTerminate", "a.willTerminate.done", "stuck.deinit", "a.deinit"])
+        #expect(took >= .milliseconds(100))
+        var overruns: [(String, String, Duration)] = []
+        for await diagnostic in diagnostics {
+            if case .deadlineExceeded(let module, let event, let elapsed) = diagnostic { overruns.append((module, event, elapsed)) }
+        }
+        #expect(overruns.count == 1)
+        #expect(overruns.first?.0 == "stuck" && overruns.first?.1 == "willTerminate")
+        #expect((overruns.first?.2 ?? .zero) >= .milliseconds(100))
+        gate.open()
+    }
+
+    // The host goes on with the next modules for a host-defined event too, and a handler that
+    // honours cancellation is told to stop (service-lifecycle's escalation) and reports late.
+    @Test(.timeLimit(.minutes(1)))
+    func anOverrunningHandlerIsCancelledAndReportsItsLateFinish() async {
+        let recorder = Recorder()
+        let host = makeHost(deadline: .milliseconds(100))
+        let diagnostics = host.diagnostics()
+        await host.add([
+            probe("slow", order: 0, recorder: recorder, behavior: ProbeBehavior(sleepOn: ["flush"])),
+            probe("b", order: 1, recorder: recorder),
+        ])
+        recorder.clear()
+        await host.send(AsyncModuleEvent.custom(name: "flush", payload: .null))
+        #expect(recorder.all.contains("b.flush.done"))
+        await recorder.wait { $0.contains("slow.flush.done") }
+        #expect(recorder.starting(with: "slow.") == ["slow.flush", "slow.flush.cancelled", "slow.flush.done"])
+        var kinds: [String] = []
+        for await diagnostic in diagnostics {
+            switch diagnostic {
+            case .deadlineExceeded(module: "slow", event: "flush", _): kinds.append("exceeded")
+            case .finishedLate(module: "slow", event: "flush", _): kinds.append("late")
+            default: kinds.append("other")
+            }
+            if kinds.count == 2 { break }
+        }
+        #expect(kinds == ["exceeded", "late"])
+    }
+
+    // A removal whose willUnload never finishes still removes the module after the deadline.
+    @Test(.timeLimit(.minutes(1)))
+    func removeGoesOnAfterAWillUnloadOverrun() async {
+        let recorder = Recorder()
+        let gate = Gate()
+        let host = makeHost(deadline: .milliseconds(100))
+        await host.add([probe("a", recorder: recorder, behavior: ProbeBehavior(blockOn: ["willUnload"], gate: gate))])
+        await host.remove(moduleNamed: ["a"])
+        #expect(recorder.all == ["a.init", "a.willUnload", "a.deinit"])
+        #expect(await host.moduleNames.isEmpty)
+        gate.open()
+    }
+
+    // Updates that await are serialized: a second one waits for the first to complete.
+    @Test(.timeLimit(.minutes(1)))
+    func updatesThatAwaitRunOneAtATime() async {
+        let recorder = Recorder()
+        let gate = Gate()
+        let host = makeHost(deadline: .seconds(60))
+        await host.add([
+            probe("a", order: 0, recorder: recorder, behavior: ProbeBehavior(blockOn: ["willUnload"], gate: gate)),
+            probe("b", order: 1, recorder: recorder),
+        ])
+        recorder.clear()
+        let first = Task { await host.remove(moduleNamed: ["a"]) }
+        await recorder.wait { $0.contains("a.willUnload") }
+        let second = Task { await host.updateSettings(["b": ModuleSettings(enabled: false)]) }
+        for _ in 0..<20 { await Task.yield() }
+        #expect(!recorder.all.contains("b.willUnload"))
+        gate.open()
+        await first.value
+        await second.value
+        #expect(recorder.all == ["a.willUnload", "a.willUnload.done", "a.deinit", "b.willUnload", "b.willUnload.done", "b.deinit"])
+    }
+
+    // Lifecycle events are the host's: send refuses them so "init once" holds.
+    @Test func sendIgnoresLifecycleEvents() async {
+        let recorder = Recorder()
+        let host = makeHost()
+        await host.add([probe("a", recorder: recorder)])
+        await host.send(ModuleEvent.initialize)
+        await host.send(ModuleEvent.deinitialize, to: "a")
+        await host.send(ModuleEvent.custom(name: "ping", payload: 1), to: "a")
+        #expect(recorder.all == ["a.init", "a.ping(1)"])
+    }
+
+    // "events the host application defines, with a payload" are delivered in order.
+    @Test func customSynchronousEventsReachEveryModuleInOrder() async {
+        let recorder = Recorder()
+        let host = makeHost()
+        await host.add([probe("b", order: 1, recorder: recorder), probe("a", order: 0, recorder: recorder)])
+        recorder.clear()
+        await host.send(ModuleEvent.custom(name: "tick", payload: ["n": 1]))
+        #expect(recorder.all == ["a.tick({\"n\":1})", "b.tick({\"n\":1})"])
+    }
+
+    // After shutdown the instance accepts no more modules and shutting down again is harmless.
+    @Test func aShutDownInstanceStaysEmpty() async {
+        let recorder = Recorder()
+        let host = makeHost()
+        await host.add([probe("a", recorder: recorder)])
+        await host.shutdown()
+        await host.add([probe("b", recorder: recorder)])
+        await host.shutdown()
+        #expect(await host.moduleNames.isEmpty)
+        #expect(recorder.all == ["a.init", "a.willTerminate", "a.willTerminate.done", "a.deinit"])
+    }
+}
