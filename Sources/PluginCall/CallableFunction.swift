@@ -49,6 +49,13 @@ public final class CallableFunction: Sendable {
     /// True when some argument is `str` or `buf`, or the result is `buf`: those need
     /// storage pinned for the duration of the call (a `str` result needs none).
     private let needsPinning: Bool
+    /// True when every argument is a number or bool and the result is neither `str` nor
+    /// `buf`: the fixed-arity overloads then encode into registers with no memory at all.
+    private let scalarOnly: Bool
+    /// The first three argument types (`.void` when absent), read without array access.
+    private let type0: ValueType
+    private let type1: ValueType
+    private let type2: ValueType
 
     /// Prepares a function for calling: `ffi_prep_cif` runs here, once.
     ///
@@ -68,6 +75,12 @@ public final class CallableFunction: Sendable {
         self.cParameterCount = signature.cParameterCount
         self.needsPinning =
             signature.returnType == .buf || signature.argumentTypes.contains { $0 == .str || $0 == .buf }
+        self.scalarOnly =
+            !needsPinning && signature.returnType != .str
+        let types = signature.argumentTypes
+        self.type0 = types.count > 0 ? types[0] : .void
+        self.type1 = types.count > 1 ? types[1] : .void
+        self.type2 = types.count > 2 ? types[2] : .void
         let eligible =
             signature.cParameterCount <= RegisterCall.maximumParameters
             && signature.argumentTypes.allSatisfy(\.isIntegerClass) && signature.returnType.isIntegerClass
@@ -91,23 +104,32 @@ public final class CallableFunction: Sendable {
 
     /// Calls a function of no arguments (no heap allocation for non-string results).
     public func call() throws(CallError) -> CallValue {
-        try invoke(ArgumentList0())
+        guard scalarOnly, argumentTypes.isEmpty else { return try invoke(ArgumentList0()) }
+        return decodeScalar(callScalars(0, 0, 0, count: 0))
     }
 
     /// Calls a function of one argument (no heap allocation for numbers and bools).
     public func call(_ a: CallValue) throws(CallError) -> CallValue {
-        try invoke(ArgumentList1(a: a))
+        guard scalarOnly, argumentTypes.count == 1 else { return try invoke(ArgumentList1(a: a)) }
+        return decodeScalar(callScalars(try encodeScalar(a, type0, 1), 0, 0, count: 1))
     }
 
     /// Calls a function of two arguments (no heap allocation for numbers and bools).
     /// This is the overload the benchmark times.
     public func call(_ a: CallValue, _ b: CallValue) throws(CallError) -> CallValue {
-        try invoke(ArgumentList2(a: a, b: b))
+        guard scalarOnly, argumentTypes.count == 2 else { return try invoke(ArgumentList2(a: a, b: b)) }
+        let r0 = try encodeScalar(a, type0, 1)
+        let r1 = try encodeScalar(b, type1, 2)
+        return decodeScalar(callScalars(r0, r1, 0, count: 2))
     }
 
     /// Calls a function of three arguments (no heap allocation for numbers and bools).
     public func call(_ a: CallValue, _ b: CallValue, _ c: CallValue) throws(CallError) -> CallValue {
-        try invoke(ArgumentList3(a: a, b: b, c: c))
+        guard scalarOnly, argumentTypes.count == 3 else { return try invoke(ArgumentList3(a: a, b: b, c: c)) }
+        let r0 = try encodeScalar(a, type0, 1)
+        let r1 = try encodeScalar(b, type1, 2)
+        let r2 = try encodeScalar(c, type2, 3)
+        return decodeScalar(callScalars(r0, r1, r2, count: 3))
     }
 
     /// Converts command-line texts per the signature (`Signature.parseArguments`) and calls.
@@ -156,7 +178,13 @@ public final class CallableFunction: Sendable {
     /// to 64 bits, floats as their bit pattern in the low bytes.
     @inline(__always)
     private func encodeScalar(_ value: CallValue, _ index: Int) throws(CallError) -> UInt64 {
-        switch (argumentTypes[index], value) {
+        try encodeScalar(value, argumentTypes[index], index + 1)
+    }
+
+    /// `encodeScalar(_:_:)` for an argument of `type` at 1-based `position`.
+    @inline(__always)
+    private func encodeScalar(_ value: CallValue, _ type: ValueType, _ position: Int) throws(CallError) -> UInt64 {
+        switch (type, value) {
         case (.i8, .int8(let v)): return UInt64(bitPattern: Int64(v))
         case (.i16, .int16(let v)): return UInt64(bitPattern: Int64(v))
         case (.i32, .int32(let v)): return UInt64(bitPattern: Int64(v))
@@ -169,8 +197,26 @@ public final class CallableFunction: Sendable {
         case (.f64, .double(let v)): return v.bitPattern
         case (.bool, .bool(let v)): return v ? 1 : 0
         default:
-            throw CallError.wrongType(
-                function: name, position: index + 1, expected: argumentTypes[index], given: value.type)
+            throw CallError.wrongType(function: name, position: position, expected: type, given: value.type)
+        }
+    }
+
+    /// Calls a function of at most three number/bool parameters whose slot images are
+    /// `r0`, `r1`, `r2` (unused ones ignored), without touching memory on the register path.
+    @inline(__always)
+    private func callScalars(_ r0: UInt64, _ r1: UInt64, _ r2: UInt64, count: Int) -> UInt64 {
+        let address = UnsafeRawPointer(bitPattern: addressBits).unsafelyUnwrapped
+        if path == .registers {
+            switch count {
+            case 0: return unsafeBitCast(address, to: RegisterCall.F0.self)()
+            case 1: return unsafeBitCast(address, to: RegisterCall.F1.self)(r0)
+            case 2: return unsafeBitCast(address, to: RegisterCall.F2.self)(r0, r1)
+            default: return unsafeBitCast(address, to: RegisterCall.F3.self)(r0, r1, r2)
+            }
+        }
+        var slots = (r0, r1, r2)
+        return withUnsafeMutableBytes(of: &slots) { bytes in
+            cif.call(address, slots: bytes.baseAddress.unsafelyUnwrapped.assumingMemoryBound(to: UInt64.self), count: count)
         }
     }
 
@@ -237,7 +283,7 @@ public final class CallableFunction: Sendable {
         case .registers:
             return RegisterCall.call(address, slots, count: cParameterCount)
         case .libffi:
-            return cif.call(address, slots: slots, count: cParameterCount)
+            return cif.call(address, slots: slots.baseAddress.unsafelyUnwrapped, count: cParameterCount)
         }
     }
 
@@ -407,11 +453,10 @@ final class PreparedCIF: @unchecked Sendable {
 
     /// `ffi_call` with each parameter's value in the low bytes of its 8-byte slot.
     @inline(__always)
-    func call(_ address: UnsafeRawPointer, slots: UnsafeMutableBufferPointer<UInt64>, count: Int) -> UInt64 {
+    func call(_ address: UnsafeRawPointer, slots base: UnsafeMutablePointer<UInt64>, count: Int) -> UInt64 {
         var result: UInt64 = 0
         let function = unsafeBitCast(address, to: (@convention(c) () -> Void).self)
         withUnsafeTemporaryAllocation(of: UnsafeMutableRawPointer?.self, capacity: max(count, 1)) { values in
-            let base = slots.baseAddress.unsafelyUnwrapped
             for index in 0..<count { values[index] = UnsafeMutableRawPointer(base + index) }
             ffi_call(cif, function, &result, values.baseAddress)
         }

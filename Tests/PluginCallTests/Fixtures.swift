@@ -43,7 +43,7 @@ struct Fixtures: Sendable {
         ("not_bool", "bool(bool)"),
         ("widen_i8", "i64(i8)"), ("widen_u8", "u64(u8)"), ("widen_i32", "i64(i32)"),
         ("sub_u8", "u8(u8,u8)"),
-        ("add_i32", "i32(i32,i32)"),
+        ("add_i32", "i32(i32,i32)"), ("madd", "i64(i64,i32,u8)"),
         ("mix", "f64(i8, u16, f32, f64, i64, bool)"),
         ("sum8", "i64(i64,i64,i64,i64,i64,i64,i64,i64)"),
         ("echo_str", "str(str)"), ("str_len", "u64(str)"), ("concat", "str(str,str)"),
@@ -102,6 +102,7 @@ struct Fixtures: Sendable {
         int64_t c_widen_i32(int32_t x) { return x; }
         uint8_t c_sub_u8(uint8_t a, uint8_t b) { return (uint8_t)(a - b); }
         int32_t c_add_i32(int32_t a, int32_t b) { return a + b; }
+        int64_t c_madd(int64_t a, int32_t b, uint8_t c) { return a * b + c; }
         double c_mix(int8_t a, uint16_t b, float c, double d, int64_t e, bool f) {
             return a + b * 2.0 + c * 4.0 + d * 8.0 + (double)e * 16.0 + (f ? 1000.0 : 0.0);
         }
@@ -208,6 +209,7 @@ struct Fixtures: Sendable {
         @_cdecl("sw_widen_i32") public func widenI32(_ x: Int32) -> Int64 { Int64(x) }
         @_cdecl("sw_sub_u8") public func subU8(_ a: UInt8, _ b: UInt8) -> UInt8 { a &- b }
         @_cdecl("sw_add_i32") public func addI32(_ a: Int32, _ b: Int32) -> Int32 { a &+ b }
+        @_cdecl("sw_madd") public func madd(_ a: Int64, _ b: Int32, _ c: UInt8) -> Int64 { a &* Int64(b) &+ Int64(c) }
         @_cdecl("sw_mix")
         public func mix(_ a: Int8, _ b: UInt16, _ c: Float, _ d: Double, _ e: Int64, _ f: Bool) -> Double {
             Double(a) + Double(b) * 2 + Double(c) * 4 + d * 8 + Double(e) * 16 + (f ? 1000 : 0)

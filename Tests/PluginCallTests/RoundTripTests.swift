@@ -129,6 +129,31 @@ struct RoundTripTests {
         }
     }
 
+    @Test("fixed-arity overloads (the allocation-free path) on every language and path", arguments: targets)
+    func fixedArity(_ target: (Fixtures.Language, CallPath)) throws {
+        let table = try Fixtures.table(target.0, path: target.1)
+        func function(_ name: String) throws -> CallableFunction { try table.function(named: target.0.prefix + name) }
+        let add = try function("add_i32")
+        #expect(try add.call(.int32(-5), .int32(47)) == .int32(42))
+        #expect(try add.call(.int32(.min), .int32(0)) == .int32(.min))
+        #expect(try function("sub_u8").call(.uint8(0), .uint8(1)) == .uint8(255))
+        #expect(try function("widen_i8").call(.int8(-1)) == .int64(-1))
+        #expect(try function("id_f64").call(.double(-0.5)) == .double(-0.5))
+        #expect(try function("id_f32").call(.float(3.25)) == .float(3.25))
+        #expect(try function("not_bool").call(.bool(false)) == .bool(true))
+        #expect(try function("madd").call(.int64(-1 << 40), .int32(3), .uint8(255)) == .int64((-1 << 40) * 3 + 255))
+        #expect(try function("str_len").call(.string("abc")) == .uint64(3))
+        #expect(throws: CallError.wrongType(function: add.name, position: 1, expected: .i32, given: .i64)) {
+            try add.call(.int64(1), .int32(2))
+        }
+        #expect(throws: CallError.wrongType(function: add.name, position: 2, expected: .i32, given: .f32)) {
+            try add.call(.int32(1), .float(2))
+        }
+        #expect(throws: CallError.wrongArity(function: add.name, signature: add.signature, given: 1)) {
+            try add.call(.int32(1))
+        }
+    }
+
     @Test("void results and argument-less calls, every language and path")
     func voidResults() throws {
         // One test, run sequentially: the counter is shared plugin state.
