@@ -79,33 +79,39 @@ public struct ELFImage: Sendable {
             return ProgramHeader(type: bytes.u32(base), offset: bytes.u64(base + 8), fileSize: bytes.u64(base + 32))
         }
 
+        // Section headers sit at the end of the file: a truncated copy loses them first.
+        // They are not needed to judge the segments, so their absence is recorded rather
+        // than thrown, and the segment check reports the truncation.
+        self.sections = (try? Self.readSections(bytes, fileSize: fileSize)) ?? []
+    }
+
+    private static func readSections(_ bytes: FileBytes, fileSize: UInt64) throws(ELFError) -> [Section] {
         let shoff = bytes.u64(40), shentsize = UInt64(bytes.u16(58)), shnum = UInt64(bytes.u16(60))
         let shstrndx = Int(bytes.u16(62))
-        var sections: [Section] = []
-        if shoff != 0 && shnum != 0 {
-            guard shentsize >= 64 else { throw .malformed("section header entry size \(shentsize) < 64") }
-            guard shoff <= fileSize, shoff + shentsize * shnum <= fileSize else {
-                throw .truncated(what: "section headers", needed: shoff + shentsize * shnum, fileSize: fileSize)
-            }
-            var raw: [(nameOffset: UInt32, section: Section)] = []
-            for index in 0..<shnum {
-                let base = Int(shoff + index * shentsize)
-                raw.append((bytes.u32(base), Section(
-                    name: "", type: bytes.u32(base + 4), offset: bytes.u64(base + 24),
-                    size: bytes.u64(base + 32), link: bytes.u32(base + 40))))
-            }
-            guard shstrndx < raw.count else { throw .malformed("section name table index \(shstrndx) out of range") }
-            let names = raw[shstrndx].section
-            guard names.offset + names.size <= fileSize else {
-                throw .truncated(what: "section name table", needed: names.offset + names.size, fileSize: fileSize)
-            }
-            for entry in raw {
-                var section = entry.section
-                section.name = bytes.cString(at: names.offset + UInt64(entry.nameOffset), limit: names.offset + names.size)
-                sections.append(section)
-            }
+        guard shoff != 0 && shnum != 0 else { return [] }
+        guard shentsize >= 64 else { throw .malformed("section header entry size \(shentsize) < 64") }
+        guard shoff <= fileSize, shoff + shentsize * shnum <= fileSize else {
+            throw .truncated(what: "section headers", needed: shoff + shentsize * shnum, fileSize: fileSize)
         }
-        self.sections = sections
+        var raw: [(nameOffset: UInt32, section: Section)] = []
+        for index in 0..<shnum {
+            let base = Int(shoff + index * shentsize)
+            raw.append((bytes.u32(base), Section(
+                name: "", type: bytes.u32(base + 4), offset: bytes.u64(base + 24),
+                size: bytes.u64(base + 32), link: bytes.u32(base + 40))))
+        }
+        guard shstrndx < raw.count else { throw .malformed("section name table index \(shstrndx) out of range") }
+        let names = raw[shstrndx].section
+        guard names.offset + names.size <= fileSize else {
+            throw .truncated(what: "section name table", needed: names.offset + names.size, fileSize: fileSize)
+        }
+        var sections: [Section] = []
+        for entry in raw {
+            var section = entry.section
+            section.name = bytes.cString(at: names.offset + UInt64(entry.nameOffset), limit: names.offset + names.size)
+            sections.append(section)
+        }
+        return sections
     }
 
     /// True for a position-independent executable (ET_DYN with a program interpreter),
