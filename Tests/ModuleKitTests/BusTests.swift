@@ -162,6 +162,28 @@ struct BusTests {
         #expect(outer.contains(bus: inner) && !inner.contains(bus: outer))
     }
 
+    // Concurrent installs and uninstalls from many threads keep the bus consistent and run
+    // each hook exactly once per object (replacements included: all objects share a type).
+    @Test func concurrentUseKeepsTheBusConsistent() {
+        let counts = HookCounts()
+        let bus = Bus(label: "stress")
+        DispatchQueue.concurrentPerform(iterations: 400) { index in
+            let object = Tracked(counts)
+            bus.install(object)
+            if index % 2 == 0 { bus.uninstall(object) }
+            _ = bus.access(Tracked.self)
+        }
+        bus.uninstallAll()
+        #expect(bus.count == 0)
+        #expect(counts.installs.load(ordering: .relaxed) == 400)
+        #expect(counts.preUninstalls.load(ordering: .relaxed) == 400, "every object was uninstalled exactly once")
+        #expect(counts.postUninstalls.load(ordering: .relaxed) == 400)
+    }
+}
+
+/// Tests that install the process-wide Backdoor: serialized, as they share it.
+@Suite("Backdoor", .serialized)
+struct BackdoorTests {
     // "A process-wide default bus accessor (the seed's Backdoor) that is safe under
     // concurrency."
     @Test func backdoorIsAProcessWideBusSafeUnderConcurrency() {
@@ -187,22 +209,19 @@ struct BusTests {
         #expect(recorder.all == ["service.preUninstall(common)", "service.postUninstall(common)"])
     }
 
-    // Concurrent installs and uninstalls from many threads keep the bus consistent and run
-    // each hook exactly once per object (replacements included: all objects share a type).
-    @Test func concurrentUseKeepsTheBusConsistent() {
-        let counts = HookCounts()
-        let bus = Bus(label: "stress")
-        DispatchQueue.concurrentPerform(iterations: 400) { index in
-            let object = Tracked(counts)
-            bus.install(object)
-            if index % 2 == 0 { bus.uninstall(object) }
-            _ = bus.access(Tracked.self)
+    // docs/modules.md: "The Bus" example.
+    @Test func theBusExampleRuns() {
+        let recorder = Recorder()
+        let common = Bus.new(label: "common") { bus in
+            bus.install(HookedValue(Counter(value: 0))
+                .postInstall { recorder.record("installed on \($0.label)") }
+                .preUninstall { recorder.record("leaving \($0.label)") })
         }
-        bus.uninstallAll()
-        #expect(bus.count == 0)
-        #expect(counts.installs.load(ordering: .relaxed) == 400)
-        #expect(counts.preUninstalls.load(ordering: .relaxed) == 400, "every object was uninstalled exactly once")
-        #expect(counts.postUninstalls.load(ordering: .relaxed) == 400)
+        Backdoor.install(on: common)
+        let counter = Backdoor.bus?.access() as Counter?
+        #expect(counter == Counter(value: 0))
+        Backdoor.uninstall(from: Backdoor.bus)
+        #expect(recorder.all == ["installed on common", "leaving common"])
     }
 }
 

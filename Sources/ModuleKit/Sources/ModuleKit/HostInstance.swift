@@ -38,6 +38,8 @@ public actor HostInstance {
     /// Known factories by name, running or not (disabled modules stay known).
     private var factories: [String: ModuleFactory] = [:]
     private var settings: [String: ModuleSettings]
+    /// The `moduleManager.generation` whose names `runningNames` holds.
+    private var publishedGeneration: UInt64 = 0
     private var updateGateBusy = false
     private var updateGateWaiters: [CheckedContinuation<Void, Never>] = []
 
@@ -485,8 +487,11 @@ public actor HostInstance {
         moduleManager.updateDepth -= 1
         guard moduleManager.updateDepth == 0 else { return }
         moduleManager.hasBeenReady = true
-        let names = moduleManager.moduleNames
-        runningNames.withLock { $0 = names }
+        if publishedGeneration != moduleManager.generation {
+            publishedGeneration = moduleManager.generation
+            let names = moduleManager.moduleNames
+            runningNames.withLock { $0 = names }
+        }
         moduleManager.notifyObservers()
     }
 

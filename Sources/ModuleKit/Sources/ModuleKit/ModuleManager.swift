@@ -31,10 +31,28 @@ struct ModuleSlot {
 public final class ModuleManager {
     /// Running modules, sorted by (order, name).
     var slots: [ModuleSlot] = [] {
-        didSet { orderedModules = slots.map(\.module) }
+        didSet {
+            cache = nil
+            generation &+= 1
+        }
     }
-    /// `slots.map(\.module)`, kept for fast event fan-out.
-    private(set) var orderedModules: [any Module] = []
+    /// Incremented on every change of `slots`.
+    private(set) var generation: UInt64 = 0
+    /// Parallel arrays derived from `slots`, rebuilt on demand after a change: event
+    /// fan-out and observable evaluation read them without copying whole slots.
+    private var cache: (modules: [any Module], serials: [UInt64], names: [String])?
+
+    private var derived: (modules: [any Module], serials: [UInt64], names: [String]) {
+        if let cache { return cache }
+        let built = (slots.map(\.module), slots.map(\.serial), slots.map(\.name))
+        cache = built
+        return built
+    }
+
+    /// The running modules in order (cached).
+    var orderedModules: [any Module] { derived.modules }
+    /// Their serials, in the same order (cached).
+    var orderedSerials: [UInt64] { derived.serials }
     private var nextSerial: UInt64 = 0
     private var records: [ObservationRecord] = []
     /// Depth of nested updates; emission happens when it returns to zero.
@@ -59,7 +77,7 @@ public final class ModuleManager {
     public var modules: [any Module] { orderedModules }
 
     /// The names of the running modules, in order.
-    public var moduleNames: [String] { slots.map(\.name) }
+    public var moduleNames: [String] { derived.names }
 
     /// The running module registered as `name`, or nil.
     public func module(named name: String) -> (any Module)? {
@@ -162,11 +180,13 @@ public final class ModuleManager {
                 ObservationRecord(
                     token: token,
                     deliver: { manager in
+                        let modules = manager.orderedModules
+                        let allSerials = manager.orderedSerials
                         var serials: [UInt64] = []
                         var values: [T] = []
-                        for slot in manager.slots {
-                            if let value = transform(slot.module) {
-                                serials.append(slot.serial)
+                        for index in modules.indices {
+                            if let value = transform(modules[index]) {
+                                serials.append(allSerials[index])
                                 values.append(value)
                             }
                         }
@@ -188,10 +208,11 @@ public final class ModuleManager {
                 ObservationRecord(
                     token: token,
                     deliver: { manager in
+                        let modules = manager.orderedModules
                         var found: (serial: UInt64, value: T)?
-                        for slot in manager.slots {
-                            if let value = transform(slot.module) {
-                                found = (slot.serial, value)
+                        for index in modules.indices {
+                            if let value = transform(modules[index]) {
+                                found = (manager.orderedSerials[index], value)
                                 break
                             }
                         }
@@ -207,8 +228,8 @@ public final class ModuleManager {
     // MARK: Emission
 
     func firstTransformation<T>(_ transform: (any Module) -> T?) -> T? {
-        for slot in slots {
-            if let value = transform(slot.module) { return value }
+        for module in orderedModules {
+            if let value = transform(module) { return value }
         }
         return nil
     }
@@ -261,7 +282,7 @@ public final class ModuleManager {
         return nextSerial
     }
 
-    func index(ofSerial serial: UInt64) -> Int? { slots.firstIndex { $0.serial == serial } }
+    func index(ofSerial serial: UInt64) -> Int? { orderedSerials.firstIndex(of: serial) }
 
     func slot(named name: String) -> ModuleSlot? { slots.first { $0.name == name } }
 

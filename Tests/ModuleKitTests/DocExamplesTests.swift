@@ -1,0 +1,155 @@
+import Dispatch
+import ModuleKit
+import Synchronization
+import Testing
+
+// The examples of docs/modules.md, compiled and run. Keep them in sync with the document.
+
+// MARK: docs/modules.md — "A module"
+
+/// A protocol other modules find by casting (docs: "Observing other modules").
+public protocol EventStore: AnyObject {
+    func append(_ line: String)
+    var lines: [String] { get }
+}
+
+/// Keeps lines in memory; another module finds it as an `EventStore`.
+public final class MemoryStoreModule: PluginModule, EventStore {
+    public static let name = "memory-store"
+    public static let version = "1.0.0"
+
+    public private(set) var lines: [String] = []
+
+    public init?(host: isolated HostInstance, configuration: JSONValue) {}
+
+    public func append(_ line: String) { lines.append(line) }
+
+    // Hot replace: hand the lines to the next version of the plugin.
+    public func stateForReplacement(host: isolated HostInstance) -> JSONValue? {
+        .array(lines.map { .string($0) })
+    }
+
+    public func restore(state: JSONValue, host: isolated HostInstance) {
+        if case .array(let saved) = state { lines = saved.compactMap(\.stringValue) + lines }
+    }
+}
+
+/// Shared through the Bus: an actor, so any module (or thread) may use it.
+public actor TokenCache {
+    private var tokens: [String: String] = [:]
+    public init() {}
+    public func set(_ token: String, for user: String) { tokens[user] = token }
+    public func token(for user: String) -> String? { tokens[user] }
+}
+
+/// Records logins in every `EventStore`; flushes before the host stops.
+public final class AuditModule: PluginModule {
+    public static let name = "audit"
+    public static let version = "1.0.0"
+    public static var metadata: [String: JSONValue] { ["listens": ["user.login"]] }
+
+    private var prefix: String
+    private var stores: [any EventStore] = []
+    private let subscriptions = DisposeBag()
+    private let logger: Logger
+    public private(set) var flushed = false
+
+    public init?(host: isolated HostInstance, configuration: JSONValue) {
+        prefix = configuration["prefix"]?.stringValue ?? "audit"
+        logger = host.logger(for: Self.name)
+    }
+
+    public var notifications: Set<String> { ["user.login"] }
+
+    public func handle(_ event: ModuleEvent, host: isolated HostInstance) {
+        switch event {
+        case .initialize:
+            // No value arrives until every module of this update exists; then one value,
+            // and a new one only when the set of stores changes.
+            host.moduleManager.observeModules { $0 as? EventStore }
+                .subscribe { [unowned self] stores in self.stores = stores }
+                .disposed(by: subscriptions)
+            host.bus.install(TokenCache())
+        case .notification("user.login", let payload):
+            let user = payload["user"]?.stringValue ?? "?"
+            for store in stores { store.append("\(prefix): login \(user)") }
+        case .deinitialize:
+            subscriptions.dispose()
+        default:
+            break
+        }
+    }
+
+    public func handle(_ event: AsyncModuleEvent, host: isolated HostInstance) async {
+        switch event {
+        case .willTerminate, .custom("willLogout", _):
+            // Awaited by the host, at most `eventDeadline`.
+            guard let cache = host.bus.access() as TokenCache? else { return }
+            await cache.set("", for: "everyone")
+            flushed = true
+        default:
+            break
+        }
+    }
+
+    /// A new prefix is applied in place (observers are not re-notified); no prefix at all
+    /// removes the module.
+    public func updateConfiguration(_ configuration: JSONValue, host: isolated HostInstance) -> (any Module)? {
+        guard let prefix = configuration["prefix"]?.stringValue else {
+            logger.info("no prefix configured; removing myself")
+            return nil
+        }
+        self.prefix = prefix
+        return self
+    }
+}
+
+@Suite("docs/modules.md examples")
+struct DocExamplesTests {
+    // docs: "Embedding a host instance".
+    @Test func theHostSideExampleRuns() async {
+        let host = HostInstance(
+            name: "main",
+            settings: [
+                "audit": ModuleSettings(order: 10, configuration: ["prefix": "sec"]),
+                "memory-store": ModuleSettings(order: 0),
+            ],
+            eventDeadline: .seconds(2))
+        await host.add([ModuleFactory(AuditModule.self, plugin: "Audit"), ModuleFactory(MemoryStoreModule.self, plugin: "Store")])
+        await host.start()
+        await host.post(notification: "user.login", payload: ["user": "ada"])
+        await host.send(AsyncModuleEvent.custom(name: "willLogout", payload: .null))
+
+        let lines = await host.perform { host in (host.module(named: "memory-store") as? EventStore)?.lines }
+        #expect(lines == ["sec: login ada"])
+        let flushed = await host.perform { host in (host.module(named: "audit") as? AuditModule)?.flushed }
+        #expect(flushed == true)
+        #expect(host.bus.access(TokenCache.self) != nil)
+        #expect(await host.moduleNames == ["memory-store", "audit"])
+
+        // Removing the prefix makes updateConfiguration return nil: the module goes.
+        await host.updateSettings(["memory-store": ModuleSettings(order: 0), "audit": ModuleSettings(order: 10)])
+        #expect(await host.moduleNames == ["memory-store"])
+
+        // Hot replace keeps the store's lines.
+        await host.replace(with: [ModuleFactory(MemoryStoreModule.self, plugin: "Store")], replacing: ["memory-store"])
+        let kept = await host.perform { host in (host.module(named: "memory-store") as? EventStore)?.lines }
+        #expect(kept == ["sec: login ada"])
+        await host.shutdown()
+    }
+
+    // docs: "Observing from outside the host".
+    @Test(.timeLimit(.minutes(1)))
+    func observingFromOutsideTheHost() async {
+        let host = HostInstance(name: "outside")
+        let names = host.observeModules { $0.moduleName }  // from any thread
+        let done = Recorder()
+        names.observeOn(DispatchQueue(label: "ui")).subscribe { names in
+            done.record(names.joined(separator: ","))
+        }
+        await host.add([ModuleFactory(MemoryStoreModule.self)])
+        for await current in names.values where current.contains("memory-store") { break }
+        await done.wait { $0.contains("memory-store") }
+        await host.shutdown()
+    }
+}
