@@ -104,6 +104,27 @@ public final class AuditModule: PluginModule {
     }
 }
 
+/// docs: "Threading rules" — a task started in a callback, using `host`, runs on the host.
+final class RefreshingModule: Module {
+    var moduleName: String { "refreshing" }
+    var info: ModuleInfo { ModuleInfo(name: "refreshing", version: "1") }
+    var lastToken: String?
+
+    func handle(_ event: ModuleEvent, host: isolated HostInstance) {
+        switch event {
+        case .start:
+            let cache = TokenCache()
+            Task {
+                let token = await cache.token(for: "ada")   // suspends; the host serves others meanwhile
+                self.lastToken = token                      // back on the host's context
+                host.post(notification: "token.refreshed")
+            }
+        default:
+            break
+        }
+    }
+}
+
 @Suite("docs/modules.md examples")
 struct DocExamplesTests {
     // docs: "Embedding a host instance".
@@ -136,6 +157,19 @@ struct DocExamplesTests {
         let kept = await host.perform { host in (host.module(named: "memory-store") as? EventStore)?.lines }
         #expect(kept == ["sec: login ada"])
         await host.shutdown()
+    }
+
+    // docs: "Threading rules".
+    @Test(.timeLimit(.minutes(1)))
+    func aTaskUsingHostRunsOnTheHost() async {
+        let recorder = Recorder()
+        let host = HostInstance(name: "tasks")
+        await host.add([
+            ModuleFactory(name: "refreshing", version: "1") { _, _ in RefreshingModule() },
+            probe("listener", order: 1, recorder: recorder, behavior: ProbeBehavior(notifications: ["token.refreshed"])),
+        ])
+        await host.start()
+        await recorder.wait { $0.contains("listener.token.refreshed(null)") }
     }
 
     // docs: "Observing from outside the host".
