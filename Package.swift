@@ -11,6 +11,7 @@ let package = Package(
     products: [
         .executable(name: "modhostd", targets: ["modhostd"]),
         .executable(name: "modhostctl", targets: ["modhostctl"]),
+        .executable(name: "modhost-bench", targets: ["modhost-bench"]),
         .library(name: "ModuleHost", targets: ["ModuleHost"]),
     ],
     dependencies: [
@@ -42,6 +43,9 @@ let package = Package(
         .executableTarget(name: "modhostd", dependencies: ["ModuleHost"], swiftSettings: swift6,
                          linkerSettings: installedRunpath),
         .executableTarget(name: "modhostctl", dependencies: ["ModuleHost"], swiftSettings: swift6,
+                          linkerSettings: installedRunpath),
+        // Benchmarks, run by `make bench`, apart from the tests.
+        .executableTarget(name: "modhost-bench", dependencies: ["ModuleHost"], swiftSettings: swift6,
                           linkerSettings: installedRunpath),
         .target(
             name: "TestSupport",

@@ -1,6 +1,8 @@
 /// Puts plugins in load order: every plugin after the plugins it depends on, ties broken
 /// by order (configured, else the manifest's) and then by name. Plugins that cannot be
 /// loaded because of their dependencies are returned as failures, never silently dropped.
+///
+/// Cost: linear in plugins and dependency edges, plus a heap for the ties.
 public struct DependencyOrder: Sendable {
     public var ordered: [PluginFile] = []
     public var refused: [LoadFailure] = []
@@ -9,11 +11,9 @@ public struct DependencyOrder: Sendable {
     /// `orderOverride` maps plugin names to configured orders.
     public init(_ plugins: [PluginFile], loaded: Set<String> = [], orderOverride: [String: Int] = [:]) {
         let byName = Dictionary(plugins.map { ($0.name, $0) }, uniquingKeysWith: { first, _ in first })
-        func rank(_ plugin: PluginFile) -> (Int, String) { (orderOverride[plugin.name] ?? plugin.manifest.order, plugin.name) }
-
-        // Cycles first: every member of a strongly connected component of two or more
-        // (or a self-dependency) is refused, naming the cycle.
         var refusedNames: [String: LoadFailure] = [:]
+
+        // Every member of a dependency cycle is refused, naming the cycle.
         for cycle in Self.cycles(byName) {
             let path = (cycle + [cycle[0]]).joined(separator: " -> ")
             for name in cycle {
@@ -23,34 +23,60 @@ public struct DependencyOrder: Sendable {
             }
         }
 
-        // Kahn's algorithm over the rest, picking the lowest rank among ready plugins.
-        var remaining = byName.filter { refusedNames[$0.key] == nil }
-        var done = loaded
-        while !remaining.isEmpty {
-            // Refuse whatever depends on something neither loaded, pending nor fine.
-            var changed = true
-            while changed {
-                changed = false
-                for (name, plugin) in remaining.sorted(by: { $0.key < $1.key }) {
-                    guard let missing = plugin.manifest.dependencies.first(where: { dependency in
-                        !done.contains(dependency) && remaining[dependency] == nil
-                    }) else { continue }
-                    let reason = refusedNames[missing].map { "dependency \(missing) was refused (\($0.check.rawValue))" }
-                        ?? "dependency \(missing) is not available"
-                    refusedNames[name] = LoadFailure(
-                        file: plugin.path, check: .dependency, problem: "plugin \(name) needs \(missing): \(reason)",
-                        fix: refusedNames[missing] == nil ? "install plugin \(missing) in a plugin directory" : "fix plugin \(missing) first")
-                    remaining[name] = nil
-                    changed = true
+        // Dependents of each plugin, to propagate refusals and to count what each waits for.
+        var dependents: [String: [String]] = [:]
+        for plugin in plugins where byName[plugin.name]?.path == plugin.path {
+            for dependency in Set(plugin.manifest.dependencies) { dependents[dependency, default: []].append(plugin.name) }
+        }
+
+        // A plugin needing something neither loaded nor present is refused, and so is,
+        // transitively, everything that depends on a refused plugin.
+        var queue: [String] = []
+        for (name, plugin) in byName.sorted(by: { $0.key < $1.key }) where refusedNames[name] == nil {
+            if let missing = plugin.manifest.dependencies.first(where: { !loaded.contains($0) && byName[$0] == nil }) {
+                refusedNames[name] = LoadFailure(
+                    file: plugin.path, check: .dependency, problem: "plugin \(name) needs \(missing): dependency \(missing) is not available",
+                    fix: "install plugin \(missing) in a plugin directory")
+            }
+        }
+        queue = refusedNames.keys.sorted()
+        while let name = queue.popLast() {
+            for dependent in dependents[name] ?? [] where refusedNames[dependent] == nil {
+                let reason = refusedNames[name]!.check.rawValue
+                refusedNames[dependent] = LoadFailure(
+                    file: byName[dependent]!.path, check: .dependency,
+                    problem: "plugin \(dependent) needs \(name): dependency \(name) was refused (\(reason))",
+                    fix: "fix plugin \(name) first")
+                queue.append(dependent)
+            }
+        }
+
+        // Kahn's algorithm, always taking the ready plugin of lowest (order, name).
+        var waitingFor: [String: Int] = [:]
+        var ready = Heap<Rank>()
+        for (name, plugin) in byName where refusedNames[name] == nil {
+            let pending = Set(plugin.manifest.dependencies).filter { !loaded.contains($0) }.count
+            waitingFor[name] = pending
+            if pending == 0 { ready.push(Rank(order: orderOverride[name] ?? plugin.manifest.order, name: name)) }
+        }
+        while let next = ready.pop() {
+            ordered.append(byName[next.name]!)
+            for dependent in dependents[next.name] ?? [] where refusedNames[dependent] == nil {
+                guard var count = waitingFor[dependent], !loaded.contains(next.name) else { continue }
+                count -= 1
+                waitingFor[dependent] = count
+                if count == 0 {
+                    ready.push(Rank(order: orderOverride[dependent] ?? byName[dependent]!.manifest.order, name: dependent))
                 }
             }
-            let ready = remaining.values.filter { $0.manifest.dependencies.allSatisfy(done.contains) }
-            guard let next = ready.min(by: { rank($0) < rank($1) }) else { break }
-            ordered.append(next)
-            done.insert(next.name)
-            remaining[next.name] = nil
         }
         refused = refusedNames.values.sorted { $0.file < $1.file }
+    }
+
+    struct Rank: Comparable {
+        var order: Int
+        var name: String
+        static func < (lhs: Rank, rhs: Rank) -> Bool { (lhs.order, lhs.name) < (rhs.order, rhs.name) }
     }
 
     /// Dependency cycles among `plugins` (Tarjan's strongly connected components), each
@@ -100,5 +126,38 @@ public struct DependencyOrder: Sendable {
 
         for name in plugins.keys.sorted() where indices[name] == nil { connect(name) }
         return result
+    }
+}
+
+/// A binary min-heap.
+struct Heap<Element: Comparable> {
+    private var items: [Element] = []
+
+    mutating func push(_ item: Element) {
+        items.append(item)
+        var child = items.count - 1
+        while child > 0 {
+            let parent = (child - 1) / 2
+            guard items[child] < items[parent] else { break }
+            items.swapAt(child, parent)
+            child = parent
+        }
+    }
+
+    mutating func pop() -> Element? {
+        guard !items.isEmpty else { return nil }
+        items.swapAt(0, items.count - 1)
+        let top = items.removeLast()
+        var parent = 0
+        while true {
+            let left = 2 * parent + 1, right = left + 1
+            var smallest = parent
+            if left < items.count && items[left] < items[smallest] { smallest = left }
+            if right < items.count && items[right] < items[smallest] { smallest = right }
+            if smallest == parent { break }
+            items.swapAt(parent, smallest)
+            parent = smallest
+        }
+        return top
     }
 }

@@ -29,11 +29,17 @@ public final class DynamicLibrary: @unchecked Sendable {
         return .success(address)
     }
 
-    /// The file that defines the code at `address`, resolved to a real path.
+    /// The file that defines the code at `address`, as the dynamic loader names it (the
+    /// path it was opened by).
     public static func file(containing address: UnsafeRawPointer) -> String? {
         guard let name = modhost_object_containing(address) else { return nil }
-        let path = String(cString: name)
-        return realPath(path) ?? path
+        return String(cString: name)
+    }
+
+    /// True when both paths name the same file. The loader keeps the path a library was
+    /// opened by, so equal strings settle it without touching the file system.
+    public static func samePath(_ a: String, _ b: String) -> Bool {
+        a == b || (realPath(a) ?? a) == (realPath(b) ?? b)
     }
 
     static func lastError() -> String {

@@ -1,3 +1,4 @@
+import CDynamicLoader
 import Glibc
 import ModuleKit
 import PluginFormat
@@ -15,11 +16,15 @@ public struct HostSDK: Sendable {
     /// The SDK of this process, found once.
     public static let current: HostSDK = {
         let anchor = unsafeBitCast(ModuleKitBuild.anchor, to: UnsafeRawPointer.self)
-        guard let path = DynamicLibrary.file(containing: anchor) else {
+        guard let loaded = DynamicLibrary.file(containing: anchor) else {
             return HostSDK(libraryPath: "", buildID: "", compilerVersion: ModuleKitBuild.compilerVersion)
         }
-        let id = (try? ELFImage(path: path).buildID()) ?? nil
-        return HostSDK(libraryPath: path, buildID: id ?? "", compilerVersion: ModuleKitBuild.compilerVersion)
+        let path = realPath(loaded) ?? loaded
+        // The id is read from the notes of the mapped image, not from the file.
+        var bytes = [UInt8](repeating: 0, count: 64)
+        let length = modhost_build_id_of_object_containing(anchor, &bytes, bytes.count)
+        let id = bytes.prefix(length).map { ($0 < 16 ? "0" : "") + String($0, radix: 16) }.joined()
+        return HostSDK(libraryPath: path, buildID: id, compilerVersion: ModuleKitBuild.compilerVersion)
     }()
 
     /// The ABI version this host implements.

@@ -58,11 +58,14 @@ public struct PluginLoader: Sendable {
                 refused.append(error)
             }
         }
+        var directoryStatus: [String: stat] = [:]
+        for directory in directories { directoryStatus[directory] = Validator.status(of: directory) }
         var pluginNames: [String: String] = [:]
         var moduleNames: [String: String] = [:]
         for candidate in candidates {
             do throws(LoadFailure) {
-                let file = try validator.validate(candidate.path, in: candidate.directory)
+                let file = try validator.validate(
+                    candidate.path, in: candidate.directory, directoryStatus: candidate.directory.flatMap { directoryStatus[$0] })
                 if let other = pluginNames[file.name] {
                     throw LoadFailure(file: file.path, check: .duplicate, problem: "plugin name \(file.name) is already used by \(other)",
                                       fix: "remove one of the two files or rename one plugin")
@@ -138,15 +141,14 @@ public struct PluginLoader: Sendable {
             throw fail(.entrySymbol, "the file does not export \(MODHOST_ENTRY_SYMBOL)",
                        "export it: MODHOST_PLUGIN_ENTRY in C, @_cdecl(\"\(MODHOST_ENTRY_SYMBOL)\") in Swift")
         }
-        let ownFile = realPath(file.resolvedPath) ?? file.resolvedPath
-        if let owner = DynamicLibrary.file(containing: entry), owner != ownFile {
+        if let owner = DynamicLibrary.file(containing: entry), !DynamicLibrary.samePath(owner, file.resolvedPath) {
             throw fail(.entrySymbol, "\(MODHOST_ENTRY_SYMBOL) resolves from \(owner), not from this file",
                        "define the entry symbol in this plugin itself")
         }
         if file.manifest.language == .swift {
             // The ModuleKit this plugin's scope resolves must be the host's.
             if case .success(let address) = library.symbol("modhost_abi_compatible"),
-               let owner = DynamicLibrary.file(containing: address), owner != HostSDK.current.libraryPath {
+               let owner = DynamicLibrary.file(containing: address), !DynamicLibrary.samePath(owner, HostSDK.current.libraryPath) {
                 throw fail(.sdkLinkage, "the plugin resolves ModuleKit from \(owner), the host uses \(HostSDK.current.libraryPath)",
                            "build the plugin against the host's SDK and do not ship a libModuleKit.so with it")
             }

@@ -23,6 +23,16 @@ public struct Validator: Sendable {
     /// first failure. `directory` is the plugin directory the file was found in (nil when
     /// the operator named the file directly): a symlink must not lead out of it.
     public func validate(_ path: String, in directory: String? = nil) throws(LoadFailure) -> PluginFile {
+        try validate(path, in: directory, directoryStatus: directory.flatMap(Self.status(of:)))
+    }
+
+    /// The `stat` of a plugin directory, taken once for all its files.
+    static func status(of directory: String) -> stat? {
+        var status = stat()
+        return stat(directory, &status) == 0 ? status : nil
+    }
+
+    func validate(_ path: String, in directory: String?, directoryStatus: stat?) throws(LoadFailure) -> PluginFile {
         var warnings: [String] = []
         func fail(_ check: LoadFailure.Check, _ problem: String, _ fix: String) -> LoadFailure {
             LoadFailure(file: path, check: check, problem: problem, fix: fix)
@@ -44,18 +54,16 @@ public struct Validator: Sendable {
                            "copy the plugin into the directory instead of linking to it")
             }
         }
-        var file = stat()
-        guard stat(resolved, &file) == 0, file.st_mode & S_IFMT == S_IFREG else {
+        var file = link
+        if resolved != path, stat(resolved, &file) != 0 { file.st_mode = 0 }
+        guard file.st_mode & S_IFMT == S_IFREG else {
             throw fail(.fileType, "not a regular file (\(fileTypeName(file.st_mode)))",
                        "plugin directories may only hold plugin .so files")
         }
 
         // Ownership and permissions (sudo/sshd style).
         var checks = [(resolved, file)]
-        if let directory {
-            var dir = stat()
-            if stat(directory, &dir) == 0 { checks.append((directory, dir)) }
-        }
+        if let directory, let directoryStatus { checks.append((directory, directoryStatus)) }
         for (what, status) in checks {
             var problems: [String] = []
             if status.st_mode & 0o022 != 0 {
@@ -126,11 +134,11 @@ public struct Validator: Sendable {
         let defined: [String]
         do {
             dynamic = try image.dynamicInfo()
-            defined = try image.definedDynamicSymbols()
+            defined = try image.definedDynamicSymbols(withPrefixes: ["$s9ModuleKit", "modhost_abi_compatible"])
         } catch {
             throw fail(.elf, error.description, "rebuild the plugin with plugin.mk")
         }
-        let ownSDK = defined.filter { $0.hasPrefix("$s9ModuleKit") || $0 == "modhost_abi_compatible" }
+        let ownSDK = defined
         if !ownSDK.isEmpty {
             throw fail(.sdkLinkage, "the file carries its own copy of ModuleKit (defines \(ownSDK.count) ModuleKit symbols, e.g. \(ownSDK[0]))",
                        "link against the shared libModuleKit.so (-lModuleKit, as plugin.mk does), never statically")

@@ -171,21 +171,28 @@ public struct ELFImage: Sendable {
     }
 
     /// Names of the symbols the file defines in its dynamic symbol table (what other
-    /// objects can bind to).
-    public func definedDynamicSymbols() throws(ELFError) -> [String] {
+    /// objects can bind to). With `prefixes`, only names starting with one of them, which
+    /// is compared on the raw bytes, so scanning a large Swift table costs no strings.
+    public func definedDynamicSymbols(withPrefixes prefixes: [String]? = nil) throws(ELFError) -> [String] {
         guard let symbols = sections.first(where: { $0.name == ".dynsym" }) else { return [] }
         let table = try contents(of: symbols)
         guard Int(symbols.link) < sections.count else { throw .malformed(".dynsym links to a missing string table") }
-        let strings = FileBytes(buffer: try contents(of: sections[Int(symbols.link)]))
+        let stringBytes = try contents(of: sections[Int(symbols.link)])
+        let strings = FileBytes(buffer: stringBytes)
         let entries = FileBytes(buffer: table)
+        let wanted = prefixes?.map { Array($0.utf8) }
         var names: [String] = []
         var base = 24  // entry 0 is the null symbol
         while base + 24 <= table.count {
-            let sectionIndex = entries.u16(base + 6)
-            if sectionIndex != 0 {  // SHN_UNDEF means imported, not defined
-                names.append(strings.cString(at: UInt64(entries.u32(base)), limit: UInt64(strings.count)))
+            defer { base += 24 }
+            guard entries.u16(base + 6) != 0 else { continue }  // SHN_UNDEF: imported, not defined
+            let offset = Int(entries.u32(base))
+            if let wanted, !wanted.contains(where: { prefix in
+                offset + prefix.count <= stringBytes.count && stringBytes[offset..<offset + prefix.count].elementsEqual(prefix)
+            }) {
+                continue
             }
-            base += 24
+            names.append(strings.cString(at: UInt64(offset), limit: UInt64(stringBytes.count)))
         }
         return names
     }

@@ -69,20 +69,6 @@ public struct Manifest: Codable, Sendable, Equatable {
         case name, version, description, abi, language, toolchain, dependencies, order, modules, exports
     }
 
-    public init(from decoder: any Decoder) throws {
-        let c = try decoder.container(keyedBy: CodingKeys.self)
-        name = try c.decode(String.self, forKey: .name)
-        version = try c.decode(String.self, forKey: .version)
-        description = try c.decodeIfPresent(String.self, forKey: .description) ?? ""
-        abi = try c.decode(String.self, forKey: .abi)
-        language = try c.decode(Language.self, forKey: .language)
-        toolchain = try c.decodeIfPresent(Toolchain.self, forKey: .toolchain)
-        dependencies = try c.decodeIfPresent([String].self, forKey: .dependencies) ?? []
-        order = try c.decodeIfPresent(Int.self, forKey: .order) ?? 0
-        modules = try c.decode([String].self, forKey: .modules)
-        exports = try c.decodeIfPresent([Export].self, forKey: .exports) ?? []
-    }
-
     /// The ABI version as (major, minor), or nil when `abi` is not "MAJOR.MINOR".
     public var abiVersion: (major: Int, minor: Int)? {
         let parts = abi.split(separator: ".", omittingEmptySubsequences: false)
@@ -92,14 +78,13 @@ public struct Manifest: Codable, Sendable, Equatable {
 
     /// Parses manifest JSON, naming the field that is wrong when it fails.
     public static func parse(_ bytes: [UInt8]) throws(ManifestError) -> Manifest {
-        let manifest: Manifest
+        let tree: JSONTree
         do {
-            manifest = try JSONDecoder().decode(Manifest.self, from: Data(bytes))
-        } catch let error as DecodingError {
-            throw ManifestError(describing: error)
+            tree = try JSONTree.parse(bytes)
         } catch {
-            throw ManifestError(reason: "not valid JSON (\(error))")
+            throw ManifestError(reason: error.description)
         }
+        let manifest = try Manifest(tree: tree)
         if manifest.name.isEmpty { throw ManifestError(reason: "field \"name\" is empty") }
         if manifest.abiVersion == nil {
             throw ManifestError(reason: "field \"abi\" is \"\(manifest.abi)\", expected \"MAJOR.MINOR\" such as \"1.0\"")
@@ -111,6 +96,44 @@ public struct Manifest: Codable, Sendable, Equatable {
             throw ManifestError(reason: "a Swift plugin needs field \"toolchain\" (plugin.mk adds it)")
         }
         return manifest
+    }
+
+    /// Reads the fields from a parsed document; unknown fields are ignored so that newer
+    /// manifests stay readable.
+    init(tree: JSONTree) throws(ManifestError) {
+        guard case .object(let fields) = tree else {
+            throw ManifestError(reason: "the top level is \(tree.kind), expected an object")
+        }
+        let reader = FieldReader(fields: fields, path: "")
+        name = try reader.string("name")
+        version = try reader.string("version")
+        description = try reader.string("description", default: "")
+        abi = try reader.string("abi")
+        let languageName = try reader.string("language")
+        guard let language = Language(rawValue: languageName) else {
+            throw ManifestError(reason: "field \"language\" is \"\(languageName)\", expected \"swift\" or \"c\"")
+        }
+        self.language = language
+        if let toolchainFields = try reader.object("toolchain") {
+            let inner = FieldReader(fields: toolchainFields, path: "toolchain.")
+            toolchain = Toolchain(swift: try inner.string("swift"), sdk: try inner.string("sdk"))
+        } else {
+            toolchain = nil
+        }
+        dependencies = try reader.strings("dependencies", default: [])
+        order = try reader.integer("order", default: 0)
+        modules = try reader.strings("modules")
+        exports = try reader.objects("exports").enumerated().map { (index, fields) throws(ManifestError) in
+            let inner = FieldReader(fields: fields, path: "exports[\(index)].")
+            return Export(name: try inner.string("name"), signature: try inner.string("signature"))
+        }
+    }
+
+    public init(from decoder: any Decoder) throws {
+        // The same rules as `parse`, for manifests embedded in other JSON documents.
+        let container = try decoder.singleValueContainer()
+        let text = try container.decode(JSONTreeBox.self)
+        self = try Manifest(tree: text.tree)
     }
 
     /// Pretty JSON with sorted keys, as `plugin.mk` embeds it and `inspect` prints it.
@@ -126,26 +149,85 @@ public struct ManifestError: Error, Sendable, Equatable, CustomStringConvertible
     public var reason: String
     public init(reason: String) { self.reason = reason }
 
-    init(describing error: DecodingError) {
-        func path(_ context: DecodingError.Context) -> String {
-            let keys = context.codingPath.map { $0.intValue.map { "[\($0)]" } ?? $0.stringValue }
-            return keys.isEmpty ? "the top level" : "field \"\(keys.joined(separator: "."))\""
-        }
-        switch error {
-        case .keyNotFound(let key, let context):
-            let parent = context.codingPath.isEmpty ? "" : " in \(path(context))"
-            reason = "required field \"\(key.stringValue)\" is missing\(parent)"
-        case .typeMismatch(let type, let context):
-            reason = "\(path(context)) has the wrong type, expected \(type)"
-        case .valueNotFound(let type, let context):
-            reason = "\(path(context)) is null, expected \(type)"
-        case .dataCorrupted(let context):
-            reason = context.codingPath.isEmpty
-                ? "not valid JSON" : "\(path(context)) is invalid: \(context.debugDescription)"
-        @unknown default:
-            reason = "\(error)"
-        }
+    public var description: String { reason }
+}
+
+/// Reads typed fields of a JSON object, with errors that name the field.
+struct FieldReader {
+    let fields: [String: JSONTree]
+    let path: String
+
+    func missing(_ key: String) -> ManifestError { ManifestError(reason: "required field \"\(path)\(key)\" is missing") }
+    func wrong(_ key: String, _ value: JSONTree, _ expected: String) -> ManifestError {
+        ManifestError(reason: "field \"\(path)\(key)\" has the wrong type: \(value.kind), expected \(expected)")
     }
 
-    public var description: String { reason }
+    func string(_ key: String, default fallback: String? = nil) throws(ManifestError) -> String {
+        guard let value = fields[key] else {
+            if let fallback { return fallback }
+            throw missing(key)
+        }
+        guard case .string(let text) = value else { throw wrong(key, value, "a string") }
+        return text
+    }
+
+    func integer(_ key: String, default fallback: Int) throws(ManifestError) -> Int {
+        guard let value = fields[key] else { return fallback }
+        guard case .number(let number) = value, number == number.rounded(), abs(number) < 1e15 else {
+            throw wrong(key, value, "an integer")
+        }
+        return Int(number)
+    }
+
+    func strings(_ key: String, default fallback: [String]? = nil) throws(ManifestError) -> [String] {
+        guard let value = fields[key] else {
+            if let fallback { return fallback }
+            throw missing(key)
+        }
+        guard case .array(let elements) = value else { throw wrong(key, value, "an array of strings") }
+        var result: [String] = []
+        for (index, element) in elements.enumerated() {
+            guard case .string(let text) = element else { throw wrong("\(key)[\(index)]", element, "a string") }
+            result.append(text)
+        }
+        return result
+    }
+
+    func object(_ key: String) throws(ManifestError) -> [String: JSONTree]? {
+        guard let value = fields[key] else { return nil }
+        guard case .object(let members) = value else { throw wrong(key, value, "an object") }
+        return members
+    }
+
+    func objects(_ key: String) throws(ManifestError) -> [[String: JSONTree]] {
+        guard let value = fields[key] else { return [] }
+        guard case .array(let elements) = value else { throw wrong(key, value, "an array of objects") }
+        var result: [[String: JSONTree]] = []
+        for (index, element) in elements.enumerated() {
+            guard case .object(let members) = element else { throw wrong("\(key)[\(index)]", element, "an object") }
+            result.append(members)
+        }
+        return result
+    }
+}
+
+/// Decodes any JSON value into a `JSONTree` through `Decodable`.
+struct JSONTreeBox: Decodable {
+    let tree: JSONTree
+    init(from decoder: any Decoder) throws {
+        let container = try decoder.singleValueContainer()
+        if container.decodeNil() {
+            tree = .null
+        } else if let value = try? container.decode(Bool.self) {
+            tree = .bool(value)
+        } else if let value = try? container.decode(Double.self) {
+            tree = .number(value)
+        } else if let value = try? container.decode(String.self) {
+            tree = .string(value)
+        } else if let value = try? container.decode([JSONTreeBox].self) {
+            tree = .array(value.map(\.tree))
+        } else {
+            tree = .object(try container.decode([String: JSONTreeBox].self).mapValues(\.tree))
+        }
+    }
 }

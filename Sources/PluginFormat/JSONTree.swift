@@ -1,0 +1,199 @@
+/// A parsed JSON document: a small, fast parser for manifests, which the host reads for
+/// every plugin file on every scan. Strict RFC 8259 JSON; numbers are kept as Double.
+public enum JSONTree: Sendable, Equatable {
+    case null
+    case bool(Bool)
+    case number(Double)
+    case string(String)
+    case array([JSONTree])
+    case object([String: JSONTree])
+
+    /// Parses `bytes` as one JSON value (surrounding white space allowed).
+    public static func parse(_ bytes: [UInt8]) throws(JSONSyntaxError) -> JSONTree {
+        var parser = Parser(bytes: bytes)
+        let value = try parser.value(depth: 0)
+        parser.skipSpace()
+        guard parser.index == bytes.count else { throw parser.error("unexpected text after the JSON value") }
+        return value
+    }
+
+    /// A name for the kind of value, for messages: "a string", "an array", ...
+    public var kind: String {
+        switch self {
+        case .null: "null"
+        case .bool: "a boolean"
+        case .number: "a number"
+        case .string: "a string"
+        case .array: "an array"
+        case .object: "an object"
+        }
+    }
+
+    private struct Parser {
+        let bytes: [UInt8]
+        var index = 0
+
+        func error(_ message: String) -> JSONSyntaxError { JSONSyntaxError(offset: index, message: message) }
+
+        mutating func skipSpace() {
+            while index < bytes.count, bytes[index] == 0x20 || bytes[index] == 0x0A || bytes[index] == 0x0D || bytes[index] == 0x09 {
+                index += 1
+            }
+        }
+
+        mutating func value(depth: Int) throws(JSONSyntaxError) -> JSONTree {
+            guard depth < 64 else { throw error("nested deeper than 64 levels") }
+            skipSpace()
+            guard index < bytes.count else { throw error("unexpected end of input") }
+            switch bytes[index] {
+            case UInt8(ascii: "{"):
+                index += 1
+                var members: [String: JSONTree] = [:]
+                skipSpace()
+                if index < bytes.count, bytes[index] == UInt8(ascii: "}") { index += 1; return .object(members) }
+                while true {
+                    skipSpace()
+                    guard index < bytes.count, bytes[index] == UInt8(ascii: "\"") else { throw error("expected a member name in quotes") }
+                    let key = try string()
+                    skipSpace()
+                    guard index < bytes.count, bytes[index] == UInt8(ascii: ":") else { throw error("expected ':' after a member name") }
+                    index += 1
+                    members[key] = try value(depth: depth + 1)
+                    skipSpace()
+                    guard index < bytes.count else { throw error("unexpected end of input in an object") }
+                    if bytes[index] == UInt8(ascii: ",") { index += 1; continue }
+                    if bytes[index] == UInt8(ascii: "}") { index += 1; return .object(members) }
+                    throw error("expected ',' or '}' in an object")
+                }
+            case UInt8(ascii: "["):
+                index += 1
+                var elements: [JSONTree] = []
+                skipSpace()
+                if index < bytes.count, bytes[index] == UInt8(ascii: "]") { index += 1; return .array(elements) }
+                while true {
+                    elements.append(try value(depth: depth + 1))
+                    skipSpace()
+                    guard index < bytes.count else { throw error("unexpected end of input in an array") }
+                    if bytes[index] == UInt8(ascii: ",") { index += 1; continue }
+                    if bytes[index] == UInt8(ascii: "]") { index += 1; return .array(elements) }
+                    throw error("expected ',' or ']' in an array")
+                }
+            case UInt8(ascii: "\""):
+                return .string(try string())
+            case UInt8(ascii: "t"):
+                try literal("true")
+                return .bool(true)
+            case UInt8(ascii: "f"):
+                try literal("false")
+                return .bool(false)
+            case UInt8(ascii: "n"):
+                try literal("null")
+                return .null
+            default:
+                return .number(try number())
+            }
+        }
+
+        mutating func literal(_ word: StaticString) throws(JSONSyntaxError) {
+            let count = word.utf8CodeUnitCount
+            guard index + count <= bytes.count,
+                  bytes[index..<index + count].elementsEqual(UnsafeBufferPointer(start: word.utf8Start, count: count))
+            else { throw error("invalid literal") }
+            index += count
+        }
+
+        mutating func number() throws(JSONSyntaxError) -> Double {
+            let start = index
+            func digits() -> Int {
+                let from = index
+                while index < bytes.count, bytes[index] >= 0x30, bytes[index] <= 0x39 { index += 1 }
+                return index - from
+            }
+            if index < bytes.count, bytes[index] == UInt8(ascii: "-") { index += 1 }
+            guard digits() > 0 else { throw error("expected a value") }
+            if index < bytes.count, bytes[index] == UInt8(ascii: ".") {
+                index += 1
+                guard digits() > 0 else { throw error("expected digits after '.'") }
+            }
+            if index < bytes.count, bytes[index] == UInt8(ascii: "e") || bytes[index] == UInt8(ascii: "E") {
+                index += 1
+                if index < bytes.count, bytes[index] == UInt8(ascii: "+") || bytes[index] == UInt8(ascii: "-") { index += 1 }
+                guard digits() > 0 else { throw error("expected digits in an exponent") }
+            }
+            guard let value = Double(String(decoding: bytes[start..<index], as: UTF8.self)) else { throw error("invalid number") }
+            return value
+        }
+
+        mutating func string() throws(JSONSyntaxError) -> String {
+            index += 1  // opening quote
+            var scalars = String.UnicodeScalarView()
+            var runStart = index
+            func flush(_ end: Int) { scalars.append(contentsOf: String(decoding: bytes[runStart..<end], as: UTF8.self).unicodeScalars) }
+            while index < bytes.count {
+                let byte = bytes[index]
+                if byte == UInt8(ascii: "\"") {
+                    flush(index)
+                    index += 1
+                    return String(scalars)
+                }
+                if byte < 0x20 { throw error("control character in a string") }
+                if byte != UInt8(ascii: "\\") { index += 1; continue }
+                flush(index)
+                index += 1
+                guard index < bytes.count else { break }
+                let escape = bytes[index]
+                index += 1
+                switch escape {
+                case UInt8(ascii: "\""): scalars.append("\"")
+                case UInt8(ascii: "\\"): scalars.append("\\")
+                case UInt8(ascii: "/"): scalars.append("/")
+                case UInt8(ascii: "b"): scalars.append("\u{08}")
+                case UInt8(ascii: "f"): scalars.append("\u{0C}")
+                case UInt8(ascii: "n"): scalars.append("\n")
+                case UInt8(ascii: "r"): scalars.append("\r")
+                case UInt8(ascii: "t"): scalars.append("\t")
+                case UInt8(ascii: "u"):
+                    var code = try hex4()
+                    if (0xD800..<0xDC00).contains(code), index + 1 < bytes.count,
+                       bytes[index] == UInt8(ascii: "\\"), bytes[index + 1] == UInt8(ascii: "u") {
+                        index += 2
+                        let low = try hex4()
+                        guard (0xDC00..<0xE000).contains(low) else { throw error("invalid surrogate pair") }
+                        code = 0x10000 + ((code - 0xD800) << 10) + (low - 0xDC00)
+                    }
+                    guard let scalar = Unicode.Scalar(code) else { throw error("invalid \\u escape") }
+                    scalars.append(scalar)
+                default:
+                    throw error("invalid escape in a string")
+                }
+                runStart = index
+            }
+            throw error("unterminated string")
+        }
+
+        mutating func hex4() throws(JSONSyntaxError) -> UInt32 {
+            guard index + 4 <= bytes.count else { throw error("short \\u escape") }
+            var code: UInt32 = 0
+            for _ in 0..<4 {
+                let byte = bytes[index]
+                let digit: UInt32
+                switch byte {
+                case 0x30...0x39: digit = UInt32(byte - 0x30)
+                case 0x41...0x46: digit = UInt32(byte - 0x41 + 10)
+                case 0x61...0x66: digit = UInt32(byte - 0x61 + 10)
+                default: throw error("invalid hex digit in a \\u escape")
+                }
+                code = code << 4 | digit
+                index += 1
+            }
+            return code
+        }
+    }
+}
+
+/// Where and why JSON text is not valid.
+public struct JSONSyntaxError: Error, Sendable, Equatable, CustomStringConvertible {
+    public var offset: Int
+    public var message: String
+    public var description: String { "not valid JSON at byte \(offset): \(message)" }
+}

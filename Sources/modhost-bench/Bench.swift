@@ -1,0 +1,61 @@
+// modhost-bench: ModuleHost's benchmarks. Each row compares the host against a baseline
+// measured in the same run, and reports the ratio; `make bench` writes the rows to
+// build/bench/results.json. Not part of `make test`: timings are never asserted in tests.
+import Foundation
+import Glibc
+import ModuleHost
+import ModuleKit
+
+@main
+struct Bench {
+    static func main() async {
+        let arguments = Array(CommandLine.arguments.dropFirst())
+        if arguments.first == "--child", arguments.count == 3 {
+            do {
+                print(try LoadBenchmark.measure(arguments[1], arguments[2]))
+                exit(0)
+            } catch {
+                print("\(error)")
+                exit(1)
+            }
+        }
+        func option(_ name: String) -> String? {
+            guard let index = arguments.firstIndex(of: name), index + 1 < arguments.count else { return nil }
+            return arguments[index + 1]
+        }
+        guard let sdk = option("--sdk"), let out = option("--out") else {
+            StandardError.write("usage: modhost-bench --sdk BUILD_DIR --out RESULTS.json [--only GROUP]\n")
+            exit(64)
+        }
+        let only = option("--only")
+        let work = URL(fileURLWithPath: out).deletingLastPathComponent().path + "/work"
+
+        var rows: [BenchRow] = []
+        func group(_ name: String, _ body: () async throws -> [BenchRow]) async {
+            guard only == nil || only == name else { return }
+            do {
+                let produced = try await body()
+                rows += produced
+                for row in produced { print(row.line) }
+                fflush(nil)
+            } catch {
+                StandardError.write("bench group \(name) failed: \(error)\n")
+                exit(1)
+            }
+        }
+
+        print(BenchRow.header)
+        await group("load") { try LoadBenchmark(sdk: sdk, work: work + "/load").run() }
+
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
+        do {
+            try encoder.encode(rows).write(to: URL(fileURLWithPath: out))
+        } catch {
+            StandardError.write("cannot write \(out): \(error)\n")
+            exit(1)
+        }
+        print("wrote \(rows.count) rows to \(out)")
+
+    }
+}

@@ -1,0 +1,60 @@
+import Foundation
+
+/// One result: the host's figure, the baseline measured in the same run, their ratio and
+/// the ratio to beat.
+struct BenchRow: Encodable {
+    var name: String
+    var value: Double
+    var unit: String
+    var baseline_value: Double
+    var ratio: Double
+    var target: Double
+    /// What the baseline is, in words.
+    var baseline: String
+
+    init(name: String, value: Double, unit: String, baseline: Double, baselineDescription: String, target: Double) {
+        self.name = name
+        self.value = value
+        self.unit = unit
+        self.baseline_value = baseline
+        self.ratio = baseline > 0 ? value / baseline : 0
+        self.target = target
+        self.baseline = baselineDescription
+    }
+
+    var met: Bool { ratio <= target }
+
+    static let header = String(format: "%-44@ %12@ %12@ %8@ %8@  %@", "name" as NSString, "value" as NSString,
+                               "baseline" as NSString, "ratio" as NSString, "target" as NSString, "met" as NSString)
+
+    var line: String {
+        String(format: "%-44@ %9.3f %@ %9.3f %@ %8.2f %8.2f  %@", name as NSString, value, unit.padding(toLength: 2, withPad: " ", startingAt: 0) as NSString,
+               baseline_value, unit.padding(toLength: 2, withPad: " ", startingAt: 0) as NSString, ratio, target, (met ? "yes" : "NO") as NSString)
+    }
+}
+
+/// Nanoseconds of the monotonic clock.
+func monotonicNanoseconds() -> UInt64 {
+    var spec = timespec()
+    clock_gettime(CLOCK_MONOTONIC, &spec)
+    return UInt64(spec.tv_sec) * 1_000_000_000 + UInt64(spec.tv_nsec)
+}
+
+/// Runs `body` and returns the elapsed seconds.
+func seconds(_ body: () throws -> Void) rethrows -> Double {
+    let start = monotonicNanoseconds()
+    try body()
+    return Double(monotonicNanoseconds() - start) / 1e9
+}
+
+/// Runs a shell command; throws with its output when it fails.
+func shell(_ command: String) throws {
+    let process = Process()
+    process.executableURL = URL(fileURLWithPath: "/bin/bash")
+    process.arguments = ["-c", command]
+    try process.run()
+    process.waitUntilExit()
+    guard process.terminationStatus == 0 else {
+        throw NSError(domain: "bench", code: Int(process.terminationStatus), userInfo: [NSLocalizedDescriptionKey: "failed: \(command)"])
+    }
+}

@@ -1,0 +1,137 @@
+import Foundation
+import Glibc
+import ModuleHost
+
+/// Discover + validate + load + register per plugin, for N generated trivial C plugins,
+/// against a plain loop of dlopen + dlsym over a copy of the same files in the same run.
+///
+/// Two copies of every file: glibc returns an already-loaded image for a path (and for the
+/// same file) it has seen, so each side must open files nobody opened before.
+struct LoadBenchmark {
+    let sdk: String
+    let work: String
+    let sizes = [10, 100, 1000]
+
+    /// Each measurement runs in a fresh child process (this executable with `--child`),
+    /// so that neither side pays for images the other loaded: glibc compares every new
+    /// path with every image already loaded. Host and baseline alternate, five times
+    /// each; the median counts.
+    func run() throws -> [BenchRow] {
+        let total = sizes.reduce(0, +)
+        try generate(count: total)
+        var rows: [BenchRow] = []
+        var perPlugin: [Int: Double] = [:]
+        var offset = 0
+        for size in sizes {
+            let dir = work + "/set-\(size)"
+            try? FileManager.default.removeItem(atPath: dir)
+            try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+            chmod(dir, 0o755)
+            for index in offset..<offset + size {
+                let name = String(format: "libP%05d.so", index)
+                try FileManager.default.copyItem(atPath: work + "/src/" + name, toPath: dir + "/" + name)
+            }
+            offset += size
+            try shell("cat '\(dir)'/*.so > /dev/null")  // page cache warm
+            var host: [Double] = [], baseline: [Double] = []
+            for _ in 0..<5 {
+                baseline.append(try child("baseline", dir))
+                host.append(try child("host", dir))
+            }
+            let hostMicros = median(host) / Double(size) * 1e6, baseMicros = median(baseline) / Double(size) * 1e6
+            perPlugin[size] = hostMicros
+            rows.append(BenchRow(
+                name: "load.per_plugin.n\(size)", value: hostMicros, unit: "us", baseline: baseMicros,
+                baselineDescription: "dlopen(RTLD_NOW)+dlsym per plugin over the same files, fresh process each, median of 5",
+                target: 1.3))
+        }
+        rows.append(BenchRow(
+            name: "load.per_plugin.flatness_n1000_vs_n100", value: perPlugin[1000]!, unit: "us", baseline: perPlugin[100]!,
+            baselineDescription: "the host's own per-plugin cost at N=100", target: 1.3))
+        return rows
+    }
+
+    /// Runs one side in a child process and returns the seconds it reports.
+    func child(_ side: String, _ dir: String) throws -> Double {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: CommandLine.arguments[0])
+        process.arguments = ["--child", "load-\(side)", dir]
+        let pipe = Pipe()
+        process.standardOutput = pipe
+        try process.run()
+        let output = String(decoding: pipe.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        process.waitUntilExit()
+        guard process.terminationStatus == 0, let value = Double(output.trimmingCharacters(in: .whitespacesAndNewlines)) else {
+            throw NSError(domain: "bench", code: 3, userInfo: [NSLocalizedDescriptionKey: "child \(side) failed: \(output)"])
+        }
+        return value
+    }
+
+    /// The child's side of `child`: load every plugin of `dir` and print the seconds taken.
+    static func measure(_ side: String, _ dir: String) throws -> Double {
+        switch side {
+        case "load-baseline":
+            let names = try FileManager.default.contentsOfDirectory(atPath: dir).filter { $0.hasSuffix(".so") }.sorted()
+            return try seconds {
+                for name in names {
+                    guard let handle = dlopen(dir + "/" + name, RTLD_NOW | RTLD_LOCAL),
+                          dlsym(handle, "modhost_plugin_entry_v1") != nil
+                    else { throw NSError(domain: "bench", code: 1, userInfo: [NSLocalizedDescriptionKey: String(cString: dlerror())]) }
+                }
+            }
+        case "load-host":
+            // The host reads its own directory listing: discovery is part of its cost.
+            return try seconds {
+                let report = PluginLoader().load(directories: [dir])
+                guard report.refused.isEmpty else {
+                    throw NSError(domain: "bench", code: 2, userInfo: [NSLocalizedDescriptionKey: "\(report.refused.first!)"])
+                }
+            }
+        default:
+            throw NSError(domain: "bench", code: 4, userInfo: [NSLocalizedDescriptionKey: "unknown child \(side)"])
+        }
+    }
+
+    /// Compiles `count` trivial C plugins (one module each, manifest embedded) into
+    /// work/src, two at a time, unless they are already there.
+    func generate(count: Int) throws {
+        let src = work + "/src"
+        let marker = src + "/.complete-\(count)"
+        if FileManager.default.fileExists(atPath: marker) { return }
+        try? FileManager.default.removeItem(atPath: src)
+        try FileManager.default.createDirectory(atPath: src, withIntermediateDirectories: true)
+        var makefile = "all:"
+        for index in 0..<count { makefile += String(format: " libP%05d.so", index) }
+        makefile += "\n\n"
+        for index in 0..<count {
+            let name = String(format: "P%05d", index)
+            let module = name.lowercased()
+            let source = """
+                #include <modulehost.h>
+                static void *create(const modhost_host_api *h, const char *c) { (void)c; return (void *)h; }
+                static void handle(void *i, const char *e, const char *p) { (void)i; (void)e; (void)p; }
+                static void destroy(void *i) { (void)i; }
+                static const modhost_module modules[] = {{ sizeof(modhost_module), MODHOST_MODULE_C, "\(module)", "1.0",
+                    0, create, handle, destroy, 0 }};
+                static const modhost_plugin plugin = MODHOST_PLUGIN_INIT("\(name)", modules);
+                MODHOST_PLUGIN_ENTRY { return &plugin; }
+                """
+            try source.write(toFile: src + "/\(name).c", atomically: false, encoding: .utf8)
+            let manifest = """
+                {"name":"\(name)","version":"1.0","description":"generated","abi":"1.0","language":"c","order":\(index),"modules":["\(module)"]}
+                """
+            try manifest.write(toFile: src + "/\(name).json", atomically: false, encoding: .utf8)
+            makefile += "lib\(name).so: \(name).c \(name).json\n"
+            makefile += "\tcc -O2 -fPIC -shared -fvisibility=hidden -I\(sdk)/include -Wl,-soname,lib\(name).so -Wl,-z,nodelete \(name).c -o \(name).tmp.so"
+            makefile += " && objcopy --add-section .modhost.manifest=\(name).json --set-section-flags .modhost.manifest=readonly \(name).tmp.so $@ && rm \(name).tmp.so\n"
+        }
+        try makefile.write(toFile: src + "/Makefile", atomically: false, encoding: .utf8)
+        try shell("make -s -j2 -C '\(src)'")
+        _ = FileManager.default.createFile(atPath: marker, contents: nil)
+    }
+}
+
+func median(_ values: [Double]) -> Double {
+    let sorted = values.sorted()
+    return sorted.count % 2 == 1 ? sorted[sorted.count / 2] : (sorted[sorted.count / 2 - 1] + sorted[sorted.count / 2]) / 2
+}
