@@ -1,0 +1,138 @@
+import ModuleKit
+import PluginCall
+
+/// What the control socket can ask of a running daemon. `Daemon` implements it; the
+/// control protocol (`ControlService`) maps requests onto it, so the protocol can be
+/// tested against any implementation.
+///
+/// Every method may be called concurrently from several clients; the implementation
+/// serializes what must be serialized.
+public protocol DaemonControl: Sendable {
+    /// Every module the daemon knows, running or not, plus one row per refused or
+    /// quarantined file (with `module` "-"), ordered by state then order then name.
+    func moduleRows() async -> [ModuleRow]
+    /// Counters and paths of the running daemon.
+    func status() async -> DaemonStatus
+    /// Enables or disables a module by name at run time (like a configuration change).
+    func setEnabled(_ enabled: Bool, module: String) async throws(DaemonError)
+    /// Re-reads the configuration file and rescans every plugin directory, as SIGHUP does.
+    func reload() async throws(DaemonError) -> ReloadSummary
+    /// Sends a host-defined event with a payload to every module, or to `module` only.
+    /// `awaited` sends it as an asynchronous event the daemon awaits (with the deadline).
+    func send(event: String, payload: JSONValue, to module: String?, awaited: Bool) async throws(DaemonError)
+    /// Calls a function a loaded plugin exports, by name, with arguments given as text (as
+    /// typed on a command line) or as JSON values; see docs/calling.md.
+    func call(plugin: String, function: String, arguments: CallArguments) async throws(DaemonError) -> CallValue
+    /// The info payload of every running module (name, version, metadata).
+    func infoPayload() async -> JSONValue
+}
+
+/// Arguments of a call by name.
+public enum CallArguments: Sendable {
+    case texts([String])
+    case json([CallJSON])
+}
+
+/// One line of `modhostctl list`.
+public struct ModuleRow: Codable, Sendable, Equatable {
+    /// The module's name, or "-" for a file that provides no running module.
+    public var module: String
+    public var plugin: String
+    /// The plugin file as found in the plugin directory.
+    public var file: String
+    public var version: String
+    /// "running", "disabled", "stopped", "refused" or "quarantined".
+    public var state: String
+    public var order: Int?
+    /// How many times this plugin has been loaded in this process (1 for the first load).
+    public var generation: Int?
+    /// The last refusal, crash or error that concerns it.
+    public var lastError: String?
+
+    public init(module: String, plugin: String, file: String, version: String, state: String,
+                order: Int? = nil, generation: Int? = nil, lastError: String? = nil) {
+        self.module = module
+        self.plugin = plugin
+        self.file = file
+        self.version = version
+        self.state = state
+        self.order = order
+        self.generation = generation
+        self.lastError = lastError
+    }
+}
+
+/// `modhostctl status`.
+public struct DaemonStatus: Codable, Sendable, Equatable {
+    public var pid: Int32
+    public var uptimeSeconds: Double
+    /// True once every enabled module has started (what READY=1 reports).
+    public var ready: Bool
+    public var socketPath: String
+    public var stateDirectory: String
+    public var configPath: String?
+    public var pluginDirectories: [String]
+    public var pluginsLoaded: Int
+    public var modulesRunning: Int
+    public var filesRefused: Int
+    /// Images of removed or replaced plugin versions that stay mapped (never unloaded).
+    public var retiredGenerations: Int
+    /// Their total size on disk, in bytes.
+    public var retiredBytes: Int64
+    /// Plugins refused at start because they crashed the daemon before.
+    public var crashGuarded: Int
+    public var reloads: Int
+
+    public init(pid: Int32, uptimeSeconds: Double, ready: Bool, socketPath: String, stateDirectory: String,
+                configPath: String?, pluginDirectories: [String], pluginsLoaded: Int, modulesRunning: Int,
+                filesRefused: Int, retiredGenerations: Int, retiredBytes: Int64, crashGuarded: Int, reloads: Int) {
+        self.pid = pid
+        self.uptimeSeconds = uptimeSeconds
+        self.ready = ready
+        self.socketPath = socketPath
+        self.stateDirectory = stateDirectory
+        self.configPath = configPath
+        self.pluginDirectories = pluginDirectories
+        self.pluginsLoaded = pluginsLoaded
+        self.modulesRunning = modulesRunning
+        self.filesRefused = filesRefused
+        self.retiredGenerations = retiredGenerations
+        self.retiredBytes = retiredBytes
+        self.crashGuarded = crashGuarded
+        self.reloads = reloads
+    }
+}
+
+/// What a reload changed.
+public struct ReloadSummary: Codable, Sendable, Equatable {
+    public var configurationChanged: Bool
+    public var added: [String]
+    public var replaced: [String]
+    public var removed: [String]
+    public var refused: [String]
+
+    public init(configurationChanged: Bool = false, added: [String] = [], replaced: [String] = [],
+                removed: [String] = [], refused: [String] = []) {
+        self.configurationChanged = configurationChanged
+        self.added = added
+        self.replaced = replaced
+        self.removed = removed
+        self.refused = refused
+    }
+}
+
+/// A request the daemon could not carry out: a stable code for programs and a message
+/// for people.
+public struct DaemonError: Error, Sendable, Equatable, CustomStringConvertible {
+    /// e.g. "unknown_module", "unknown_plugin", "unknown_function", "invalid_arguments",
+    /// "call_failed", "invalid_configuration", "shutting_down".
+    public var code: String
+    public var message: String
+
+    public init(code: String, message: String) {
+        self.code = code
+        self.message = message
+    }
+
+    public var description: String { message }
+}
