@@ -1,5 +1,6 @@
 import Dispatch
 import ModuleKit
+import Synchronization
 import Testing
 
 /// Notifications, module info, logging, thread-safe snapshots and instance isolation.
@@ -90,6 +91,40 @@ struct HostInstanceTests {
         #expect(!host.isRunning(moduleNamed: "b"))
     }
 
+    // The snapshot is current in the middle of an update: a module being initialized sees the
+    // modules created with it; a module being deinitialized no longer counts as running.
+    @Test func runningModuleNamesIsCurrentDuringAnUpdate() async {
+        let recorder = Recorder()
+        let host = makeHost()
+        let asker = ModuleFactory(name: "asker", version: "1") { _, _ in RunningChecker(recorder: recorder) }
+        await host.add([asker, probe("later", order: 1, recorder: Recorder())])
+        await host.remove(moduleNamed: ["asker"])
+        #expect(recorder.all == ["init: later=true asker=true", "deinit: asker=false later=true"])
+    }
+
+    // A host instance and its modules are released once shut down and no longer referenced.
+    @Test(.timeLimit(.minutes(1)))
+    func aShutDownInstanceIsReleased() async {
+        weak var weakHost: HostInstance?
+        let live = LiveCount()
+        do {
+            let host = makeHost()
+            weakHost = host
+            await host.add([ModuleFactory(name: "tracked", version: "1") { _, _ in LifetimeModule(live) }])
+            await host.start()
+            #expect(live.value.load(ordering: .relaxed) == 1)
+            await host.perform { host in
+                // An observer capturing the host makes a cycle that shutdown breaks.
+                host.moduleManager.observeModules { $0 as? LifetimeModule }.subscribe { _ in _ = host.name }
+            }
+            await host.shutdown()
+        }
+        while weakHost != nil || live.value.load(ordering: .relaxed) != 0, !Task.isCancelled {
+            try? await Task.sleep(for: .milliseconds(2))
+        }
+        #expect(weakHost == nil && live.value.load(ordering: .relaxed) == 0)
+    }
+
     // "the same plugin used by two instances gets separate module objects and state; events,
     // notifications and Bus contents of one never reach the other."
     @Test func twoInstancesStayIsolated() async {
@@ -144,6 +179,40 @@ final class Poster: Module {
     func handle(_ event: ModuleEvent, host: isolated HostInstance) {
         if case .custom("go", _) = event { host.post(notification: "hello", payload: "from poster") }
     }
+}
+
+/// Reports what `isRunning` says during its own `.initialize` and `.deinitialize`.
+final class RunningChecker: Module {
+    let recorder: Recorder
+    init(recorder: Recorder) { self.recorder = recorder }
+    var moduleName: String { "asker" }
+    var info: ModuleInfo { ModuleInfo(name: "asker", version: "1") }
+    func handle(_ event: ModuleEvent, host: isolated HostInstance) {
+        switch event {
+        case .initialize:
+            recorder.record("init: later=\(host.isRunning(moduleNamed: "later")) asker=\(host.isRunning(moduleNamed: "asker"))")
+        case .deinitialize:
+            recorder.record("deinit: asker=\(host.isRunning(moduleNamed: "asker")) later=\(host.isRunning(moduleNamed: "later"))")
+        default:
+            break
+        }
+    }
+}
+
+/// Counts live `LifetimeModule`s (swift-atomics' LifetimeTracked idea).
+final class LiveCount: Sendable {
+    let value = Atomic<Int>(0)
+}
+
+final class LifetimeModule: Module {
+    let live: LiveCount
+    init(_ live: LiveCount) {
+        self.live = live
+        live.value.add(1, ordering: .relaxed)
+    }
+    deinit { live.value.subtract(1, ordering: .relaxed) }
+    var moduleName: String { "tracked" }
+    var info: ModuleInfo { ModuleInfo(name: "tracked", version: "1") }
 }
 
 struct Counter: Sendable, Equatable {

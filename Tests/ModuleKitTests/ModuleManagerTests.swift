@@ -29,6 +29,19 @@ struct ModuleManagerTests {
         #expect(recorder.all == ["emit:" + (await currentTags(host))])
     }
 
+    // Same sentence: removals or settings changes before any module was added do not make the
+    // modules "ready" (no premature [] either).
+    @Test func updatesBeforeTheFirstAddDoNotEmit() async {
+        let recorder = Recorder()
+        let host = makeHost()
+        await watchProbes(host, into: recorder)
+        await host.updateSettings(["a": ModuleSettings(order: 1)])
+        await host.remove(moduleNamed: ["nothing"])
+        #expect(recorder.all.isEmpty)
+        await host.add([probe("a", recorder: Recorder())])
+        #expect(recorder.all.count == 1)
+    }
+
     // Same sentence, seen from a module that subscribes while it is being initialized.
     @Test func aSubscriberDuringModuleCreationGetsOneValueWithEveryModule() async {
         let recorder = Recorder()

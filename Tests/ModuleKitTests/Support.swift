@@ -19,7 +19,7 @@ final class Recorder: Sendable {
 
     /// Waits (polling, bounded by the test's time limit) until `condition` holds.
     func wait(until condition: @Sendable ([String]) -> Bool) async {
-        while !condition(all) {
+        while !condition(all), !Task.isCancelled {
             try? await Task.sleep(for: .milliseconds(2))
         }
     }

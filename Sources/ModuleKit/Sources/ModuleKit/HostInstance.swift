@@ -155,7 +155,7 @@ public actor HostInstance {
         await acquireUpdateGate()
         defer { releaseUpdateGate() }
         beginUpdate()
-        defer { endUpdate() }
+        defer { endUpdate(establishesReadiness: false) }
         let wanted = Set(names)
         for slot in moduleManager.slots.reversed() where wanted.contains(slot.name) {
             await unload(slot, sendWillUnload: true)
@@ -193,6 +193,7 @@ public actor HostInstance {
             if let index = moduleManager.index(ofSerial: serial) { removed.append(moduleManager.slots.remove(at: index)) }
         }
         for name in names { self.factories[name] = nil }
+        publishRunningNames()
         if phase == .terminated {
             for slot in removed { slot.module.handle(.deinitialize, host: self) }
             return
@@ -233,7 +234,7 @@ public actor HostInstance {
         settings = newSettings
         guard phase != .terminated else { return }
         beginUpdate()
-        defer { endUpdate() }
+        defer { endUpdate(establishesReadiness: false) }
 
         func configuration(_ settings: [String: ModuleSettings], _ name: String) -> JSONValue {
             settings[name]?.configuration ?? [:]
@@ -265,6 +266,7 @@ public actor HostInstance {
                 if phase == .started { result.handle(.start, host: self) }
             } else {
                 moduleManager.slots.remove(at: index)
+                publishRunningNames()
                 removedByConfiguration.insert(slot.name)
                 old.handle(.deinitialize, host: self)
                 logger.info("module removed itself on a configuration change", [("module", slot.name)])
@@ -307,6 +309,7 @@ public actor HostInstance {
         }
         phase = .terminated
         while let slot = moduleManager.slots.popLast() {
+            publishRunningNames()
             slot.module.handle(.deinitialize, host: self)
         }
         endUpdate()
@@ -426,7 +429,9 @@ public actor HostInstance {
     public var isStarted: Bool { phase == .started }
 
     /// A snapshot of the running modules' names, in order, readable from any thread (C
-    /// `has_module` callbacks use it). Updated when each update completes.
+    /// `has_module` callbacks use it). Updated as soon as modules are created or removed,
+    /// also in the middle of an update (before the new modules get `.initialize`, before a
+    /// removed module gets `.deinitialize`).
     public nonisolated var runningModuleNames: [String] { runningNames.withLock { $0 } }
 
     /// True when a module named `name` is running, from any thread (see
@@ -483,16 +488,25 @@ public actor HostInstance {
 
     private func beginUpdate() { moduleManager.updateDepth += 1 }
 
-    private func endUpdate() {
+    /// Ends an update; at depth zero, observers are evaluated. Only the operations that
+    /// create modules (or end the instance) make the modules ready the first time: a
+    /// removal or a settings change before any `add` must not emit a premature `[]`.
+    private func endUpdate(establishesReadiness: Bool = true) {
         moduleManager.updateDepth -= 1
+        publishRunningNames()
         guard moduleManager.updateDepth == 0 else { return }
-        moduleManager.hasBeenReady = true
-        if publishedGeneration != moduleManager.generation {
-            publishedGeneration = moduleManager.generation
-            let names = moduleManager.moduleNames
-            runningNames.withLock { $0 = names }
-        }
+        if establishesReadiness { moduleManager.hasBeenReady = true }
         moduleManager.notifyObservers()
+    }
+
+    /// Copies the running names to the thread-safe snapshot when they changed. Called
+    /// whenever modules were created or removed, so that `isRunning(moduleNamed:)` is
+    /// current even in the middle of an update (a C module asking during `.initialize`).
+    private func publishRunningNames() {
+        guard publishedGeneration != moduleManager.generation else { return }
+        publishedGeneration = moduleManager.generation
+        let names = moduleManager.moduleNames
+        runningNames.withLock { $0 = names }
     }
 
     /// Creates the modules of `factories` in order and inserts them; returns the new slots
@@ -513,6 +527,7 @@ public actor HostInstance {
             moduleManager.slots.append(slot)
         }
         moduleManager.sortSlots()
+        publishRunningNames()
         return created
     }
 
@@ -537,6 +552,7 @@ public actor HostInstance {
         if sendWillUnload { await deliver(.willUnload, to: slot) }
         guard let index = moduleManager.index(ofSerial: slot.serial) else { return }
         let removed = moduleManager.slots.remove(at: index)
+        publishRunningNames()
         removed.module.handle(.deinitialize, host: self)
     }
 
