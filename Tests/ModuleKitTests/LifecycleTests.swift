@@ -276,6 +276,20 @@ struct LifecycleTests {
         #expect(kinds == ["exceeded", "late"])
     }
 
+    // Cancelling the task that awaits an event cancels the module's handler too (it does not
+    // wait for the deadline when the handler honours cancellation).
+    @Test(.timeLimit(.minutes(1)))
+    func cancellingTheCallerCancelsTheHandler() async {
+        let recorder = Recorder()
+        let host = makeHost(deadline: .seconds(3600))
+        await host.add([probe("slow", recorder: recorder, behavior: ProbeBehavior(sleepOn: ["flush"]))])
+        let sending = Task { await host.send(AsyncModuleEvent.custom(name: "flush", payload: .null)) }
+        await recorder.wait { $0.contains("slow.flush") }
+        sending.cancel()
+        await sending.value
+        #expect(recorder.starting(with: "slow.flush") == ["slow.flush", "slow.flush.cancelled", "slow.flush.done"])
+    }
+
     // A removal whose willUnload never finishes still removes the module after the deadline.
     @Test(.timeLimit(.minutes(1)))
     func removeGoesOnAfterAWillUnloadOverrun() async {

@@ -418,6 +418,15 @@ struct ModuleManagerTests {
         #expect(seen == ["a,b", "b", "b,c"])
     }
 
+    // The host-side sequence ends when its task is cancelled, even while waiting for a value.
+    @Test(.timeLimit(.minutes(1)))
+    func valuesOnHostEndsWhenTheTaskIsCancelled() async {
+        let host = makeHost()
+        await host.add([probe("a", recorder: Recorder())])
+        let count = await host.countProbeEmissionsUntilCancelled()
+        #expect(count == 1)
+    }
+
     // Emission happens once per update even when an observer starts another update.
     @Test func anUpdateStartedByAnObserverLeadsToOneMorePassNotANestedOne() async {
         let recorder = Recorder()
@@ -467,5 +476,23 @@ extension HostInstance {
             if seen.count == count { break }
         }
         return seen
+    }
+
+    /// Starts a task on this context iterating `valuesOnHost()`, cancels it once it has
+    /// received the current value and is waiting for the next, and returns how many values
+    /// it saw before the loop ended.
+    func countProbeEmissionsUntilCancelled() async -> Int {
+        let received = Recorder()
+        let iteration = Task {
+            var count = 0
+            for await _ in self.moduleManager.observeModules({ $0 as? Probe }).valuesOnHost() {
+                count += 1
+                received.record("value")
+            }
+            return count
+        }
+        await received.wait { !$0.isEmpty }
+        iteration.cancel()
+        return await iteration.value
     }
 }

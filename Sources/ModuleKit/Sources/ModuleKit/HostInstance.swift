@@ -582,7 +582,13 @@ public actor HostInstance {
                 // Cancelled: the handler finished first.
             }
         }
-        let outcome = await race.wait()
+        // A cancelled caller (e.g. a shutdown being cancelled) cancels the handler too; the
+        // host still waits for it or for the deadline.
+        let outcome = await withTaskCancellationHandler {
+            await race.wait()
+        } onCancel: {
+            handler.cancel()
+        }
         timer.cancel()
         guard outcome == .deadlineExceeded else { return }
         handler.cancel()

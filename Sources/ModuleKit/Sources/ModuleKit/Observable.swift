@@ -134,8 +134,9 @@ public struct Observable<Element>: Sendable {
     /// The values of this observable as an `AsyncSequence` iterated on the host's context,
     /// for elements that may not leave it (module objects). The subscription is made
     /// before this returns, so no value emitted afterwards is lost; values are buffered
-    /// until the loop asks for them. The sequence ends when the host shuts down; breaking
-    /// out of the loop (dropping the iterator) disposes of the subscription.
+    /// until the loop asks for them. The sequence ends when the host shuts down or the
+    /// iterating task is cancelled; breaking out of the loop (dropping the sequence and
+    /// iterator) disposes of the subscription.
     ///
     /// The compiler keeps the sequence on the host's context: it cannot be sent elsewhere.
     public func valuesOnHost(isolation: isolated HostInstance = #isolation) -> HostValueSequence<Element> {
@@ -236,13 +237,15 @@ public struct RelayedObservable<Element: Sendable>: Sendable {
 }
 
 /// The buffer behind `valuesOnHost()`. Only touched on the host's context: the emission
-/// side runs there, and the sequence holding it cannot leave that context.
+/// side runs there, and the sequence holding it cannot leave that context. The suspended
+/// reader's continuation lives in a `Sendable` box so that task cancellation (from any
+/// thread) can wake it.
 final class HostValueBuffer<Element> {
     let token: SubscriptionToken
     private var items: [Element] = []
     private var head = 0
     private var finished = false
-    private var waiter: CheckedContinuation<Void, Never>?
+    private let waiter = WaiterBox()
 
     init(token: SubscriptionToken) { self.token = token }
 
@@ -250,26 +253,25 @@ final class HostValueBuffer<Element> {
 
     func push(_ value: Element) {
         items.append(value)
-        wake()
+        waiter.wake()
     }
 
     func finish() {
         finished = true
-        wake()
+        waiter.wake()
     }
 
-    private func wake() {
-        if let waiter {
-            self.waiter = nil
-            waiter.resume()
-        }
-    }
-
+    /// The next value; nil once the host has shut down or the calling task is cancelled.
     func next(isolation actor: isolated (any Actor)?) async -> Element? {
         while head == items.count {
-            if finished { return nil }
-            await withCheckedContinuation(isolation: actor) { (continuation: CheckedContinuation<Void, Never>) in
-                waiter = continuation
+            if finished || Task.isCancelled { return nil }
+            let waiter = self.waiter
+            await withTaskCancellationHandler {
+                await withCheckedContinuation(isolation: actor) { (continuation: CheckedContinuation<Void, Never>) in
+                    waiter.park(continuation)
+                }
+            } onCancel: {
+                waiter.wake()
             }
         }
         let value = items[head]
@@ -279,6 +281,30 @@ final class HostValueBuffer<Element> {
             head = 0
         }
         return value
+    }
+}
+
+/// Holds at most one suspended reader. Safe from any thread.
+final class WaiterBox: Sendable {
+    private let state = Mutex<CheckedContinuation<Void, Never>?>(nil)
+
+    /// Parks `continuation` until `wake()`; resumes it at once if the task was already
+    /// cancelled (the cancellation handler may have run before the reader parked).
+    func park(_ continuation: CheckedContinuation<Void, Never>) {
+        let resumeNow = state.withLock { waiter -> Bool in
+            if Task.isCancelled { return true }
+            waiter = continuation
+            return false
+        }
+        if resumeNow { continuation.resume() }
+    }
+
+    func wake() {
+        let waiter = state.withLock { waiter -> CheckedContinuation<Void, Never>? in
+            defer { waiter = nil }
+            return waiter
+        }
+        waiter?.resume()
     }
 }
 
