@@ -105,7 +105,10 @@ public actor HostInstance {
     /// returns nil is logged with its name and skipped; one named like a running module is
     /// logged and skipped. Observers are notified once, afterwards.
     ///
-    /// After `shutdown()` this does nothing (logged).
+    /// `add` is synchronous: called while an awaiting update (`remove`, `replace`,
+    /// `updateSettings`) is suspended, it runs at once and its modules become part of that
+    /// update, whose completion notifies observers. After `shutdown()` it does nothing
+    /// (logged).
     public func add(_ factories: [ModuleFactory]) {
         guard phase != .terminated else {
             logger.warning("modules added after shutdown were ignored", [("modules", factories.map(\.name).joined(separator: ","))])
