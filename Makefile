@@ -58,7 +58,7 @@ sdk: swift-build
 	@bin="$(BIN)"; set -e; \
 	mkdir -p $(BUILD)/bin $(BUILD)/lib/modulehost/swift $(BUILD)/include/modulehost $(BUILD)/share/modulehost $(BUILD)/lib/pkgconfig $(BUILD)/plugins; \
 	copy() { cmp -s "$$1" "$$2" || cp -f "$$1" "$$2"; }; \
-	copy $$bin/modhostd $(BUILD)/bin/modhostd; copy $$bin/modhostctl $(BUILD)/bin/modhostctl; \
+	for tool in modhostd modhostctl modhost-trial; do copy $$bin/$$tool $(BUILD)/bin/$$tool; done; \
 	copy $$bin/libModuleKit.so $(BUILD)/lib/libModuleKit.so; \
 	for f in $$bin/Modules/ModuleKit.swiftmodule $$bin/Modules/ModuleKit.swiftdoc; do copy $$f $(BUILD)/lib/modulehost/swift/$$(basename $$f); done; \
 	copy Sources/ModuleKit/Sources/CModuleHost/include/modulehost.h $(BUILD)/include/modulehost.h; \
@@ -91,7 +91,7 @@ bench:
 install: plugins
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/modulehost/swift $(DESTDIR)$(PREFIX)/include/modulehost \
 	  $(DESTDIR)$(PREFIX)/share/modulehost $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/lib/modulehost/plugins
-	install -m 0755 $(BUILD)/bin/modhostd $(BUILD)/bin/modhostctl $(DESTDIR)$(PREFIX)/bin/
+	install -m 0755 $(BUILD)/bin/modhostd $(BUILD)/bin/modhostctl $(BUILD)/bin/modhost-trial $(DESTDIR)$(PREFIX)/bin/
 	install -m 0644 $(BUILD)/lib/libModuleKit.so $(DESTDIR)$(PREFIX)/lib/
 	install -m 0644 $(BUILD)/lib/modulehost/swift/* $(DESTDIR)$(PREFIX)/lib/modulehost/swift/
 	install -m 0644 $(BUILD)/include/modulehost.h $(DESTDIR)$(PREFIX)/include/

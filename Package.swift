@@ -12,6 +12,7 @@ let package = Package(
         .executable(name: "modhostd", targets: ["modhostd"]),
         .executable(name: "modhostctl", targets: ["modhostctl"]),
         .executable(name: "modhost-bench", targets: ["modhost-bench"]),
+        .executable(name: "modhost-trial", targets: ["modhost-trial"]),
         .library(name: "ModuleHost", targets: ["ModuleHost"]),
     ],
     dependencies: [
@@ -44,9 +45,15 @@ let package = Package(
                          linkerSettings: installedRunpath),
         .executableTarget(name: "modhostctl", dependencies: ["ModuleHost"], swiftSettings: swift6,
                           linkerSettings: installedRunpath),
+        // Loads one plugin in a short-lived process before the daemon does (plain C: starts
+        // in a millisecond).
+        .executableTarget(name: "modhost-trial", dependencies: [.product(name: "ModuleKit", package: "ModuleKit")],
+                         linkerSettings: installedRunpath),
         // Benchmarks, run by `make bench`, apart from the tests.
-        .executableTarget(name: "modhost-bench", dependencies: ["ModuleHost"], swiftSettings: swift6,
-                          linkerSettings: installedRunpath),
+        .executableTarget(
+            name: "modhost-bench",
+            dependencies: ["ModuleHost", "PluginCall", "PluginFormat", .product(name: "ModuleKit", package: "ModuleKit")],
+            swiftSettings: swift6, linkerSettings: installedRunpath),
         .target(
             name: "TestSupport",
             dependencies: [.product(name: "ModuleKit", package: "ModuleKit"), "PluginFormat"],

@@ -16,6 +16,11 @@ public final class GreetingModule: PluginModule, Greeter {
     public static let version = "1.0.0"
     public static var metadata: [String: JSONValue] { ["provides": ["Greeter"]] }
 
+    public var info: ModuleInfo {
+        ModuleInfo(name: Self.name, version: Self.version,
+                   metadata: ["provides": ["Greeter"], "greetingsGiven": .number(Double(greetingsGiven)), "salutation": .string(salutation)])
+    }
+
     private var salutation: String
     public private(set) var greetingsGiven = 0
     private let logger: Logger

@@ -1,72 +1,113 @@
 import DaemonKit
 import Foundation
+import Glibc
 import ModuleKit
+import PluginCall
+import PluginFormat
+import Synchronization
 
-/// Settings of one daemon run, from the command line (and later the configuration file).
+/// Settings of one daemon run, from the command line; the configuration file adds to them.
 public struct DaemonOptions: Sendable {
     public var pluginDirectories: [String] = []
     public var allowInsecurePlugins = false
-    public var logLevel: LogLevel = .info
+    public var logLevel: LogLevel?
     public var logFormat: LogFormat = .text
-    public var eventDeadline: Duration = .seconds(5)
+    public var eventDeadline: Duration?
     public var stateDirectory: String?
     public var socketPath: String?
     public var configPath: String?
-    public var moduleSettings: [String: ModuleSettings] = [:]
+    /// Whether the configuration path was given explicitly (then it must exist).
+    public var configPathExplicit = false
+    /// The trial loader; nil finds `modhost-trial` next to the running executable.
+    public var trialLoader: String?
 
     public enum LogFormat: String, Sendable { case text, json }
 
     public init() {}
 }
 
-/// The daemon: loads the plugins, runs their modules on one host instance, and stops them
-/// on SIGTERM or SIGINT.
+/// The daemon: owns one host instance, its plugin directories, the control socket and the
+/// crash guard.
 ///
-/// Order of a run: every plugin is validated and loaded in dependency order; every module is
-/// registered and gets `.initialize`; then all get `.start`. On SIGTERM/SIGINT the host
-/// sends `.willTerminate` (awaited, with the deadline) and `.deinitialize` in reverse order,
-/// and the run returns 0. A second signal during shutdown exits at once.
-public actor Daemon {
+/// Start: the crash guard is read, every plugin directory is watched and then scanned,
+/// every valid plugin is loaded in dependency order from a private copy and its modules
+/// initialized, then all modules are started and READY=1 is sent. Afterwards changes in
+/// the directories (and SIGHUP / `modhostctl reload`) add, replace and remove plugins
+/// while everything else keeps running. SIGTERM/SIGINT stop it.
+///
+/// All changes to the set of plugins go through one serial queue (`changes`), so a
+/// reload, a directory event and a control request never interleave halfway.
+public actor Daemon: DaemonControl {
     public let options: DaemonOptions
     public let host: HostInstance
-    let loader: PluginLoader
-    let logger: Logger
-    /// Loaded plugins in load order.
-    private(set) var plugins: [LoadedPlugin] = []
-    /// Refused files with their reasons, by path.
-    private(set) var refused: [String: LoadFailure] = [:]
+    let paths: RuntimePaths
+    let stateDirectory: String
+    let imagesDirectory: String
+    let socketPath: String
+    let logger = Logger(label: "modhostd")
+    let notifier = SystemdNotifier()
+    let registry = ModuleRegistry()
+    let crashGuard: CrashGuard
+    var configuration: DaemonConfiguration
+    var validator: Validator
+    let changes = SerialQueue()
 
-    public init(options: DaemonOptions) {
+    /// A loaded plugin and where it came from.
+    struct Record {
+        var source: String
+        var identity: FileIdentity
+        var hash: String
+        var loaded: LoadedPlugin
+        var generation: Int
+        /// The SONAME its current image has (generation names differ from the original).
+        var soname: String
+        var originalSoname: String
+        var size: Int64
+    }
+    var records: [String: Record] = [:]
+    /// Files refused, by path, with the identity they had: not tried again until they change
+    /// (except when they only waited for a dependency).
+    var refused: [String: (failure: LoadFailure, identity: FileIdentity?)] = [:]
+    var retiredCount = 0
+    var retiredBytes: Int64 = 0
+    var generations: [String: Int] = [:]
+    /// `modhostctl enable/disable` on top of the configuration file.
+    var enabledOverrides: [String: Bool] = [:]
+    var ready = false
+    var reloads = 0
+    let startTime = ContinuousClock.now
+    var watcher: DirectoryWatcher?
+    var server: ControlServer?
+
+    /// Prepares the daemon; nothing is loaded until `run()` or `start()`.
+    public init(options: DaemonOptions, configuration: DaemonConfiguration) throws(DaemonError) {
+        let paths = RuntimePaths()
+        let stateDirectory = options.stateDirectory ?? paths.stateDirectory
+        let crashGuard = try CrashGuard(directory: stateDirectory)
         self.options = options
-        logger = Logger(label: "modhostd")
-        host = HostInstance(name: "modhostd", logger: Logger(label: "modhostd"))
-        loader = PluginLoader(validator: Validator(allowInsecure: options.allowInsecurePlugins))
+        self.configuration = configuration
+        self.paths = paths
+        self.stateDirectory = stateDirectory
+        self.crashGuard = crashGuard
+        imagesDirectory = stateDirectory + "/images"
+        socketPath = options.socketPath ?? paths.socketPath
+        validator = Validator(allowInsecure: options.allowInsecurePlugins || configuration.allowInsecurePlugins)
+        host = HostInstance(
+            name: "modhostd", settings: Self.settings(configuration, [:]),
+            eventDeadline: configuration.eventDeadline, logger: Logger(label: "modhostd"))
     }
 
-    /// Loads the plugin directories and starts every module. Returns the report.
-    @discardableResult
-    public func loadAndStart() async -> LoadReport {
-        let report = loader.load(directories: options.pluginDirectories)
-        for (file, warning) in report.warnings { logger.warning(warning, [("file", file)]) }
-        for failure in report.refused {
-            refused[failure.file] = failure
-            logger.error("refused \(failure)", [("file", failure.file), ("check", failure.check.rawValue)])
-        }
-        for plugin in report.loaded {
-            plugins.append(plugin)
-            logger.info("loaded plugin \(plugin.name) \(plugin.file.manifest.version)",
-                        [("plugin", plugin.name), ("file", plugin.file.path),
-                         ("modules", plugin.modules.map(\.factory.name).joined(separator: ","))])
-        }
-        await host.add(report.loaded.flatMap { $0.modules.map(\.factory) })
-        await host.start()
-        let running = await host.moduleNames
-        logger.info("started \(running.count) modules: \(running.joined(separator: ", "))",
-                    [("plugins", "\(plugins.count)"), ("refused", "\(refused.count)")])
-        return report
+    static func settings(_ configuration: DaemonConfiguration, _ overrides: [String: Bool]) -> [String: ModuleSettings] {
+        var settings = configuration.modules
+        for (name, enabled) in overrides { settings[name, default: ModuleSettings()].enabled = enabled }
+        return settings
     }
 
-    /// Runs until SIGTERM or SIGINT, then shuts the modules down. Returns the exit code.
+    var directories: [String] { configuration.pluginDirectories }
+
+    // MARK: - Running
+
+    /// Runs until SIGTERM or SIGINT; returns the exit code.
     public func run() async -> ExitCode {
         let signals: UnixSignals
         do {
@@ -75,10 +116,16 @@ public actor Daemon {
             logger.error("cannot install signal handlers: \(error)")
             return .osError
         }
-        await loadAndStart()
+        do {
+            try await start()
+        } catch {
+            logger.error("\(error.message)")
+            return .osError
+        }
         for await signal in signals {
             if signal == .hangup {
-                logger.info("SIGHUP received; reload is not available in this version")
+                logger.info("SIGHUP received: reloading")
+                _ = try? await reload()
                 continue
             }
             logger.info("\(signal) received, shutting down")
@@ -86,17 +133,280 @@ public actor Daemon {
         }
         // A second SIGTERM/SIGINT during shutdown ends the process at once.
         let escalation = Task.detached { [logger] in
-            let again = try? UnixSignals(.terminate, .interrupt)
-            guard let again else { return }
+            guard let again = try? UnixSignals(.terminate, .interrupt) else { return }
             for await signal in again {
                 logger.warning("\(signal) received again during shutdown, exiting now")
                 exit(ExitCode.failure.rawValue)
             }
         }
         signals.cancel()
-        await host.shutdown()
+        await stop()
         escalation.cancel()
-        logger.info("stopped")
         return .success
+    }
+
+    /// Loads everything, starts the modules, opens the control socket and watches the
+    /// plugin directories. Sends READY=1 once every enabled module has started.
+    public func start() async throws(DaemonError) {
+        if let crash = crashGuard.recoverFromPreviousRun() {
+            logger.error("plugin \(crash.plugin) crashed the daemon during \(crash.phase) at \(crash.time); that file is refused until it changes",
+                         [("plugin", crash.plugin), ("file", crash.file)])
+        }
+        do {
+            try FileManager.default.createDirectory(atPath: imagesDirectory, withIntermediateDirectories: true)
+            chmod(stateDirectory, 0o700)
+        } catch {
+            throw DaemonError(code: "state_directory", message: "cannot create \(imagesDirectory): \(error.localizedDescription)")
+        }
+        notify { try $0.status("loading plugins") }
+        // Watch first, then scan, so nothing that arrives in between is missed.
+        startWatching()
+        _ = await changes.run { await self.reconcile(initial: true) }
+        await host.start()
+        ready = true
+        let running = await host.moduleNames
+        logger.info("started \(running.count) modules: \(running.joined(separator: ", "))",
+                    [("plugins", "\(records.count)"), ("refused", "\(refused.count)")])
+        try startControlServer()
+        notify { try $0.ready(status: "\(running.count) modules running") }
+    }
+
+    /// Stops the control socket and the watcher, then the modules (willTerminate awaited,
+    /// deinit in reverse order).
+    public func stop() async {
+        notify { try $0.stopping(status: "stopping") }
+        watcher?.stop()
+        await server?.stop()
+        await host.shutdown()
+        logger.info("stopped")
+    }
+
+    func notify(_ message: (SystemdNotifier) throws -> Void) {
+        do {
+            try message(notifier)
+        } catch {
+            logger.warning("cannot notify systemd: \(error)")
+        }
+    }
+
+    // MARK: - Control socket and watcher
+
+    func startControlServer() throws(DaemonError) {
+        let directory = (socketPath as NSString).deletingLastPathComponent
+        try? FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        let service = ControlService(daemon: self)
+        do {
+            server = try ControlServer(socketPath: socketPath) { line, peer in await service.handle(line, peer: peer) }
+            logger.info("control socket ready", [("socket", socketPath)])
+        } catch {
+            throw DaemonError(code: "control_socket", message: "cannot open the control socket \(socketPath): \(error). Fix: stop the other modhostd or pass --socket")
+        }
+    }
+
+    func startWatching() {
+        do {
+            let watcher = try DirectoryWatcher(directories: [])
+            for directory in directories {
+                do {
+                    try watcher.watch(directory)
+                } catch {
+                    logger.error("cannot watch plugin directory \(directory): \(error); it is still scanned on reload", [("directory", directory)])
+                }
+            }
+            self.watcher = watcher
+            Task { [weak self] in
+                for await batch in watcher.changes {
+                    guard let self else { return }
+                    await self.directoryChanged(batch)
+                }
+            }
+        } catch {
+            logger.error("cannot watch plugin directories (\(error)); changes are picked up on SIGHUP or modhostctl reload")
+        }
+    }
+
+    func directoryChanged(_ batch: [DirectoryChange]) async {
+        for change in batch {
+            switch change.kind {
+            case .directoryRemoved:
+                logger.warning("plugin directory \(change.directory) disappeared; its plugins are removed", [("directory", change.directory)])
+            case .overflow:
+                logger.warning("too many changes at once; rescanning every plugin directory")
+            case .ready, .removed:
+                logger.debug("\(change.kind) \(change.path)")
+            }
+        }
+        await changes.run { _ = await self.reconcile(initial: false) }
+    }
+
+    // MARK: - DaemonControl
+
+    public func moduleRows() async -> [ModuleRow] {
+        let statuses = await host.registeredModules()
+        var rows: [ModuleRow] = []
+        for status in statuses {
+            let record = records[status.plugin]
+            rows.append(ModuleRow(
+                module: status.name, plugin: status.plugin, file: record?.source ?? "", version: status.version,
+                state: status.running ? "running" : (status.enabled ? "stopped" : "disabled"),
+                order: status.order, generation: record?.generation,
+                lastError: record.flatMap { refused[$0.source]?.failure.description }))
+        }
+        for (path, entry) in refused.sorted(by: { $0.key < $1.key }) where !records.values.contains(where: { $0.source == path }) {
+            let state = entry.failure.check == .dependency || entry.failure.check == .crashGuard ? "quarantined" : "refused"
+            rows.append(ModuleRow(module: "-", plugin: "-", file: path, version: "-", state: state, lastError: entry.failure.description))
+        }
+        return rows
+    }
+
+    public func status() async -> DaemonStatus {
+        DaemonStatus(
+            pid: getpid(), uptimeSeconds: Double((ContinuousClock.now - startTime).components.seconds), ready: ready,
+            socketPath: socketPath, stateDirectory: stateDirectory, configPath: options.configPath,
+            pluginDirectories: directories, pluginsLoaded: records.count, modulesRunning: await host.moduleNames.count,
+            filesRefused: refused.count, retiredGenerations: retiredCount, retiredBytes: retiredBytes,
+            crashGuarded: crashGuard.count, reloads: reloads)
+    }
+
+    public func setEnabled(_ enabled: Bool, module: String) async throws(DaemonError) {
+        guard registry.entry(named: module) != nil else {
+            throw DaemonError(code: "unknown_module", message: "no module named \(module) is registered; known: \(registry.names.joined(separator: ", "))")
+        }
+        enabledOverrides[module] = enabled
+        await changes.run { await self.applyModuleSettings() }
+        logger.info("module \(module) \(enabled ? "enabled" : "disabled")", [("module", module)])
+    }
+
+    public func reload() async throws(DaemonError) -> ReloadSummary {
+        notify { try $0.reloading(status: "reloading") }
+        defer { notify { try $0.ready(status: "reloaded") } }
+        var configurationChanged = false
+        if let path = options.configPath, FileManager.default.fileExists(atPath: path) || options.configPathExplicit {
+            let fresh: DaemonConfiguration
+            do {
+                fresh = try DaemonConfiguration.load(path).merged(with: options)
+            } catch {
+                logger.error("reload: \(error.message); keeping the running configuration")
+                throw error
+            }
+            configurationChanged = fresh != configuration
+            if configurationChanged { await applyConfiguration(fresh) }
+        }
+        var summary = await changes.run { await self.reconcile(initial: false) }
+        summary.configurationChanged = configurationChanged
+        reloads += 1
+        logger.info("reloaded: \(summary.added.count) added, \(summary.replaced.count) replaced, \(summary.removed.count) removed, \(summary.refused.count) refused",
+                    [("configuration", configurationChanged ? "changed" : "unchanged")])
+        return summary
+    }
+
+    func applyConfiguration(_ fresh: DaemonConfiguration) async {
+        let old = configuration
+        configuration = fresh
+        LoggingSystem.setLevel(fresh.logLevel)
+        validator.allowInsecure = options.allowInsecurePlugins || fresh.allowInsecurePlugins
+        if fresh.modules != old.modules {
+            await changes.run { await self.applyModuleSettings() }
+        }
+        for directory in fresh.pluginDirectories where !old.pluginDirectories.contains(directory) {
+            try? watcher?.watch(directory)
+        }
+        for directory in old.pluginDirectories where !fresh.pluginDirectories.contains(directory) {
+            watcher?.unwatch(directory)
+        }
+    }
+
+    /// Hands the configured settings plus the enable/disable overrides to the host, which
+    /// applies only what changed.
+    func applyModuleSettings() async {
+        await host.updateSettings(Self.settings(configuration, enabledOverrides))
+    }
+
+    public func send(event: String, payload: JSONValue, to module: String?, awaited: Bool) async throws(DaemonError) {
+        if let module, !host.isRunning(moduleNamed: module) {
+            throw DaemonError(code: "unknown_module", message: "no module named \(module) is running")
+        }
+        if awaited {
+            await host.send(AsyncModuleEvent.custom(name: event, payload: payload), to: module)
+        } else {
+            await host.send(ModuleEvent.custom(name: event, payload: payload), to: module)
+        }
+        logger.info("event \(event) sent\(module.map { " to \($0)" } ?? "")", [("event", event)])
+    }
+
+    public func call(plugin: String, function: String, arguments: CallArguments) async throws(DaemonError) -> CallValue {
+        guard let record = records[plugin] else {
+            throw DaemonError(code: "unknown_plugin", message: "no plugin named \(plugin) is loaded; loaded: \(records.keys.sorted().joined(separator: ", "))")
+        }
+        guard let table = record.loaded.functions else {
+            throw DaemonError(code: "unknown_function", message: "plugin \(plugin) exports no functions for calling by name")
+        }
+        do {
+            switch arguments {
+            case .texts(let texts): return try table.call(function, texts: texts)
+            case .json(let values): return try table.call(function, json: values)
+            }
+        } catch {
+            let code: String
+            switch error {
+            case .undeclaredFunction: code = "unknown_function"
+            case .wrongArity, .wrongType, .invalidArgument: code = "invalid_arguments"
+            default: code = "call_failed"
+            }
+            throw DaemonError(code: code, message: "\(error)")
+        }
+    }
+
+    public func infoPayload() async -> JSONValue { await host.infoPayload() }
+}
+
+/// What identifies a file's version without reading it: device, inode, size, mtime.
+struct FileIdentity: Equatable, Sendable {
+    var device: UInt64
+    var inode: UInt64
+    var size: Int64
+    var modified: Int64
+
+    init?(path: String) {
+        var status = stat()
+        guard stat(path, &status) == 0 else { return nil }
+        device = UInt64(status.st_dev)
+        inode = UInt64(status.st_ino)
+        size = Int64(status.st_size)
+        modified = Int64(status.st_mtim.tv_sec) * 1_000_000_000 + Int64(status.st_mtim.tv_nsec)
+    }
+}
+
+/// Runs async operations one at a time, in the order they were submitted.
+final class SerialQueue: Sendable {
+    private let tail = Mutex<Task<Void, Never>?>(nil)
+
+    /// Runs `operation` after every operation submitted before it has finished.
+    func run<T: Sendable>(_ operation: @escaping @Sendable () async -> T) async -> T {
+        let (result, previous): (Task<T, Never>, Task<Void, Never>?) = tail.withLock { tail in
+            let previous = tail
+            let task = Task<T, Never> {
+                await previous?.value
+                return await operation()
+            }
+            tail = Task { _ = await task.value }
+            return (task, previous)
+        }
+        _ = previous
+        return await result.value
+    }
+}
+
+extension DaemonConfiguration {
+    /// This configuration with the command line's options applied on top.
+    func merged(with options: DaemonOptions) -> DaemonConfiguration {
+        var merged = self
+        for directory in options.pluginDirectories where !merged.pluginDirectories.contains(directory) {
+            merged.pluginDirectories.append(directory)
+        }
+        if let level = options.logLevel { merged.logLevel = level }
+        if let deadline = options.eventDeadline { merged.eventDeadline = deadline }
+        if options.allowInsecurePlugins { merged.allowInsecurePlugins = true }
+        return merged
     }
 }

@@ -1,17 +1,24 @@
 import DaemonKit
+import Foundation
 import ModuleKit
 
 /// `modhostd`: the daemon's command line.
 public struct DaemonCommand: Sendable {
-    public static let usage = "modhostd --plugins DIR [--plugins DIR ...] [options]"
+    public static let usage = "modhostd [--plugins DIR]... [--config FILE] [options]"
 
     public static let help = """
-        OVERVIEW: ModuleHost daemon: loads plugin .so files from directories and runs their modules.
+        OVERVIEW: ModuleHost daemon: loads plugin .so files from directories, runs their modules,
+        and picks up plugins dropped into, replaced in or removed from those directories.
 
         USAGE: \(usage)
 
         OPTIONS:
-          --plugins DIR             A plugin directory (repeatable)
+          --plugins DIR             A plugin directory (repeatable; added to the configuration's)
+          --config FILE             Configuration file (JSON; default \(RuntimePaths().configPath),
+                                    used when it exists)
+          --socket PATH             Control socket (default \(RuntimePaths().socketPath))
+          --state-dir DIR           State: private plugin copies, crash guard
+                                    (default \(RuntimePaths().stateDirectory))
           --allow-insecure-plugins  Accept plugin files writable by others or owned by another
                                     user, with a warning (development only)
           --log-level LEVEL         debug, info, warning or error (default: info)
@@ -20,19 +27,23 @@ public struct DaemonCommand: Sendable {
           -h, --help                Show help information
 
         SIGNALS:
-          SIGTERM, SIGINT           Shut down: willTerminate, then deinit in reverse order; exit 0
-          SIGHUP                    Reload (see docs/daemon.md)
+          SIGTERM, SIGINT           Shut down: willTerminate (awaited), deinit in reverse order, exit 0;
+                                    a second signal exits at once
+          SIGHUP                    Reload the configuration and rescan the plugin directories
 
         EXIT CODES:
-          0 clean shutdown, 1 failure, 64 usage error, 71 operating-system error
+          0 clean shutdown, 1 failure, 64 usage error, 65 invalid configuration,
+          71 operating-system error (socket, state directory)
+
+        See docs/daemon.md.
         """
 
     let output: any CommandOutput
 
     public init(output: any CommandOutput = StandardStreams()) { self.output = output }
 
-    /// Parses the command line (without the program name); nil options means exit now
-    /// with the returned code.
+    /// Parses the command line (without the program name): the options, or the exit code
+    /// to end with now (after --help or a usage error).
     public func parse(_ arguments: [String]) -> Result<DaemonOptions, ExitCode> {
         do throws(UsageError) {
             let parsed = try Arguments(
@@ -45,7 +56,6 @@ public struct DaemonCommand: Sendable {
             guard parsed.positionals.isEmpty else { throw UsageError("unexpected argument '\(parsed.positionals[0])'") }
             var options = DaemonOptions()
             options.pluginDirectories = parsed.values["plugins"] ?? []
-            guard !options.pluginDirectories.isEmpty else { throw UsageError("at least one --plugins DIR is needed") }
             options.allowInsecurePlugins = parsed.has("allow-insecure-plugins")
             if let level = parsed.value("log-level") {
                 guard let value = LogLevel(name: level) else { throw UsageError("--log-level must be debug, info, warning or error") }
@@ -61,7 +71,8 @@ public struct DaemonCommand: Sendable {
             }
             options.stateDirectory = parsed.value("state-dir")
             options.socketPath = parsed.value("socket")
-            options.configPath = parsed.value("config")
+            options.configPathExplicit = parsed.value("config") != nil
+            options.configPath = parsed.value("config") ?? RuntimePaths().configPath
             return .success(options)
         } catch {
             output.err("Error: \(error.message)\nUsage: \(Self.usage)\nSee 'modhostd --help'.")
@@ -69,15 +80,37 @@ public struct DaemonCommand: Sendable {
         }
     }
 
-    /// Parses, bootstraps logging, runs the daemon; returns the process exit code.
+    /// Parses, reads the configuration, bootstraps logging, runs the daemon; returns the
+    /// process exit code.
     public func run(_ arguments: [String]) async -> ExitCode {
-        let options: DaemonOptions
+        var options: DaemonOptions
         switch parse(arguments) {
         case .success(let parsed): options = parsed
         case .failure(let code): return code
         }
+        var configuration = DaemonConfiguration()
+        if let path = options.configPath, options.configPathExplicit || FileManager.default.fileExists(atPath: path) {
+            do {
+                configuration = try DaemonConfiguration.load(path)
+            } catch {
+                output.err("Error: \(error.message)")
+                return .dataError
+            }
+        } else {
+            options.configPath = nil
+        }
+        configuration = configuration.merged(with: options)
+        guard !configuration.pluginDirectories.isEmpty else {
+            output.err("Error: no plugin directory: pass --plugins DIR or list \"pluginDirectories\" in the configuration file\nUsage: \(Self.usage)\nSee 'modhostd --help'.")
+            return .usage
+        }
         let backend: any LogBackend = options.logFormat == .json ? JSONLogBackend() : TextLogBackend()
-        LoggingSystem.bootstrap(backend, level: options.logLevel)
-        return await Daemon(options: options).run()
+        LoggingSystem.bootstrap(backend, level: configuration.logLevel)
+        do {
+            return try await Daemon(options: options, configuration: configuration).run()
+        } catch {
+            output.err("Error: \(error.message)")
+            return .osError
+        }
     }
 }

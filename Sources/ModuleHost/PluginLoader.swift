@@ -1,5 +1,6 @@
 import Glibc
 import ModuleKit
+import PluginCall
 import PluginFormat
 
 /// A plugin whose image is mapped and whose entry symbol described its modules.
@@ -11,6 +12,9 @@ public struct LoadedPlugin: Sendable {
     public let file: PluginFile
     public let library: DynamicLibrary
     public let modules: [Module]
+    /// The functions the manifest declares for calling by name, checked to be defined in
+    /// this file; nil when it declares none.
+    public let functions: FunctionTable?
     public var name: String { file.name }
 }
 
@@ -172,7 +176,16 @@ public struct PluginLoader: Sendable {
             throw fail(.descriptor, "the entry symbol describes modules [\(described.joined(separator: ", "))], the manifest lists [\(file.manifest.modules.joined(separator: ", "))]",
                        "list the same modules, in the same order, in plugin.json")
         }
-        return LoadedPlugin(file: file, library: library, modules: modules)
+        var functions: FunctionTable?
+        if !file.manifest.exports.isEmpty {
+            do {
+                functions = try FunctionTable(pluginName: file.name, exports: file.manifest.exports,
+                                              handle: library.handle, pluginPath: file.resolvedPath)
+            } catch {
+                throw fail(.exports, "\(error)", "define every function listed in plugin.json's exports in this plugin, with the declared signature")
+            }
+        }
+        return LoadedPlugin(file: file, library: library, modules: modules, functions: functions)
     }
 
     private func describeModules(_ plugin: UnsafePointer<modhost_plugin>, _ file: PluginFile) throws(LoadFailure) -> [LoadedPlugin.Module] {

@@ -135,7 +135,7 @@ public struct ELFImage: Sendable {
         return try contents(of: section)
     }
 
-    func contents(of section: Section) throws(ELFError) -> [UInt8] {
+    public func contents(of section: Section) throws(ELFError) -> [UInt8] {
         if section.type == Section.noBits { return [] }
         let (end, overflow) = section.offset.addingReportingOverflow(section.size)
         guard !overflow, end <= fileSize else {

@@ -1,0 +1,96 @@
+import Foundation
+import ModuleKit
+
+/// The daemon's configuration file (JSON), e.g.:
+///
+///     {
+///       "pluginDirectories": ["/usr/lib/modulehost/plugins"],
+///       "modules": { "greeting": { "enabled": true, "order": 5, "configuration": { "salutation": "Hi" } } },
+///       "eventDeadlineSeconds": 5,
+///       "logLevel": "info"
+///     }
+///
+/// Every field is optional. Command-line options add to or override it. SIGHUP and
+/// `modhostctl reload` read it again and apply only what changed; an invalid file is
+/// reported and the running configuration kept.
+public struct DaemonConfiguration: Sendable, Equatable {
+    public var pluginDirectories: [String] = []
+    public var modules: [String: ModuleSettings] = [:]
+    public var eventDeadline: Duration = .seconds(5)
+    public var logLevel: LogLevel = .info
+    public var allowInsecurePlugins = false
+
+    public init() {}
+
+    /// Reads and checks the file at `path`; the error names the file, the field and the fix.
+    public static func load(_ path: String) throws(DaemonError) -> DaemonConfiguration {
+        guard let data = FileManager.default.contents(atPath: path) else {
+            throw invalid(path, "cannot be read", "create it or pass --config with the right path")
+        }
+        let value: JSONValue
+        do {
+            value = try JSONValue.parse(Array(data))
+        } catch {
+            throw invalid(path, "is not valid JSON", "correct the syntax (e.g. with `python3 -m json.tool \(path)`)")
+        }
+        guard case .object(let fields) = value else { throw invalid(path, "is not a JSON object", "wrap the settings in { }") }
+        let known: Set<String> = ["pluginDirectories", "modules", "eventDeadlineSeconds", "logLevel", "allowInsecurePlugins"]
+        if let unknown = fields.keys.sorted().first(where: { !known.contains($0) }) {
+            throw invalid(path, "has an unknown field \"\(unknown)\"", "remove it; known fields: \(known.sorted().joined(separator: ", "))")
+        }
+        var configuration = DaemonConfiguration()
+        if let directories = fields["pluginDirectories"] {
+            guard case .array(let items) = directories, let strings = Optional(items.compactMap(\.stringValue)),
+                  strings.count == items.count
+            else { throw invalid(path, "field \"pluginDirectories\" is not an array of strings", "list directory paths") }
+            configuration.pluginDirectories = strings
+        }
+        if let modules = fields["modules"] {
+            guard case .object(let entries) = modules else {
+                throw invalid(path, "field \"modules\" is not an object", "map module names to {\"enabled\", \"order\", \"configuration\"}")
+            }
+            for (name, entry) in entries {
+                guard case .object(let settings) = entry else {
+                    throw invalid(path, "field \"modules.\(name)\" is not an object", "write {\"enabled\": true, \"order\": 1, \"configuration\": {}}")
+                }
+                var module = ModuleSettings()
+                if let enabled = settings["enabled"] {
+                    guard let flag = enabled.boolValue else { throw invalid(path, "field \"modules.\(name).enabled\" is not true or false", "use a boolean") }
+                    module.enabled = flag
+                }
+                if let order = settings["order"] {
+                    guard let number = order.numberValue, number == number.rounded() else {
+                        throw invalid(path, "field \"modules.\(name).order\" is not an integer", "use a whole number")
+                    }
+                    module.order = Int(number)
+                }
+                if let value = settings["configuration"] { module.configuration = value }
+                if let extra = settings.keys.sorted().first(where: { !["enabled", "order", "configuration"].contains($0) }) {
+                    throw invalid(path, "field \"modules.\(name).\(extra)\" is unknown", "use enabled, order and configuration")
+                }
+                configuration.modules[name] = module
+            }
+        }
+        if let deadline = fields["eventDeadlineSeconds"] {
+            guard let seconds = deadline.numberValue, seconds > 0, seconds <= 3600 else {
+                throw invalid(path, "field \"eventDeadlineSeconds\" is not a number of seconds between 0 and 3600", "e.g. 5")
+            }
+            configuration.eventDeadline = .milliseconds(Int64(seconds * 1000))
+        }
+        if let level = fields["logLevel"] {
+            guard let name = level.stringValue, let parsed = LogLevel(name: name) else {
+                throw invalid(path, "field \"logLevel\" is not one of debug, info, warning, error", "e.g. \"info\"")
+            }
+            configuration.logLevel = parsed
+        }
+        if let insecure = fields["allowInsecurePlugins"] {
+            guard let flag = insecure.boolValue else { throw invalid(path, "field \"allowInsecurePlugins\" is not true or false", "use a boolean") }
+            configuration.allowInsecurePlugins = flag
+        }
+        return configuration
+    }
+
+    private static func invalid(_ path: String, _ problem: String, _ fix: String) -> DaemonError {
+        DaemonError(code: "invalid_configuration", message: "\(path): configuration \(problem). Fix: \(fix)")
+    }
+}

@@ -1,0 +1,396 @@
+import DaemonKit
+import Foundation
+import Glibc
+import ModuleKit
+import PluginFormat
+
+/// How the daemon adds, replaces and removes plugins. Every function here runs inside the
+/// daemon's serial change queue.
+extension Daemon {
+    /// Brings the loaded plugins in line with the plugin directories: new files are loaded
+    /// (after a trial load in a child process unless `initial`), changed files replace
+    /// their plugin, vanished files are removed. Refused files are not tried again until
+    /// they change, except those waiting for a dependency.
+    func reconcile(initial: Bool) async -> ReloadSummary {
+        var summary = ReloadSummary()
+        // What is on disk now.
+        var present: [String: String] = [:]  // path -> directory
+        for directory in directories {
+            do {
+                for path in try pluginCandidates(in: directory) { present[path] = directory }
+            } catch {
+                logger.error("\(error)", [("directory", directory)])
+            }
+        }
+
+        // Removed files: their plugins go, dependents first.
+        for (name, record) in records where present[record.source] == nil && records[name] != nil {
+            logger.info("plugin file \(record.source) is gone: removing plugin \(name)", [("plugin", name)])
+            summary.removed += await remove(name, reason: "its file \(record.source) was removed")
+        }
+        for path in refused.keys where present[path] == nil { refused[path] = nil }
+
+        // New and changed files.
+        var fresh: [PluginFile] = []
+        var replacements: [(file: PluginFile, hash: String, identity: FileIdentity)] = []
+        var hashes: [String: (String, FileIdentity)] = [:]
+        for (path, directory) in present.sorted(by: { $0.key < $1.key }) {
+            guard let identity = FileIdentity(path: path) else { continue }
+            if let record = records.values.first(where: { $0.source == path }), record.identity == identity { continue }
+            if let entry = refused[path], entry.identity == identity, entry.failure.check != .dependency { continue }
+            let bytes = (try? Data(contentsOf: URL(fileURLWithPath: path))).map(Array.init) ?? []
+            let hash = contentHash(bytes)
+            if let record = records.values.first(where: { $0.source == path }), record.hash == hash {
+                records[record.loaded.name]?.identity = identity  // touched, same content
+                continue
+            }
+            if let crash = crashGuard.crash(forHash: hash) {
+                refuse(LoadFailure(file: path, check: .crashGuard,
+                                   problem: "this file crashed the daemon during \(crash.phase) at \(crash.time)",
+                                   fix: "fix the plugin and deploy a new build; a changed file is tried again"), identity, &summary)
+                continue
+            }
+            let file: PluginFile
+            do {
+                file = try validator.validate(path, in: directory)
+            } catch {
+                refuse(error, identity, &summary)
+                continue
+            }
+            for warning in file.warnings { logger.warning(warning, [("file", path)]) }
+            hashes[path] = (hash, identity)
+            if let existing = records[file.name] {
+                guard existing.source == path || present[existing.source] == nil else {
+                    refuse(LoadFailure(file: path, check: .duplicate, problem: "plugin name \(file.name) is already used by \(existing.source)",
+                                       fix: "remove one of the two files or rename one plugin"), identity, &summary)
+                    continue
+                }
+                replacements.append((file, hash, identity))
+            } else {
+                fresh.append(file)
+            }
+        }
+
+        // New plugins, in dependency order.
+        let order = DependencyOrder(fresh, loaded: Set(records.keys))
+        for failure in order.refused {
+            refuse(failure, hashes[failure.file]?.1, &summary)
+        }
+        for file in order.ordered {
+            guard let (hash, identity) = hashes[file.path] else { continue }
+            if let dependency = file.manifest.dependencies.first(where: { records[$0] == nil }) {
+                refuse(LoadFailure(file: file.path, check: .dependency, problem: "plugin \(file.name) needs \(dependency), which is not loaded",
+                                   fix: "fix plugin \(dependency) first"), identity, &summary)
+                continue
+            }
+            if await add(file, hash: hash, identity: identity, trial: !initial) {
+                summary.added.append(file.name)
+            } else {
+                summary.refused.append(file.path)
+            }
+        }
+
+        for replacement in replacements {
+            if await replace(with: replacement.file, hash: replacement.hash, identity: replacement.identity) {
+                summary.replaced.append(replacement.file.name)
+            } else {
+                summary.refused.append(replacement.file.path)
+            }
+        }
+        return summary
+    }
+
+    func refuse(_ failure: LoadFailure, _ identity: FileIdentity?, _ summary: inout ReloadSummary) {
+        let known = refused[failure.file]
+        refused[failure.file] = (failure, identity)
+        summary.refused.append(failure.file)
+        if known?.failure != failure {
+            logger.error("refused \(failure)", [("file", failure.file), ("check", failure.check.rawValue)])
+        }
+    }
+
+    // MARK: - Add
+
+    /// Loads a new plugin from a private copy and registers, initializes (and, once the
+    /// daemon has started, starts) its modules. `trial` first loads it in a child process.
+    func add(_ file: PluginFile, hash: String, identity: FileIdentity, trial: Bool) async -> Bool {
+        var none = ReloadSummary()
+        let generation = (generations[file.name] ?? 0) + 1
+        let image: PrivateImage
+        do {
+            image = try privateImage(of: file, sourceBytes: nil, generation: generation, hash: hash)
+            if trial { try trialLoad(image.file) }
+        } catch {
+            refuse(error, identity, &none)
+            return false
+        }
+        let loaded: LoadedPlugin
+        do throws(LoadFailure) {
+            crashGuard.begin(file: file.path, plugin: file.name, hash: hash, phase: "entry")
+            defer { crashGuard.end() }
+            loaded = try PluginLoader(validator: validator, registry: registry).open(image.file)
+            try registry.register(loaded)
+        } catch {
+            refuse(error.relocated(to: file.path), identity, &none)
+            return false
+        }
+        generations[file.name] = generation
+        refused[file.path] = nil
+        records[file.name] = Record(source: file.path, identity: identity, hash: hash, loaded: loaded, generation: generation,
+                                    soname: image.soname, originalSoname: image.originalSoname, size: image.size)
+        crashGuard.begin(file: file.path, plugin: file.name, hash: hash, phase: "init")
+        await host.add(loaded.modules.map(\.factory))
+        crashGuard.end()
+        logger.info("loaded plugin \(file.name) \(file.manifest.version)\(generation > 1 ? " (generation \(generation))" : "")",
+                    [("plugin", file.name), ("file", file.path), ("modules", loaded.modules.map(\.factory.name).joined(separator: ","))])
+        return true
+    }
+
+    // MARK: - Remove
+
+    /// Removes a plugin and, first, every plugin that depends on it (they wait, quarantined,
+    /// for it to come back). Their modules get willUnload (awaited) and deinit; the images
+    /// stay mapped and are counted as retired. Returns the names removed.
+    func remove(_ name: String, reason: String) async -> [String] {
+        let victims = dependents(of: name).reversed() + [name]
+        var removed: [String] = []
+        for victim in victims {
+            guard let record = records[victim] else { continue }
+            await host.remove(moduleNamed: record.loaded.modules.map(\.factory.name))
+            registry.unregister(plugin: victim)
+            records[victim] = nil
+            retire(record)
+            removed.append(victim)
+            if victim != name {
+                refused[record.source] = (LoadFailure(file: record.source, check: .dependency,
+                                                      problem: "plugin \(victim) needs \(name), which was removed",
+                                                      fix: "it is loaded again when \(name) comes back"), record.identity)
+                logger.info("stopped plugin \(victim): it depends on \(name)", [("plugin", victim)])
+            } else {
+                logger.info("removed plugin \(victim): \(reason)", [("plugin", victim), ("file", record.source)])
+            }
+        }
+        return removed
+    }
+
+    /// Loaded plugins that depend on `name`, directly or not, in load order.
+    func dependents(of name: String) -> [String] {
+        var result: [String] = []
+        var frontier = [name]
+        while let current = frontier.popLast() {
+            for (other, record) in records.sorted(by: { $0.key < $1.key })
+            where record.loaded.file.manifest.dependencies.contains(current) && !result.contains(other) {
+                result.append(other)
+                frontier.append(other)
+            }
+        }
+        // Load order: a plugin after what it depends on.
+        return DependencyOrder(result.compactMap { records[$0]?.loaded.file }, loaded: Set(records.keys).subtracting(result))
+            .ordered.map(\.name)
+    }
+
+    func retire(_ record: Record) {
+        retiredCount += 1
+        retiredBytes += record.size
+    }
+
+    // MARK: - Replace
+
+    /// Replaces a running plugin by a new version of its file. The new version is trial
+    /// loaded, then loaded from a private copy under a new name; its dependents are loaded
+    /// again against it; then in one update the old modules get willUnload and hand their
+    /// state to the new ones, which get init, restore(state:) and start; the old ones get
+    /// deinit. If anything fails before that update, the old version keeps running.
+    func replace(with file: PluginFile, hash: String, identity: FileIdentity) async -> Bool {
+        var none = ReloadSummary()
+        guard let old = records[file.name] else { return false }
+        let chain = [file.name] + dependents(of: file.name)
+        var renames: [String: String] = [:]  // current soname -> next generation's soname
+        var images: [String: PrivateImage] = [:]
+        do {
+            for name in chain {
+                let record = records[name]!
+                let generation = (generations[name] ?? record.generation) + 1
+                let next = DynamicStringPatch.generationName(record.originalSoname, generation: generation)
+                renames[record.soname] = next
+                let source: PluginFile
+                let bytes: [UInt8]?
+                if name == file.name {
+                    source = file
+                    bytes = nil
+                } else {
+                    // A dependent is reloaded from its current image, renamed once more.
+                    source = record.loaded.file
+                    bytes = (try? Data(contentsOf: URL(fileURLWithPath: record.loaded.file.resolvedPath))).map(Array.init)
+                }
+                let image = try privateImage(of: source, sourceBytes: bytes, generation: generation,
+                                             hash: name == file.name ? hash : record.hash, renames: renames)
+                try trialLoad(image.file, preloading: chain.prefix { $0 != name }.compactMap { images[$0]?.file.resolvedPath })
+                images[name] = image
+            }
+        } catch {
+            refuse(error, identity, &none)
+            logger.error("replacing plugin \(file.name) failed; version \(old.loaded.file.manifest.version) keeps running",
+                         [("plugin", file.name), ("file", file.path)])
+            return false
+        }
+        var loaded: [String: LoadedPlugin] = [:]
+        do throws(LoadFailure) {
+            crashGuard.begin(file: file.path, plugin: file.name, hash: hash, phase: "entry")
+            defer { crashGuard.end() }
+            for name in chain {
+                loaded[name] = try PluginLoader(validator: validator, registry: registry).open(images[name]!.file)
+            }
+        } catch {
+            refuse(error.relocated(to: file.path), identity, &none)
+            logger.error("replacing plugin \(file.name) failed; version \(old.loaded.file.manifest.version) keeps running",
+                         [("plugin", file.name)])
+            return false
+        }
+        let oldModules = chain.flatMap { records[$0]!.loaded.modules.map(\.factory.name) }
+        let newFactories = chain.flatMap { loaded[$0]!.modules.map(\.factory) }
+        for name in chain { registry.unregister(plugin: name) }
+        for name in chain { try? registry.register(loaded[name]!) }
+        crashGuard.begin(file: file.path, plugin: file.name, hash: hash, phase: "init")
+        await host.replace(with: newFactories, replacing: oldModules)
+        crashGuard.end()
+        for name in chain {
+            let previous = records[name]!
+            retire(previous)
+            let image = images[name]!
+            generations[name] = image.generation
+            records[name] = Record(
+                source: previous.source, identity: name == file.name ? identity : previous.identity,
+                hash: name == file.name ? hash : previous.hash, loaded: loaded[name]!, generation: image.generation,
+                soname: image.soname, originalSoname: previous.originalSoname, size: image.size)
+        }
+        refused[file.path] = nil
+        logger.info("replaced plugin \(file.name) \(old.loaded.file.manifest.version) by \(file.manifest.version) (generation \(images[file.name]!.generation))",
+                    [("plugin", file.name), ("file", file.path),
+                     ("restarted", chain.dropFirst().joined(separator: ","))])
+        return true
+    }
+
+    // MARK: - Private images and trial loads
+
+    struct PrivateImage {
+        var file: PluginFile
+        var generation: Int
+        var soname: String
+        var originalSoname: String
+        var size: Int64
+    }
+
+    /// Copies a plugin into the state directory under a path no other version uses (glibc
+    /// returns the old image for a path it has loaded, and a file overwritten in place
+    /// crashes the code mapped from it). From generation 2 on, its SONAME and its NEEDED
+    /// entries for replaced plugins are renamed (`renames`) so dependents bind to the new
+    /// version.
+    func privateImage(of file: PluginFile, sourceBytes: [UInt8]?, generation: Int, hash: String,
+                      renames extra: [String: String] = [:]) throws(LoadFailure) -> PrivateImage {
+        func fail(_ problem: String) -> LoadFailure {
+            LoadFailure(file: file.path, check: .fileType, problem: problem, fix: "check the state directory \(stateDirectory) is writable")
+        }
+        guard let bytes = sourceBytes ?? (try? Data(contentsOf: URL(fileURLWithPath: file.resolvedPath))).map(Array.init) else {
+            throw fail("cannot read the file to make a private copy")
+        }
+        let original = file.dynamic.soname ?? "lib\(file.name).so"
+        let soname = DynamicStringPatch.generationName(original, generation: generation)
+        var renames = extra
+        if generation > 1 {
+            renames[file.dynamic.soname ?? original] = soname
+            // Dependencies replaced earlier are asked for by their current names.
+            for dependency in file.manifest.dependencies {
+                if let record = records[dependency], record.soname != record.originalSoname, renames[record.originalSoname] == nil {
+                    renames[record.originalSoname] = record.soname
+                }
+            }
+        } else {
+            for dependency in file.manifest.dependencies {
+                if let record = records[dependency], record.soname != record.originalSoname {
+                    renames[record.originalSoname] = record.soname
+                }
+            }
+        }
+        var output = bytes
+        if !renames.isEmpty {
+            do {
+                let image = try ELFImage(path: file.resolvedPath)
+                output = try DynamicStringPatch.apply(renames, to: bytes, image: image)
+            } catch {
+                throw LoadFailure(file: file.path, check: .elf, problem: "cannot give the private copy its own names: \(error)",
+                                  fix: "rebuild the plugin with plugin.mk")
+            }
+        }
+        let directory = imagesDirectory + "/\(file.name)-\(generation)-\(hash)"
+        let target = directory + "/" + original
+        do {
+            try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+            let temporary = target + ".tmp"
+            try Data(output).write(to: URL(fileURLWithPath: temporary))
+            chmod(temporary, 0o644)
+            guard rename(temporary, target) == 0 else { throw fail("rename failed: \(String(cString: strerror(errno)))") }
+        } catch let failure as LoadFailure {
+            throw failure
+        } catch {
+            throw fail("cannot write \(target): \(error.localizedDescription)")
+        }
+        let copy = PluginFile(path: file.path, resolvedPath: target, manifest: file.manifest, dynamic: file.dynamic, warnings: [])
+        return PrivateImage(file: copy, generation: generation, soname: soname, originalSoname: original, size: Int64(output.count))
+    }
+
+    /// Loads the plugin in a short-lived child process first: a plugin that crashes when
+    /// loaded takes the child down, not the daemon.
+    func trialLoad(_ file: PluginFile, preloading extra: [String] = []) throws(LoadFailure) {
+        let trial = options.trialLoader ?? Self.trialLoaderPath
+        var preloads = [HostSDK.current.libraryPath].filter { !$0.isEmpty }
+        for dependency in file.manifest.dependencies {
+            if let record = records[dependency] { preloads.append(record.loaded.file.resolvedPath) }
+        }
+        preloads += extra
+        var arguments: [String] = []
+        for library in preloads { arguments += ["--preload", library] }
+        arguments += [file.resolvedPath, file.name]
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: trial)
+        process.arguments = arguments
+        let pipe = Pipe()
+        process.standardOutput = pipe
+        process.standardError = pipe
+        do {
+            try process.run()
+        } catch {
+            throw LoadFailure(file: file.path, check: .crashGuard, problem: "cannot start the trial loader \(trial): \(error.localizedDescription)",
+                              fix: "install modhost-trial next to modhostd")
+        }
+        let output = String(decoding: pipe.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+            .trimmingCharacters(in: .whitespacesAndNewlines)
+        process.waitUntilExit()
+        if process.terminationReason == .uncaughtSignal {
+            let signal = process.terminationStatus
+            throw LoadFailure(file: file.path, check: .crashGuard,
+                              problem: "the plugin crashed a trial load in a child process (signal \(signal), \(String(cString: strsignal(signal))))",
+                              fix: "fix the plugin's load-time code; the daemon was not affected")
+        }
+        guard process.terminationStatus == 0 else {
+            throw LoadFailure(file: file.path, check: .dlopen, problem: "trial load refused it: \(output)",
+                              fix: "rebuild the plugin with plugin.mk against this host")
+        }
+    }
+
+    /// `modhost-trial` next to the running executable.
+    static var trialLoaderPath: String {
+        let executable = (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0]
+        return (executable as NSString).deletingLastPathComponent + "/modhost-trial"
+    }
+}
+
+extension LoadFailure {
+    /// The same failure reported against `path` (the file in the plugin directory rather
+    /// than its private copy).
+    func relocated(to path: String) -> LoadFailure {
+        var copy = self
+        copy.file = path
+        return copy
+    }
+}

@@ -1,0 +1,334 @@
+import Foundation
+import Glibc
+import Testing
+import TestSupport
+
+/// modhostd as operators run it: real binaries, a temporary plugin directory, files dropped,
+/// replaced and removed while it runs, controlled with modhostctl.
+@Suite(.serialized) struct DaemonLifecycleTests {
+    /// One daemon with its own directories.
+    final class Harness: Sendable {
+        let root = TemporaryDirectory("daemon-life")
+        let plugins: String
+        let state: String
+        let socket: String
+        let daemon: RunningProcess
+
+        init(_ examples: [String] = ["Greeting", "Welcome", "Counter"], arguments: [String] = [],
+             environment: [String: String] = [:], config: String? = nil) throws {
+            plugins = root.directory("plugins")
+            state = root.file("state")
+            socket = root.file("modhostd.sock")
+            for name in examples { try root.copy(BuildProducts.plugin(name), as: "plugins/lib\(name).so") }
+            var arguments = ["--plugins", plugins, "--state-dir", state, "--socket", socket] + arguments
+            if let config {
+                try root.write("modhostd.json", text: config)
+                arguments += ["--config", root.file("modhostd.json")]
+            }
+            daemon = try RunningProcess(BuildProducts.modhostd, arguments, environment: environment)
+        }
+
+        func ctl(_ arguments: String...) throws -> ProcessResult {
+            try run(BuildProducts.modhostctl, ["--socket", socket] + arguments)
+        }
+
+        /// `modhostctl list --json`, as module name → row.
+        func modules() throws -> [String: [String: Any]] {
+            let result = try ctl("list", "--json")
+            guard let rows = try JSONSerialization.jsonObject(with: Data(result.standardOutput.utf8)) as? [[String: Any]] else { return [:] }
+            var byName: [String: [String: Any]] = [:]
+            for row in rows {
+                let module = row["module"] as? String ?? "-"
+                byName[module == "-" ? (row["file"] as? String ?? "") : module] = row
+            }
+            return byName
+        }
+
+        /// Copies a file into the plugin directory the safe way: a dotfile, then a rename.
+        func drop(_ source: String, as name: String) throws {
+            let temporary = plugins + "/." + name + ".tmp"
+            try FileManager.default.copyItem(atPath: source, toPath: temporary)
+            chmod(temporary, 0o644)
+            #expect(rename(temporary, plugins + "/" + name) == 0)
+        }
+
+        func waitFor(_ text: String) async -> Bool { await daemon.waitFor(text, timeout: .seconds(60)) }
+
+        func stop() async -> Int32 {
+            daemon.send(SIGTERM)
+            return await daemon.wait()
+        }
+    }
+
+    /// Waits until `condition` holds, polling.
+    func eventually(_ condition: () throws -> Bool) async rethrows -> Bool {
+        for _ in 0..<300 {
+            if try condition() { return true }
+            try? await Task.sleep(for: .milliseconds(50))
+        }
+        return false
+    }
+
+    @Test func dropByRenameAndByCopyThenRemove() async throws {
+        let h = try Harness(["Greeting"])
+        #expect(await h.waitFor("started 1 modules"))
+        #expect(await h.waitFor("control socket ready"))
+
+        try h.drop(BuildProducts.plugin("Counter"), as: "libCounter.so")
+        #expect(await h.waitFor("loaded plugin Counter"))
+        // A plain copy: acted on at IN_CLOSE_WRITE, never on a half-written file.
+        try FileManager.default.copyItem(atPath: BuildProducts.plugin("Calculator"), toPath: h.plugins + "/libCalculator.so")
+        #expect(await h.waitFor("loaded plugin Calculator"))
+        let rows = try h.modules()
+        #expect(rows["counter"]?["state"] as? String == "running")
+        #expect(rows["calculator"]?["state"] as? String == "running")
+
+        #expect(unlink(h.plugins + "/libCounter.so") == 0)
+        #expect(await h.waitFor("removed plugin Counter"))
+        #expect(try await eventually { try h.modules()["counter"] == nil })
+        #expect(h.daemon.text.contains("event willUnload"))
+        let status = try h.ctl("status", "--json")
+        let object = try JSONSerialization.jsonObject(with: Data(status.standardOutput.utf8)) as? [String: Any]
+        #expect(object?["retiredGenerations"] as? Int == 1)
+        #expect((object?["retiredBytes"] as? Int ?? 0) > 0)
+        #expect(await h.stop() == 0)
+    }
+
+    @Test func badFilesAreRefusedAndTheDaemonCarriesOn() async throws {
+        let h = try Harness(["Greeting", "Counter"])
+        #expect(await h.waitFor("started 2 modules"))
+        let whole = try Data(contentsOf: URL(fileURLWithPath: BuildProducts.plugin("Calculator")))
+        let scratch = TemporaryDirectory("bad")
+        try scratch.write("random", (0..<2048).map { UInt8(truncatingIfNeeded: $0 &* 7919) })
+        try scratch.write("truncated", Array(whole.prefix(3000)))
+        try scratch.write("text", text: "#!/bin/sh\necho not a plugin\n")
+        try scratch.write("empty", [])
+        for name in ["random", "truncated", "text", "empty"] {
+            try h.drop(scratch.file(name), as: "lib\(name).so")
+            #expect(await h.waitFor("refused \(h.plugins)/lib\(name).so"))
+        }
+        // Still alive and serving, the good modules untouched.
+        let rows = try h.modules()
+        #expect(rows["greeting"]?["state"] as? String == "running")
+        #expect(rows["counter"]?["state"] as? String == "running")
+        for name in ["random", "truncated", "text", "empty"] {
+            #expect(rows[h.plugins + "/lib\(name).so"]?["state"] as? String == "refused")
+        }
+        #expect(await h.stop() == 0)
+    }
+
+    /// A C plugin whose entry point dereferences NULL.
+    static func crashingPlugin(in directory: String, name: String = "Crasher") throws -> String {
+        try PluginFactory(directory: directory).buildC(
+            name, source: PluginFactory.cSource(plugin: name, modules: [name.lowercased()],
+                                                entryBody: "volatile int *nowhere = 0; *nowhere = 1; return &plugin;"),
+            manifest: PluginFactory.manifest(plugin: name, modules: [name.lowercased()]))
+    }
+
+    @Test func aPluginThatCrashesOnLoadAtRunTimeNeverTouchesTheDaemon() async throws {
+        let h = try Harness(["Counter"])
+        #expect(await h.waitFor("started 1 modules"))
+        let scratch = TemporaryDirectory("crasher")
+        try h.drop(try Self.crashingPlugin(in: scratch.path), as: "libCrasher.so")
+        #expect(await h.waitFor("crashed a trial load in a child process (signal 11"))
+        #expect(try h.modules()["counter"]?["state"] as? String == "running")
+        #expect(await h.stop() == 0)
+    }
+
+    @Test func aPluginThatCrashedTheDaemonIsRefusedAtTheNextStart() async throws {
+        let scratch = TemporaryDirectory("crashguard")
+        let plugins = scratch.directory("plugins")
+        try Self.crashingPlugin(in: plugins, name: "Bomb")
+        try scratch.copy(BuildProducts.plugin("Counter"), as: "plugins/libCounter.so")
+        let arguments = ["--plugins", plugins, "--state-dir", scratch.file("state"), "--socket", scratch.file("sock")]
+        // First start: the plugin is loaded in-process (no trial at start) and kills the daemon.
+        let first = try RunningProcess(BuildProducts.modhostd, arguments)
+        let status = await first.wait()
+        #expect(status == 128 + SIGSEGV)
+        // Second start: refused with the reason, everything else runs.
+        let second = try RunningProcess(BuildProducts.modhostd, arguments)
+        #expect(await second.waitFor("started 1 modules: counter"))
+        #expect(second.text.contains("plugin Bomb crashed the daemon during entry"))
+        #expect(second.text.contains("crash guard check failed: this file crashed the daemon during entry"))
+        let list = try run(BuildProducts.modhostctl, ["--socket", scratch.file("sock"), "list"])
+        #expect(list.standardOutput.contains("crashed the daemon during entry"))
+        second.send(SIGTERM)
+        #expect(await second.wait() == 0)
+    }
+
+    @Test func replacingAPluginHandsStateOverAndRestartsItsDependents() async throws {
+        let h = try Harness(["Greeting", "Welcome", "Counter"])
+        #expect(await h.waitFor("started 3 modules"))
+        func greeting() throws -> [String: Any]? {
+            let info = try h.ctl("info", "--json")
+            let modules = try JSONSerialization.jsonObject(with: Data(info.standardOutput.utf8)) as? [[String: Any]]
+            return modules?.first { $0["name"] as? String == "greeting" }?["metadata"] as? [String: Any]
+        }
+        #expect(try greeting()?["greetingsGiven"] as? Double == 1)  // Welcome greeted once
+
+        // Version 2 of Greeting: same code, new manifest, built with plugin.mk.
+        let work = TemporaryDirectory("greeting-v2")
+        try shell("cp '\(BuildProducts.packageRoot)'/Plugins/Greeting/*.swift '\(work.path)'/")
+        let manifest = try String(contentsOfFile: BuildProducts.packageRoot + "/Plugins/Greeting/plugin.json", encoding: .utf8)
+        try work.write("plugin.json", text: manifest.replacingOccurrences(of: "\"version\": \"1.0.0\"", with: "\"version\": \"2.0.0\""))
+        try work.write("Makefile", text: "PLUGIN = Greeting\ninclude \(BuildProducts.pluginMakefile)\n")
+        try shell("make -s", directory: work.path)
+        try h.drop(work.path + "/build/libGreeting.so", as: "libGreeting.so")
+
+        #expect(await h.waitFor("replaced plugin Greeting 1.0.0 by 2.0.0 (generation 2)"))
+        let rows = try h.modules()
+        #expect(rows["greeting"]?["generation"] as? Int == 2)
+        #expect(rows["welcome"]?["generation"] as? Int == 2)  // restarted against the new version
+        #expect(rows["counter"]?["generation"] as? Int == 1)  // unrelated: untouched
+        // The count survived the replacement, and the restarted Welcome found the new
+        // Greeter by casting to the protocol of the new image.
+        #expect(try greeting()?["greetingsGiven"] as? Double == 2)
+        #expect(h.daemon.text.components(separatedBy: "Hello, operator! (via greeting)").count == 3)
+        #expect(!h.daemon.text.contains("no module provides Greeter"))
+        #expect(await h.stop() == 0)
+    }
+
+    @Test func aBrokenNewVersionLeavesTheOldOneRunning() async throws {
+        let h = try Harness(["Greeting", "Counter"])
+        #expect(await h.waitFor("started 2 modules"))
+        let scratch = TemporaryDirectory("broken-v2")
+        // Same plugin name, but its entry returns NULL.
+        try PluginFactory(directory: scratch.path).buildC(
+            "Counter", source: PluginFactory.cSource(plugin: "Counter", modules: ["counter"], entryBody: "return NULL;"),
+            manifest: PluginFactory.manifest(plugin: "Counter", modules: ["counter"]))
+        try h.drop(scratch.path + "/libCounter.so", as: "libCounter.so")
+        #expect(await h.waitFor("replacing plugin Counter failed; version 1.0.0 keeps running"))
+        let rows = try h.modules()
+        #expect(rows["counter"]?["state"] as? String == "running")
+        #expect(rows["counter"]?["generation"] as? Int == 1)
+        #expect(await h.stop() == 0)
+    }
+
+    @Test func manyControlClientsAtOnce() async throws {
+        let h = try Harness(["Greeting", "Counter"])
+        #expect(await h.waitFor("control socket ready"))
+        let results = try await withThrowingTaskGroup(of: ProcessResult.self) { group in
+            for index in 0..<8 {
+                group.addTask { try h.ctl(index % 2 == 0 ? "list" : "status") }
+            }
+            return try await group.reduce(into: []) { $0.append($1) }
+        }
+        #expect(results.count == 8)
+        #expect(results.allSatisfy { $0.status == 0 })
+        #expect(await h.stop() == 0)
+    }
+
+    @Test func aClientOfAnotherUserIsRefused() async throws {
+        let h = try Harness(["Counter"])
+        #expect(await h.waitFor("control socket ready"))
+        guard getuid() == 0 else { return }  // CI runs as root; switching users needs it
+        // Let nobody reach the socket's directory; the socket itself stays 0600.
+        chmod(h.root.path, 0o755)
+        let result = try run("/usr/bin/setpriv", ["--reuid=65534", "--regid=65534", "--clear-groups",
+                                                  BuildProducts.modhostctl, "--socket", h.socket, "status"])
+        #expect(result.status == 69)
+        #expect(result.standardError.contains(h.socket))
+        #expect(await h.stop() == 0)
+    }
+
+    @Test func sighupReloadsTheConfigurationAndKeepsItWhenInvalid() async throws {
+        let h = try Harness(["Greeting", "Counter"], config: #"{"modules": {"counter": {"order": 1}}}"#)
+        #expect(await h.waitFor("started 2 modules: counter, greeting"))
+        try h.root.write("modhostd.json", text: #"{"modules": {"counter": {"enabled": false}, "greeting": {"configuration": {"salutation": "Hi"}}}}"#)
+        h.daemon.send(SIGHUP)
+        #expect(await h.waitFor("reloaded:"))
+        #expect(try await eventually { try h.modules()["counter"]?["state"] as? String == "disabled" })
+        // Only the changed modules were touched: greeting got its new configuration in place.
+        #expect(h.daemon.text.contains("configurationChanged"))
+        try h.root.write("modhostd.json", text: "{ this is not json")
+        h.daemon.send(SIGHUP)
+        #expect(await h.waitFor("keeping the running configuration"))
+        #expect(try h.modules()["greeting"]?["state"] as? String == "running")
+        #expect(await h.stop() == 0)
+    }
+
+    @Test func aModuleThatOverrunsItsDeadlineDoesNotHoldUpShutdown() async throws {
+        // A Swift plugin whose willTerminate never finishes in time, built with plugin.mk.
+        let work = TemporaryDirectory("sloth")
+        try work.write("Sloth.swift", text: """
+            import ModuleKit
+            public final class Sloth: PluginModule {
+                public static let name = "sloth"
+                public init?(host: isolated HostInstance, configuration: JSONValue) {}
+                public func handle(_ event: AsyncModuleEvent, host: isolated HostInstance) async {
+                    if case .willTerminate = event { try? await Task.sleep(for: .seconds(60)) }
+                }
+            }
+            @_cdecl("modhost_plugin_entry_v1")
+            public func entry() -> UnsafeRawPointer? { PluginExport.plugin("Sloth", modules: [Sloth.self]) }
+            """)
+        try work.write("plugin.json", text: #"{"name": "Sloth", "version": "1.0.0", "modules": ["sloth"]}"#)
+        try work.write("Makefile", text: "PLUGIN = Sloth\ninclude \(BuildProducts.pluginMakefile)\n")
+        try shell("make -s", directory: work.path)
+        let h = try Harness(["Counter"], arguments: ["--event-deadline", "0.3"])
+        try h.drop(work.path + "/build/libSloth.so", as: "libSloth.so")
+        #expect(await h.waitFor("loaded plugin Sloth"))
+        let started = ContinuousClock.now
+        #expect(await h.stop() == 0)
+        #expect(ContinuousClock.now - started < .seconds(30))
+        #expect(h.daemon.text.contains("module did not finish an event within the deadline; going on without it"))
+        #expect(h.daemon.text.contains("module=sloth event=willTerminate"))
+        // The others were still shut down.
+        #expect(h.daemon.text.contains("event deinit"))
+    }
+
+    @Test func systemdHearsReadyReloadingAndStopping() async throws {
+        let listener = try DatagramListener()
+        let h = try Harness(["Greeting", "Counter"], environment: ["NOTIFY_SOCKET": listener.path])
+        let ready = try #require(await listener.next(containing: "READY=1"))
+        #expect(ready.contains("READY=1"))
+        // READY=1 comes only after every module started.
+        #expect(h.daemon.text.contains("started 2 modules"))
+        h.daemon.send(SIGHUP)
+        let reloading = try #require(await listener.next(containing: "RELOADING=1"))
+        #expect(reloading.contains("MONOTONIC_USEC="))
+        #expect(await listener.next(containing: "READY=1") != nil)
+        h.daemon.send(SIGTERM)
+        #expect(await listener.next(containing: "STOPPING=1") != nil)
+        #expect(await h.daemon.wait() == 0)
+    }
+}
+
+/// A datagram socket standing in for systemd's notification socket.
+final class DatagramListener: Sendable {
+    let directory = TemporaryDirectory("notify")
+    let path: String
+    let fd: Int32
+
+    init() throws {
+        path = directory.file("notify.sock")
+        fd = socket(AF_UNIX, Int32(SOCK_DGRAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        var address = sockaddr_un()
+        address.sun_family = sa_family_t(AF_UNIX)
+        withUnsafeMutableBytes(of: &address.sun_path) { raw in
+            for (index, byte) in path.utf8.enumerated() { raw[index] = byte }
+        }
+        let bound = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+        }
+        guard bound == 0 else { throw ShellError(command: "bind \(path)", status: errno, output: "") }
+    }
+
+    deinit { close(fd) }
+
+    /// The next datagram containing `text`, waiting up to 60 s; nil on timeout.
+    func next(containing text: String) async -> String? {
+        let deadline = ContinuousClock.now + .seconds(60)
+        while ContinuousClock.now < deadline {
+            var buffer = [UInt8](repeating: 0, count: 4096)
+            let count = recv(fd, &buffer, buffer.count, Int32(MSG_DONTWAIT))
+            if count > 0 {
+                let message = String(decoding: buffer.prefix(count), as: UTF8.self)
+                if message.contains(text) { return message }
+                continue
+            }
+            try? await Task.sleep(for: .milliseconds(20))
+        }
+        return nil
+    }
+}
