@@ -4,7 +4,9 @@ import Synchronization
 /// Both hooks run on the installing thread, outside the bus's lock, so they may use the
 /// bus: `preInstall` before the value becomes accessible, `postInstall` after.
 public protocol Installable: Sendable {
+    /// Called before the value becomes accessible on `bus`.
     func preInstall(on bus: Bus)
+    /// Called once the value is accessible on `bus`.
     func postInstall(on bus: Bus)
 }
 
@@ -12,17 +14,23 @@ public protocol Installable: Sendable {
 /// `Uninstallable`). Both hooks run on the uninstalling thread, outside the bus's lock:
 /// `preUninstall` while the value is still accessible, `postUninstall` after it is gone.
 public protocol Uninstallable: Sendable {
+    /// Called while the value is still accessible on `bus`.
     func preUninstall(from bus: Bus)
+    /// Called once the value is no longer on `bus`.
     func postUninstall(from bus: Bus)
 }
 
 extension Installable {
+    /// Does nothing by default.
     public func preInstall(on bus: Bus) {}
+    /// Does nothing by default.
     public func postInstall(on bus: Bus) {}
 }
 
 extension Uninstallable {
+    /// Does nothing by default.
     public func preUninstall(from bus: Bus) {}
+    /// Does nothing by default.
     public func postUninstall(from bus: Bus) {}
 }
 
@@ -38,6 +46,7 @@ public struct HookedValue<Value: Sendable>: Installable, Uninstallable {
     private var onPreUninstall: (@Sendable (Bus) -> Void)?
     private var onPostUninstall: (@Sendable (Bus) -> Void)?
 
+    /// Wraps `value`, with no hooks yet (add them with the builder methods).
     public init(_ value: Value) { self.value = value }
 
     /// A copy that also runs `hook` before the value is installed.
@@ -68,21 +77,25 @@ public struct HookedValue<Value: Sendable>: Installable, Uninstallable {
         return copy
     }
 
+    /// Runs the `preInstall` hook, then the wrapped value's own if it has one.
     public func preInstall(on bus: Bus) {
         onPreInstall?(bus)
         (value as? any Installable)?.preInstall(on: bus)
     }
 
+    /// Runs the `postInstall` hook, then the wrapped value's own if it has one.
     public func postInstall(on bus: Bus) {
         onPostInstall?(bus)
         (value as? any Installable)?.postInstall(on: bus)
     }
 
+    /// Runs the `preUninstall` hook, then the wrapped value's own if it has one.
     public func preUninstall(from bus: Bus) {
         onPreUninstall?(bus)
         (value as? any Uninstallable)?.preUninstall(from: bus)
     }
 
+    /// Runs the `postUninstall` hook, then the wrapped value's own if it has one.
     public func postUninstall(from bus: Bus) {
         onPostUninstall?(bus)
         (value as? any Uninstallable)?.postUninstall(from: bus)
@@ -165,6 +178,7 @@ public final class Bus: Sendable, CustomStringConvertible {
 
     private let state = Mutex(State())
 
+    /// An empty bus.
     public init(label: String = "bus") { self.label = label }
 
     /// Creates a bus and lets `configure` install its contents (the seed's `Bus.new`).
@@ -174,6 +188,7 @@ public final class Bus: Sendable, CustomStringConvertible {
         return bus
     }
 
+    /// "Bus(label)".
     public var description: String { "Bus(\(label))" }
 
     /// Installs `item`: `preInstall` hook, then the item becomes accessible under its type

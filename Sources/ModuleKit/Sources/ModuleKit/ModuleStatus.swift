@@ -16,6 +16,7 @@ public struct ModuleStatus: Sendable, Hashable {
     /// True when a module object of it is running in the host.
     public var running: Bool
 
+    /// A status with every field given.
     public init(name: String, version: String, plugin: String, order: Int, enabled: Bool, running: Bool) {
         self.name = name
         self.version = version

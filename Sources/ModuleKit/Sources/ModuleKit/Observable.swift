@@ -43,6 +43,7 @@ public final class DisposeBag: Disposable {
     }
     private let state = Mutex(State())
 
+    /// An empty bag.
     public init() {}
 
     /// Adds `disposable`; disposes of it at once when the bag was already disposed of.
@@ -66,6 +67,7 @@ public final class DisposeBag: Disposable {
         for item in items { item.dispose() }
     }
 
+    /// True once `dispose()` was called.
     public var isDisposed: Bool { state.withLock { $0.disposed } }
 }
 
@@ -314,6 +316,7 @@ public struct HostValueSequence<Element>: AsyncSequence {
     let buffer: HostValueBuffer<Element>
     weak let host: HostInstance?
 
+    /// An iterator over the buffered and future values (all iterators share one buffer).
     public func makeAsyncIterator() -> Iterator { Iterator(buffer: buffer, host: host) }
 
     /// Iterates with `next(isolation:)`, which `for await` uses and which must run on the
