@@ -1,10 +1,11 @@
+import DaemonKit
 import Foundation
 import ModuleKit
 import PluginFormat
 
 /// `modhostctl`: inspects plugin files and controls a running modhostd.
 public struct ControlCommand: Sendable {
-    public static let usage = "modhostctl [--json] <command> [arguments]"
+    public static let usage = "modhostctl [--json] [--socket PATH] <command> [arguments]"
 
     public static let help = """
         OVERVIEW: Inspect ModuleHost plugin files and control a running modhostd.
@@ -12,18 +13,30 @@ public struct ControlCommand: Sendable {
         USAGE: \(usage)
 
         COMMANDS:
+          list                      List modules and refused plugin files, like lsmod
+          status                    Show the daemon's counters and paths
+          info                      Show every running module's name, version and metadata
+          enable NAME               Enable a module at run time
+          disable NAME              Disable a module at run time
+          reload                    Re-read the configuration and rescan the plugin directories (as SIGHUP)
+          send EVENT [--payload JSON] [--to NAME] [--await]
+                                    Send an event to every module, or to one
+          call PLUGIN FUNCTION ARG...
+                                    Call a function a loaded plugin exports and print its result
           inspect FILE              Print a plugin's manifest and validation verdict, without loading it
           verify DIR|FILE...        Validate plugin files without loading them; exit 1 if any is refused
           manifest [options] FILE   Complete and check a plugin.json (used by plugin.mk)
 
         OPTIONS:
           --json                    Print JSON instead of text
+          --socket PATH             The daemon's control socket (default: \(RuntimePaths().socketPath))
+          --timeout SECONDS         How long to wait for the daemon's reply (default: 30)
           --allow-insecure-plugins  Report insecure permissions as warnings, as modhostd would with it
           -h, --help                Show help information
 
         EXIT CODES:
-          0 success, 1 a plugin was refused or a command failed, 64 usage error,
-          65 invalid input data, 69 daemon unavailable
+          0 success, 1 a plugin was refused or the daemon refused the request, 64 usage error,
+          65 invalid input data, 69 modhostd not reachable (not running, or another socket)
 
         See 'modhostctl <command> --help' for a command's options.
         """
@@ -46,8 +59,9 @@ public struct ControlCommand: Sendable {
     }
 
     private func dispatch(_ arguments: [String]) async throws -> ExitCode {
-        let parsed = try Arguments(arguments, valueOptions: ["language", "sdk", "swift-version", "socket"],
-                                   flagOptions: ["json", "allow-insecure-plugins"])
+        let valueOptions: Set<String> = ["language", "sdk", "swift-version", "socket", "timeout", "payload", "to"]
+        let parsed = try Arguments(Self.separatingCallArguments(arguments, valueOptions: valueOptions),
+                                   valueOptions: valueOptions, flagOptions: ["json", "allow-insecure-plugins", "await"])
         guard let command = parsed.positionals.first else {
             if parsed.has("help") { output.out(Self.help); return .success }
             throw UsageError("missing command")
@@ -68,6 +82,8 @@ public struct ControlCommand: Sendable {
             if parsed.has("help") { output.out("USAGE: modhostctl manifest --language swift|c --sdk LIBMODULEKIT [--swift-version TEXT] plugin.json\n\nPrints the manifest plugin.mk embeds: plugin.json completed with the ABI version, the language and the toolchain fingerprint."); return .success }
             guard operands.count == 1 else { throw UsageError("manifest takes exactly one plugin.json") }
             return try manifest(operands[0], parsed)
+        case _ where Self.daemonCommands.contains(command):
+            return try await daemonCommand(command, operands, parsed)
         default:
             throw UsageError("unknown command '\(command)'")
         }

@@ -1,0 +1,363 @@
+import DaemonKit
+import Foundation
+import ModuleKit
+import PluginFormat
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The `modhostctl` commands that talk to a running modhostd over the control socket
+/// (docs/control-protocol.md). Each sends one request and prints the reply; exit codes:
+/// 0 the daemon carried it out, 1 it replied with an error, 64 usage error, 69 it could
+/// not be reached (the message names the socket and says whether modhostd runs).
+extension ControlCommand {
+    /// The commands handled here.
+    static let daemonCommands: Set<String> = ["list", "status", "info", "enable", "disable", "reload", "send", "call"]
+
+    /// Options every daemon command takes; `send` also takes `payload`, `to` and `await`.
+    private static let commonOptions: Set<String> = ["json", "socket", "timeout", "help"]
+
+    private static let commandHelp: [String: String] = [
+        "list": """
+            USAGE: modhostctl list [--json] [--socket PATH]
+
+            Lists every module the daemon knows (running, disabled, stopped) and every plugin file
+            it refused or quarantined, one per line: MODULE PLUGIN FILE VERSION STATE ORDER GEN
+            LAST-ERROR. GEN counts how often the plugin was loaded; "-" means none or unknown.
+            """,
+        "status": """
+            USAGE: modhostctl status [--json] [--socket PATH]
+
+            Shows the daemon's pid, uptime, readiness, paths and counters, including how many
+            retired plugin versions stay mapped and their size.
+            """,
+        "info": """
+            USAGE: modhostctl info [--json] [--socket PATH]
+
+            Prints every running module's info (name, version, metadata) as JSON.
+            """,
+        "enable": """
+            USAGE: modhostctl enable [--socket PATH] NAME
+
+            Enables the module NAME at run time, as a configuration change would.
+            """,
+        "disable": """
+            USAGE: modhostctl disable [--socket PATH] NAME
+
+            Disables the module NAME at run time, as a configuration change would.
+            """,
+        "reload": """
+            USAGE: modhostctl reload [--json] [--socket PATH]
+
+            Re-reads the configuration file and rescans every plugin directory, as SIGHUP does,
+            and prints what changed.
+            """,
+        "send": """
+            USAGE: modhostctl send [--payload JSON] [--to NAME] [--await] [--socket PATH] EVENT
+
+            Sends the host event EVENT with a JSON payload (default null) to every module, or to
+            NAME only. With --await, the daemon sends it as an asynchronous event and replies once
+            the modules have handled it (or their deadline passed).
+            """,
+        "call": """
+            USAGE: modhostctl call [--json] [--socket PATH] PLUGIN FUNCTION [ARG...]
+
+            Calls FUNCTION, exported by the loaded plugin PLUGIN, with ARG converted to the types
+            of its declared signature (see docs/calling.md: integers, floats, true/false, strings,
+            hex:/base64:/text: bytes), and prints the result as text. Negative numbers are
+            arguments, not options; put an argument that starts with "--" after "--".
+            """,
+    ]
+
+    /// `arguments` with every word after the command `call` that starts with a single "-"
+    /// (such as "-5" or "-inf") made positional, so negative numbers are arguments. Other
+    /// command lines are returned unchanged.
+    static func separatingCallArguments(_ arguments: [String], valueOptions: Set<String>) -> [String] {
+        var options: [String] = []
+        var positionals: [String] = []
+        var onlyPositionals = false
+        var index = 0
+        while index < arguments.count {
+            let argument = arguments[index]
+            index += 1
+            if onlyPositionals || !argument.hasPrefix("-") || argument == "-" {
+                positionals.append(argument)
+            } else if argument == "--" {
+                onlyPositionals = true
+            } else if argument.hasPrefix("--") {
+                options.append(argument)
+                let name = String(argument.dropFirst(2).prefix { $0 != "=" })
+                if valueOptions.contains(name), !argument.contains("="), index < arguments.count {
+                    options.append(arguments[index])
+                    index += 1
+                }
+            } else if positionals.first == "call" && argument != "-h" {
+                positionals.append(argument)
+            } else {
+                options.append(argument)
+            }
+        }
+        guard positionals.first == "call" else { return arguments }
+        return options + ["--"] + positionals
+    }
+
+    /// Runs one daemon command: checks its arguments, sends the request, prints the reply.
+    func daemonCommand(_ command: String, _ operands: [String], _ parsed: Arguments) async throws -> ExitCode {
+        if parsed.has("help") {
+            output.out(Self.commandHelp[command] ?? Self.help)
+            return .success
+        }
+        let allowed = command == "send" ? Self.commonOptions.union(["payload", "to", "await"]) : Self.commonOptions
+        if let stray = (Array(parsed.values.keys) + Array(parsed.flags)).sorted().first(where: { !allowed.contains($0) }) {
+            throw UsageError("option '--\(stray)' is not valid for \(command)")
+        }
+        let json = parsed.has("json")
+        var fields: [String: JSONValue] = [:]
+        switch command {
+        case "list", "status", "info", "reload":
+            guard operands.isEmpty else { throw UsageError("\(command) takes no arguments") }
+        case "enable", "disable":
+            guard operands.count == 1 else { throw UsageError("\(command) takes exactly one module NAME") }
+            fields["module"] = .string(operands[0])
+        case "send":
+            guard operands.count == 1 else { throw UsageError("send takes exactly one EVENT") }
+            fields["event"] = .string(operands[0])
+            if let text = parsed.value("payload") {
+                do {
+                    fields["payload"] = try JSONValue(controlTree: JSONTree.parse(Array(text.utf8)))
+                } catch {
+                    throw UsageError("--payload is \(error)")
+                }
+            }
+            if let target = parsed.value("to") { fields["to"] = .string(target) }
+            if parsed.has("await") { fields["await"] = true }
+        case "call":
+            guard operands.count >= 2 else { throw UsageError("call needs PLUGIN and FUNCTION, then the function's arguments") }
+            fields["plugin"] = .string(operands[0])
+            fields["function"] = .string(operands[1])
+            fields["args"] = .array(operands.dropFirst(2).map(JSONValue.string))
+            fields["argsForm"] = "text"
+        default:
+            throw UsageError("unknown command '\(command)'")
+        }
+        var timeout = Duration.seconds(30)
+        if let text = parsed.value("timeout") {
+            guard let seconds = Double(text), seconds > 0, seconds.isFinite else {
+                throw UsageError("--timeout must be a positive number of seconds, not '\(text)'")
+            }
+            timeout = .milliseconds(Int64(seconds * 1000))
+        }
+        let socketPath = parsed.value("socket") ?? RuntimePaths().socketPath
+        fields["cmd"] = .string(command)
+        fields["id"] = 1
+        fields["v"] = .number(Double(ControlService.protocolVersion))
+
+        switch await Self.exchange(JSONValue.object(fields).jsonText, socketPath: socketPath, timeout: timeout) {
+        case .unreachable(let message):
+            output.err("Error: \(message)")
+            return .unavailable
+        case .invalidReply(let message):
+            output.err("Error: modhostd at \(socketPath) sent a reply this modhostctl cannot read: \(message)")
+            return .failure
+        case .refused(let code, let message):
+            output.err("Error: \(message) (\(code))")
+            return .failure
+        case .ok(let result):
+            if json {
+                output.out(encodeJSON(result))
+            } else {
+                try printResult(command, result, fields: fields)
+            }
+            return .success
+        }
+    }
+
+    // MARK: Printing results
+
+    private func printResult(_ command: String, _ result: JSONValue, fields: [String: JSONValue]) throws {
+        switch command {
+        case "list":
+            output.out(Self.table(try Self.decode([ModuleRow].self, from: result["modules"] ?? .null)))
+        case "status":
+            output.out(Self.statusText(try Self.decode(DaemonStatus.self, from: result)))
+        case "reload":
+            let summary = try Self.decode(ReloadSummary.self, from: result)
+            func names(_ list: [String]) -> String { list.isEmpty ? "none" : list.joined(separator: ", ") }
+            output.out("""
+                configuration: \(summary.configurationChanged ? "changed" : "unchanged")
+                added:         \(names(summary.added))
+                replaced:      \(names(summary.replaced))
+                removed:       \(names(summary.removed))
+                refused:       \(names(summary.refused))
+                """)
+        case "enable", "disable":
+            output.out("\(command)d \(fields["module"]?.stringValue ?? "")")
+        case "send":
+            let target = fields["to"]?.stringValue.map { "module \($0)" } ?? "every module"
+            let awaited = fields["await"] == true ? " and awaited it" : ""
+            output.out("sent \(fields["event"]?.stringValue ?? "") to \(target)\(awaited)")
+        case "call":
+            // The result as text, like a shell command's output; nothing for void.
+            if result["type"] != "void" { output.out(result["text"]?.stringValue ?? "") }
+        default:  // info
+            output.out(encodeJSON(result))
+        }
+    }
+
+    /// `modhostctl list`: aligned columns, "-" for empty cells, then a count per state.
+    static func table(_ rows: [ModuleRow]) -> String {
+        let header = ["MODULE", "PLUGIN", "FILE", "VERSION", "STATE", "ORDER", "GEN", "LAST-ERROR"]
+        func cell(_ text: String?) -> String {
+            guard let text, !text.isEmpty else { return "-" }
+            return text.contains(where: \.isNewline) ? String(text.map { $0.isNewline ? " " : $0 }) : text
+        }
+        let cells = rows.map { row in
+            [cell(row.module), cell(row.plugin), cell(row.file), cell(row.version), cell(row.state),
+             cell(row.order.map(String.init)), cell(row.generation.map(String.init)), cell(row.lastError)]
+        }
+        var widths = header.map(\.count)
+        for line in cells {
+            for (column, text) in line.enumerated() { widths[column] = max(widths[column], text.count) }
+        }
+        func format(_ line: [String]) -> String {
+            var text = ""
+            for (column, value) in line.enumerated() {
+                if column == line.count - 1 {
+                    text += value
+                } else {
+                    text += value + String(repeating: " ", count: widths[column] - value.count + 2)
+                }
+            }
+            return text
+        }
+        var states: [(String, Int)] = []
+        for row in rows {
+            if let index = states.firstIndex(where: { $0.0 == row.state }) {
+                states[index].1 += 1
+            } else {
+                states.append((row.state, 1))
+            }
+        }
+        let counts = states.isEmpty ? "" : " (" + states.map { "\($0.1) \($0.0)" }.joined(separator: ", ") + ")"
+        let summary = "\(rows.count) \(rows.count == 1 ? "entry" : "entries")\(counts)"
+        return ([format(header)] + cells.map(format) + ["", summary]).joined(separator: "\n")
+    }
+
+    static func statusText(_ status: DaemonStatus) -> String {
+        let directories = status.pluginDirectories.isEmpty ? "none" : status.pluginDirectories.joined(separator: ", ")
+        return """
+            pid:                 \(status.pid)
+            uptime:              \(String(format: "%.1f", status.uptimeSeconds)) s
+            ready:               \(status.ready ? "yes" : "no")
+            socket:              \(status.socketPath)
+            state directory:     \(status.stateDirectory)
+            configuration:       \(status.configPath ?? "none")
+            plugin directories:  \(directories)
+            plugins loaded:      \(status.pluginsLoaded)
+            modules running:     \(status.modulesRunning)
+            files refused:       \(status.filesRefused)
+            retired generations: \(status.retiredGenerations) (\(status.retiredBytes) bytes mapped)
+            crash-guarded:       \(status.crashGuarded)
+            reloads:             \(status.reloads)
+            """
+    }
+
+    private static func decode<T: Decodable>(_ type: T.Type, from value: JSONValue) throws -> T {
+        do {
+            return try JSONDecoder().decode(T.self, from: Data(value.jsonText.utf8))
+        } catch {
+            throw ReplyError(message: "the result is not a \(T.self): \(error)")
+        }
+    }
+
+    private struct ReplyError: Error, CustomStringConvertible {
+        var message: String
+        var description: String { message }
+    }
+
+    // MARK: Talking to the daemon
+
+    private enum Outcome: Sendable {
+        case ok(JSONValue)
+        case refused(code: String, message: String)
+        case unreachable(String)
+        case invalidReply(String)
+    }
+
+    /// Sends one request on a thread of its own (the client blocks) and reads the reply.
+    private static func exchange(_ line: String, socketPath: String, timeout: Duration) async -> Outcome {
+        await withCheckedContinuation { continuation in
+            let thread = Thread {
+                continuation.resume(returning: blockingExchange(line, socketPath: socketPath, timeout: timeout))
+            }
+            thread.start()
+        }
+    }
+
+    private static func blockingExchange(_ line: String, socketPath: String, timeout: Duration) -> Outcome {
+        let reply: String
+        do {
+            reply = try ControlClient.request(line, socketPath: socketPath, timeout: timeout)
+        } catch {
+            return .unreachable(unreachableMessage(error, socketPath: socketPath, timeout: timeout))
+        }
+        guard case .object(let members) = try? JSONValue(controlTree: JSONTree.parse(Array(reply.utf8))),
+              let ok = members["ok"]?.boolValue
+        else {
+            return .invalidReply("not a JSON object with \"ok\": \(reply.prefix(200))")
+        }
+        if ok { return .ok(members["result"] ?? .null) }
+        let error = members["error"]
+        return .refused(code: error?["code"]?.stringValue ?? "unknown", message: error?["message"]?.stringValue ?? reply)
+    }
+
+    /// Why the daemon cannot be reached, naming the socket and whether modhostd runs.
+    static func unreachableMessage(_ error: ControlSocketError, socketPath: String, timeout: Duration) -> String {
+        let daemons = runningDaemons()
+        let pids = daemons.map(String.init).joined(separator: ", ")
+        let elsewhere = daemons.isEmpty
+            ? "modhostd is not running (start it, or pass --socket PATH if it listens elsewhere)"
+            : "modhostd is running (pid \(pids)) but not listening on this socket; pass its socket with --socket PATH"
+        let reason: String
+        var whether = elsewhere
+        switch error {
+        case .system(let system) where system.code == ENOENT:
+            reason = "no socket at this path"
+        case .system(let system) where system.code == ECONNREFUSED:
+            reason = "nothing accepts connections on this socket (a stale socket file)"
+        case .system(let system) where system.code == EACCES || system.code == EPERM:
+            reason = "permission denied (the socket belongs to another user; run as that user or as root)"
+            whether = daemons.isEmpty ? "no modhostd process is visible" : "modhostd is running (pid \(pids))"
+        case .timedOut:
+            reason = "no reply within \(timeout) (pass a longer --timeout for slow operations)"
+            whether = "modhostd is running but busy or stuck"
+        case .connectionClosed:
+            reason = "the connection closed before a reply arrived"
+            whether = "modhostd is running but may be shutting down"
+        default:
+            reason = error.description
+        }
+        return "cannot reach modhostd at \(socketPath): \(reason). \(whether)."
+    }
+
+    /// Pids of processes named modhostd (from /proc/PID/comm), excluding this process.
+    static func runningDaemons() -> [Int32] {
+        guard let entries = try? FileManager.default.contentsOfDirectory(atPath: "/proc") else { return [] }
+        let me = getpid()
+        return entries.compactMap(Int32.init).filter { pid in
+            pid != me && readSmallFile("/proc/\(pid)/comm") == "modhostd\n"
+        }.sorted()
+    }
+
+    /// Reads a short file with plain reads (files in /proc report size 0).
+    private static func readSmallFile(_ path: String) -> String? {
+        let fd = open(path, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { return nil }
+        defer { close(fd) }
+        var buffer = [UInt8](repeating: 0, count: 256)
+        let count = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+        guard count > 0 else { return nil }
+        return String(decoding: buffer[..<count], as: UTF8.self)
+    }
+}

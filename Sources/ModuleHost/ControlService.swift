@@ -1,0 +1,325 @@
+import DaemonKit
+import Foundation
+import ModuleKit
+import PluginCall
+import PluginFormat
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The server side of the control protocol, version 1 (docs/control-protocol.md): turns
+/// one request line into one reply line by calling a `DaemonControl`.
+///
+/// Guarantees:
+/// - `handle` never throws, traps or hangs on its own: any input, however malformed, gets
+///   exactly one reply line (no newline inside). Only the `DaemonControl` call it makes
+///   can take time.
+/// - Replies are compact JSON objects with sorted keys, so the same result always gives
+///   the same text: `{"id":…,"ok":true,"result":…,"v":1}` or
+///   `{"error":{"code":…,"message":…},"id":…,"ok":false,"v":1}`. `id` echoes the
+///   request's `id` (a number, string or null), or is null when the request had none or
+///   could not be read.
+/// - A request that is not valid JSON, not an object, of another protocol version, of an
+///   unknown command, or with a missing or wrongly typed field is answered with an error
+///   naming the problem and never reaches the daemon. Unknown fields are ignored.
+/// - The value is immutable and `Sendable`: one service serves every connection at once;
+///   concurrent requests reach `daemon` concurrently (it serializes what it must).
+public struct ControlService: Sendable {
+    /// The protocol version this service speaks (the `v` field).
+    public static let protocolVersion = 1
+
+    /// Every command of protocol version 1, sorted.
+    public static let commands = ["call", "disable", "enable", "info", "list", "ping", "reload", "send", "status", "version"]
+
+    /// The daemon the requests are carried out on.
+    public let daemon: any DaemonControl
+    private let logger: Logger?
+
+    /// A service for `daemon`. With a `logger`, every request that changes something
+    /// (enable, disable, reload, send, call) is logged at info level with the peer's pid and
+    /// uid, and rejected requests at debug level; without one, nothing is logged.
+    public init(daemon: any DaemonControl, logger: Logger? = nil) {
+        self.daemon = daemon
+        self.logger = logger
+    }
+
+    /// Answers one request line (without its newline) from `peer`. See the type's guarantees.
+    public func handle(_ line: String, peer: PeerCredentials) async -> String {
+        var id = "null"
+        do throws(DaemonError) {
+            let request = try Request(line: line)
+            id = request.idText
+            let result = try await perform(request, peer: peer)
+            return "{\"id\":\(id),\"ok\":true,\"result\":\(result),\"v\":\(Self.protocolVersion)}"
+        } catch {
+            logger?.debug("control request refused: \(error.message)",
+                          [("code", error.code), ("peer_pid", "\(peer.pid)"), ("peer_uid", "\(peer.uid)")])
+            return Self.errorReply(error, idText: id)
+        }
+    }
+
+    /// The reply line for a request the `ControlServer` refused on its own (oversized, slow,
+    /// peer not permitted, too many connections, invalid UTF-8), in this protocol's error
+    /// form with a null `id`. `makeServer` installs it; a daemon that configures its own
+    /// `ControlServer` should set `Configuration.errorReply` to it.
+    public static func rejectionReply(_ rejection: ControlRejection) -> String {
+        errorReply(DaemonError(code: rejection.code, message: rejection.description), idText: "null")
+    }
+
+    /// Starts a `ControlServer` at `socketPath` that answers with this service and reports
+    /// its own rejections with `rejectionReply`. Throws as `ControlServer.init` does.
+    public func makeServer(socketPath: String, configuration: ControlServer.Configuration = .init())
+        throws(ControlSocketError) -> ControlServer
+    {
+        var configuration = configuration
+        configuration.errorReply = Self.rejectionReply
+        let service = self
+        return try ControlServer(socketPath: socketPath, configuration: configuration) { line, peer in
+            await service.handle(line, peer: peer)
+        }
+    }
+
+    // MARK: Commands
+
+    /// Carries out a valid request; returns the result as JSON text.
+    private func perform(_ request: Request, peer: PeerCredentials) async throws(DaemonError) -> String {
+        switch request.command {
+        case "list":
+            return "{\"modules\":\(try Self.encode(await daemon.moduleRows()))}"
+        case "status":
+            return try Self.encode(await daemon.status())
+        case "info":
+            return await daemon.infoPayload().jsonText
+        case "enable", "disable":
+            let module = try request.name("module")
+            let enabled = request.command == "enable"
+            audit("\(request.command) \(module)", peer)
+            try await daemon.setEnabled(enabled, module: module)
+            return JSONValue.object(["enabled": .bool(enabled), "module": .string(module)]).jsonText
+        case "reload":
+            audit("reload", peer)
+            return try Self.encode(try await daemon.reload())
+        case "send":
+            let event = try request.name("event")
+            let payload = request.fields["payload"].map(JSONValue.init(controlTree:)) ?? .null
+            let target = try request.optionalName("to")
+            let awaited = try request.optionalBool("await") ?? false
+            audit("send \(event)\(target.map { " to \($0)" } ?? "")\(awaited ? " (awaited)" : "")", peer)
+            try await daemon.send(event: event, payload: payload, to: target, awaited: awaited)
+            return JSONValue.object([
+                "awaited": .bool(awaited), "event": .string(event), "to": target.map(JSONValue.string) ?? .null,
+            ]).jsonText
+        case "call":
+            let plugin = try request.name("plugin")
+            let function = try request.name("function")
+            let arguments = try request.callArguments()
+            audit("call \(plugin).\(function)", peer)
+            let value = try await daemon.call(plugin: plugin, function: function, arguments: arguments)
+            return JSONValue.object([
+                "function": .string(function), "plugin": .string(plugin), "text": .string(value.text),
+                "type": .string(value.type.rawValue), "value": JSONValue(callJSON: value.json),
+            ]).jsonText
+        case "version":
+            return JSONValue.object([
+                "abi": .string("\(HostSDK.abiMajor).\(HostSDK.abiMinor)"),
+                "commands": .array(Self.commands.map(JSONValue.string)),
+                "protocol": .number(Double(Self.protocolVersion)),
+            ]).jsonText
+        case "ping":
+            return JSONValue.object(["pid": .number(Double(getpid())), "pong": true]).jsonText
+        default:
+            // Request(line:) lets only known commands through.
+            throw DaemonError(code: "unknown_command", message: "unknown command \"\(request.command)\"")
+        }
+    }
+
+    private func audit(_ what: String, _ peer: PeerCredentials) {
+        logger?.info("control: \(what)", [("peer_pid", "\(peer.pid)"), ("peer_uid", "\(peer.uid)")])
+    }
+
+    // MARK: Encoding
+
+    /// Compact JSON with sorted keys, for Codable results.
+    private static func encode(_ value: some Encodable) throws(DaemonError) -> String {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+        do {
+            return String(decoding: try encoder.encode(value), as: UTF8.self)
+        } catch {
+            // Only a non-finite Double can get here.
+            throw DaemonError(code: "internal_error", message: "the result cannot be written as JSON: \(error)")
+        }
+    }
+
+    private static func errorReply(_ error: DaemonError, idText: String) -> String {
+        var members: [String: JSONValue] = ["code": .string(error.code), "message": .string(error.message)]
+        if error.code == "unsupported_version" { members["supported"] = [.number(Double(protocolVersion))] }
+        return "{\"error\":\(JSONValue.object(members).jsonText),\"id\":\(idText),\"ok\":false,\"v\":\(protocolVersion)}"
+    }
+}
+
+// MARK: Reading a request
+
+/// A request that passed every check that does not need the daemon.
+private struct Request {
+    /// The `id` to echo, as JSON text.
+    var idText = "null"
+    var command: String
+    var fields: [String: JSONTree]
+
+    /// Reads and checks the envelope: JSON object, `id`, `v`, `cmd`.
+    init(line: String) throws(DaemonError) {
+        let tree: JSONTree
+        do {
+            tree = try JSONTree.parse(Array(line.utf8))
+        } catch {
+            throw DaemonError(code: "malformed_request", message: "request is \(error)")
+        }
+        guard case .object(let fields) = tree else {
+            throw DaemonError(code: "malformed_request", message: "request must be a JSON object, not \(tree.kind)")
+        }
+        self.fields = fields
+        command = ""
+        switch fields["id"] {
+        case nil, .null?: break
+        case .number?, .string?: idText = JSONValue(controlTree: fields["id"]!).jsonText
+        case let other?: throw Self.invalid("\"id\" must be a number or a string, not \(other.kind)")
+        }
+        switch fields["v"] {
+        case nil: break  // version 1 is assumed
+        case .number(let version)? where version == version.rounded():
+            guard version == Double(ControlService.protocolVersion) else {
+                throw DaemonError(code: "unsupported_version",
+                                  message: "protocol version \(JSONValue.number(version).jsonText) is not supported; this daemon speaks version \(ControlService.protocolVersion)")
+            }
+        case let other?:
+            let shown = if case .number = other { JSONValue(controlTree: other).jsonText } else { other.kind }
+            throw Self.invalid("\"v\" must be an integer (the protocol version, 1), not \(shown)")
+        }
+        switch fields["cmd"] {
+        case nil:
+            throw Self.invalid("missing \"cmd\"; commands: \(ControlService.commands.joined(separator: ", "))")
+        case .string(let name)?:
+            guard ControlService.commands.contains(name) else {
+                throw DaemonError(code: "unknown_command",
+                                  message: "unknown command \(JSONValue.string(name).jsonText); commands: \(ControlService.commands.joined(separator: ", "))")
+            }
+            command = name
+        case let other?:
+            throw Self.invalid("\"cmd\" must be a string, not \(other.kind)")
+        }
+    }
+
+    static func invalid(_ message: String) -> DaemonError { DaemonError(code: "invalid_request", message: message) }
+
+    /// A required, non-empty string field.
+    func name(_ field: String) throws(DaemonError) -> String {
+        guard let value = try optionalName(field) else {
+            throw Self.invalid("\(command) needs \"\(field)\" (a string)")
+        }
+        return value
+    }
+
+    /// An optional string field (absent or null: nil); empty strings are refused.
+    func optionalName(_ field: String) throws(DaemonError) -> String? {
+        switch fields[field] {
+        case nil, .null?: return nil
+        case .string(let value)?:
+            guard !value.isEmpty else { throw Self.invalid("\"\(field)\" must not be empty") }
+            return value
+        case let other?: throw Self.invalid("\"\(field)\" must be a string, not \(other.kind)")
+        }
+    }
+
+    /// An optional boolean field (absent or null: nil).
+    func optionalBool(_ field: String) throws(DaemonError) -> Bool? {
+        switch fields[field] {
+        case nil, .null?: return nil
+        case .bool(let value)?: return value
+        case let other?: throw Self.invalid("\"\(field)\" must be true or false, not \(other.kind)")
+        }
+    }
+
+    /// `args` with `argsForm`: strings as typed on a command line ("text"), JSON values
+    /// ("json"), or, by default ("auto"), text when every element is a string.
+    func callArguments() throws(DaemonError) -> CallArguments {
+        let elements: [JSONTree]
+        switch fields["args"] {
+        case nil, .null?: elements = []
+        case .array(let list)?: elements = list
+        case let other?: throw Self.invalid("\"args\" must be an array, not \(other.kind)")
+        }
+        let form: String
+        switch fields["argsForm"] {
+        case nil, .null?: form = "auto"
+        case .string(let name)? where ["auto", "text", "json"].contains(name): form = name
+        case let other?:
+            throw Self.invalid("\"argsForm\" must be \"auto\", \"text\" or \"json\", not \(JSONValue(controlTree: other).jsonText)")
+        }
+        let texts = elements.compactMap { element -> String? in
+            if case .string(let text) = element { return text }
+            return nil
+        }
+        if form == "text" || (form == "auto" && texts.count == elements.count) {
+            if let index = elements.firstIndex(where: { if case .string = $0 { false } else { true } }) {
+                throw Self.invalid("\"args\"[\(index)] must be a string when \"argsForm\" is \"text\", not \(elements[index].kind)")
+            }
+            return .texts(texts)
+        }
+        var values: [CallJSON] = []
+        for (index, element) in elements.enumerated() {
+            guard let value = CallJSON(tree: element) else {
+                throw Self.invalid("\"args\"[\(index)]: an object is not a valid call argument")
+            }
+            values.append(value)
+        }
+        return .json(values)
+    }
+}
+
+extension JSONValue {
+    /// The same value as a `JSONTree` (the strict parser's result), for control requests,
+    /// replies and `--payload`.
+    init(controlTree tree: JSONTree) {
+        switch tree {
+        case .null: self = .null
+        case .bool(let value): self = .bool(value)
+        case .number(let value): self = .number(value)
+        case .string(let value): self = .string(value)
+        case .array(let elements): self = .array(elements.map(JSONValue.init(controlTree:)))
+        case .object(let members): self = .object(members.mapValues(JSONValue.init(controlTree:)))
+        }
+    }
+
+    /// A call result as a payload value.
+    fileprivate init(callJSON: CallJSON) {
+        switch callJSON {
+        case .null: self = .null
+        case .bool(let value): self = .bool(value)
+        case .number(let value): self = .number(value)
+        case .string(let value): self = .string(value)
+        case .array(let elements): self = .array(elements.map(JSONValue.init(callJSON:)))
+        }
+    }
+}
+
+extension CallJSON {
+    /// The call argument for a JSON value; nil if it is or contains an object.
+    fileprivate init?(tree: JSONTree) {
+        switch tree {
+        case .null: self = .null
+        case .bool(let value): self = .bool(value)
+        case .number(let value): self = .number(value)
+        case .string(let value): self = .string(value)
+        case .array(let elements):
+            var values: [CallJSON] = []
+            for element in elements {
+                guard let value = CallJSON(tree: element) else { return nil }
+                values.append(value)
+            }
+            self = .array(values)
+        case .object: return nil
+        }
+    }
+}
