@@ -46,6 +46,8 @@ struct Bench {
 
         print(BenchRow.header)
         await group("load") { try LoadBenchmark(sdk: sdk, work: work + "/load").run() }
+        await group("events") { try await EventBenchmark().run() }
+        await group("calls") { try CallBenchmark(sdk: sdk).run() }
 
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
