@@ -70,6 +70,19 @@ extension ControlCommand {
             """,
     ]
 
+    private static let daemonOptionsHelp = """
+        OPTIONS:
+          --json                    Print the reply's result as JSON
+          --socket PATH             The daemon's control socket (default: \(RuntimePaths().socketPath))
+          --timeout SECONDS         How long to wait for the daemon's reply (default: 30)
+          -h, --help                Show help information
+
+        EXIT CODES:
+          0 done, 1 the daemon refused the request (its message and error code are printed),
+          64 usage error, 69 modhostd not reachable (the message names the socket and says
+          whether a modhostd process is running)
+        """
+
     /// `arguments` with every word after the command `call` that starts with a single "-"
     /// (such as "-5" or "-inf") made positional, so negative numbers are arguments. Other
     /// command lines are returned unchanged.
@@ -105,7 +118,7 @@ extension ControlCommand {
     /// Runs one daemon command: checks its arguments, sends the request, prints the reply.
     func daemonCommand(_ command: String, _ operands: [String], _ parsed: Arguments) async throws -> ExitCode {
         if parsed.has("help") {
-            output.out(Self.commandHelp[command] ?? Self.help)
+            output.out((Self.commandHelp[command] ?? "") + "\n\n" + Self.daemonOptionsHelp)
             return .success
         }
         let allowed = command == "send" ? Self.commonOptions.union(["payload", "to", "await"]) : Self.commonOptions

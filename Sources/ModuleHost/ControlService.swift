@@ -48,8 +48,7 @@ public struct ControlService: Sendable {
     public func handle(_ line: String, peer: PeerCredentials) async -> String {
         var id = "null"
         do throws(DaemonError) {
-            let request = try Request(line: line)
-            id = request.idText
+            let request = try Request(line: line, idText: &id)
             let result = try await perform(request, peer: peer)
             return "{\"id\":\(id),\"ok\":true,\"result\":\(result),\"v\":\(Self.protocolVersion)}"
         } catch {
@@ -163,13 +162,12 @@ public struct ControlService: Sendable {
 
 /// A request that passed every check that does not need the daemon.
 private struct Request {
-    /// The `id` to echo, as JSON text.
-    var idText = "null"
     var command: String
     var fields: [String: JSONTree]
 
-    /// Reads and checks the envelope: JSON object, `id`, `v`, `cmd`.
-    init(line: String) throws(DaemonError) {
+    /// Reads and checks the envelope: JSON object, `id`, `v`, `cmd`. Sets `idText` to the
+    /// `id` to echo (JSON text) as soon as it is known, so later errors carry it.
+    init(line: String, idText: inout String) throws(DaemonError) {
         let tree: JSONTree
         do {
             tree = try JSONTree.parse(Array(line.utf8))
