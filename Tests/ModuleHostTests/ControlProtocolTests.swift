@@ -8,175 +8,11 @@ import Synchronization
 import Testing
 import TestSupport
 
-/// A `DaemonControl` that records every call it gets and answers like a small daemon:
-/// two known modules, a Calculator plugin whose functions really compute.
-private actor RecordingDaemon: DaemonControl {
-    private(set) var calls: [String] = []
-
-    static let rows = [
-        ModuleRow(module: "greeting", plugin: "Greeting", file: "/srv/plugins/libGreeting.so", version: "1.2.0",
-                  state: "running", order: 10, generation: 2),
-        ModuleRow(module: "-", plugin: "Broken", file: "/srv/plugins/libBroken.so", version: "", state: "refused",
-                  lastError: "ELF format check failed: not an ELF file"),
-    ]
-    static let status = DaemonStatus(
-        pid: 4242, uptimeSeconds: 12.5, ready: true, socketPath: "/run/user/1000/modhostd.sock",
-        stateDirectory: "/var/lib/modhostd", configPath: nil, pluginDirectories: ["/srv/plugins", "/opt/plugins"],
-        pluginsLoaded: 3, modulesRunning: 2, filesRefused: 1, retiredGenerations: 1, retiredBytes: 81920,
-        crashGuarded: 0, reloads: 4)
-    static let summary = ReloadSummary(configurationChanged: true, added: ["libNew.so"], replaced: [],
-                                       removed: ["libOld.so"], refused: ["libBroken.so"])
-    static let info: JSONValue = ["greeting": ["version": "1.2.0", "metadata": ["language": "swift", "tags": [1, 2]]]]
-    static let modules: Set<String> = ["greeting", "counter"]
-    static let signatures = ["calc_add": "i32(i32,i32)", "calc_half": "f64(f64)", "calc_big": "u64()",
-                             "calc_void": "void()", "calc_bytes": "buf(buf)"]
-
-    /// Wait this long inside `reload`, to hold a request in flight.
-    private let reloadDelay: Duration
-
-    init(reloadDelay: Duration = .zero) { self.reloadDelay = reloadDelay }
-
-    func moduleRows() -> [ModuleRow] {
-        calls.append("moduleRows")
-        return Self.rows
-    }
-
-    func status() -> DaemonStatus {
-        calls.append("status")
-        return Self.status
-    }
-
-    func setEnabled(_ enabled: Bool, module: String) throws(DaemonError) {
-        calls.append("setEnabled \(enabled) \(module)")
-        guard Self.modules.contains(module) else {
-            throw DaemonError(code: "unknown_module", message: "no module named \(module)")
-        }
-    }
-
-    func reload() async throws(DaemonError) -> ReloadSummary {
-        calls.append("reload")
-        if reloadDelay > .zero { try? await Task.sleep(for: reloadDelay) }
-        return Self.summary
-    }
-
-    func send(event: String, payload: JSONValue, to module: String?, awaited: Bool) throws(DaemonError) {
-        calls.append("send \(event) \(payload.jsonText) \(module ?? "*") \(awaited)")
-        if let module, !Self.modules.contains(module) {
-            throw DaemonError(code: "unknown_module", message: "no module named \(module)")
-        }
-    }
-
-    func call(plugin: String, function: String, arguments: CallArguments) throws(DaemonError) -> CallValue {
-        switch arguments {
-        case .texts(let texts): calls.append("call \(plugin).\(function) text \(texts)")
-        case .json(let values): calls.append("call \(plugin).\(function) json \(values.map(\.text))")
-        }
-        guard plugin == "Calculator" else { throw DaemonError(code: "unknown_plugin", message: "no plugin named \(plugin)") }
-        guard let text = Self.signatures[function], let signature = try? Signature(parsing: text) else {
-            throw DaemonError(code: "unknown_function", message: "Calculator exports no function \(function)")
-        }
-        let values: [CallValue]
-        do {
-            switch arguments {
-            case .texts(let texts): values = try signature.parseArguments(texts, function: function)
-            case .json(let json): values = try signature.arguments(fromJSON: json, function: function)
-            }
-        } catch {
-            throw DaemonError(code: "invalid_arguments", message: "\(error)")
-        }
-        switch (function, values) {
-        case ("calc_add", let values):
-            guard case .int32(let a) = values[0], case .int32(let b) = values[1] else { break }
-            return .int32(a &+ b)
-        case ("calc_half", let values):
-            guard case .double(let x) = values[0] else { break }
-            return .double(x / 2)
-        case ("calc_big", _):
-            return .uint64(UInt64.max)
-        case ("calc_void", _):
-            return .void
-        case ("calc_bytes", let values):
-            guard case .bytes(let bytes) = values[0] else { break }
-            return .bytes(bytes.reversed())
-        default:
-            break
-        }
-        throw DaemonError(code: "call_failed", message: "unexpected values \(values)")
-    }
-
-    func infoPayload() -> JSONValue {
-        calls.append("infoPayload")
-        return Self.info
-    }
-}
-
-/// Runs blocking `body` on a fresh OS thread, so blocking clients and child processes never
-/// occupy the cooperative pool that the server's handler tasks need.
-private func onThread<T: Sendable>(_ body: @escaping @Sendable () -> T) async -> T {
-    await withCheckedContinuation { continuation in
-        Thread { continuation.resume(returning: body()) }.start()
-    }
-}
-
-/// A reply line, parsed.
-private struct Reply {
-    let text: String
-    let object: [String: JSONValue]
-
-    init(_ text: String) throws {
-        self.text = text
-        guard case .object(let object) = try JSONValue.parse(Array(text.utf8)) else {
-            throw UnexpectedReply(text: text)
-        }
-        self.object = object
-    }
-
-    var ok: Bool? { object["ok"]?.boolValue }
-    var id: JSONValue? { object["id"] }
-    var version: JSONValue? { object["v"] }
-    var result: JSONValue? { object["result"] }
-    var code: String? { object["error"]?["code"]?.stringValue }
-    var message: String? { object["error"]?["message"]?.stringValue }
-
-    func decode<T: Decodable>(_ type: T.Type, _ member: String? = nil) throws -> T {
-        guard let value = member.map({ result?[$0] }) ?? result else { throw UnexpectedReply(text: text) }
-        return try JSONDecoder().decode(T.self, from: Data(value.jsonText.utf8))
-    }
-}
-
-/// Messages collected from many threads.
-private final class Failures: Sendable {
-    private let list = Mutex<[String]>([])
-    func append(_ text: String) { list.withLock { $0.append(text) } }
-    var all: [String] { list.withLock { $0 } }
-}
-
-private struct UnexpectedReply: Error {
-    var text: String
-}
-
-/// A request the service must refuse, the error code and message it must give, and the id
-/// the reply must carry.
-struct BadRequest: Sendable, CustomTestStringConvertible {
-    var line: String
-    var code: String
-    var message: String
-    var id: JSONValue
-    var testDescription: String { String(line.prefix(60)) }
-
-    init(_ line: String, _ code: String, _ message: String, _ id: JSONValue) {
-        self.line = line
-        self.code = code
-        self.message = message
-        self.id = id
-    }
-}
-
 /// The control protocol end to end: `ControlService` behind a real `ControlServer` socket,
 /// `ControlClient` and the `modhostctl` executable as clients.
 @Suite struct ControlProtocolTests {
     /// A service for a fresh `RecordingDaemon`, served on a socket in a temporary directory.
-    fileprivate final class Fixture: Sendable {
+    final class Fixture: Sendable {
         let directory = TemporaryDirectory("ctl")
         let daemon: RecordingDaemon
         let service: ControlService
@@ -193,7 +29,7 @@ struct BadRequest: Sendable, CustomTestStringConvertible {
         /// that ended the exchange).
         func exchange(_ lines: [String]) async throws -> [Reply] {
             let path = socketPath
-            let texts = await onThread { () -> Result<[String], ControlSocketError> in
+            let texts = await ControlProtocolTests.onThread { () -> Result<[String], ControlSocketError> in
                 do throws(ControlSocketError) {
                     let client = try ControlClient(socketPath: path, timeout: .seconds(30))
                     defer { client.close() }
@@ -212,7 +48,7 @@ struct BadRequest: Sendable, CustomTestStringConvertible {
         /// Runs modhostctl against this server.
         func modhostctl(_ arguments: [String]) async throws -> ProcessResult {
             let path = socketPath
-            return try await onThread { Result { try run(BuildProducts.modhostctl, ["--socket", path] + arguments) } }.get()
+            return try await ControlProtocolTests.onThread { Result { try run(BuildProducts.modhostctl, ["--socket", path] + arguments) } }.get()
         }
 
         func stop() async { await server.stop() }
@@ -401,7 +237,7 @@ struct BadRequest: Sendable, CustomTestStringConvertible {
         let fixture = try Fixture(configuration: configuration)
         let path = fixture.socketPath
         let huge = #"{"v":1,"id":1,"cmd":"send","event":"x","payload":""# + String(repeating: "a", count: 10_000) + "\"}"
-        let outcome = await onThread { () -> (String?, String) in
+        let outcome = await Self.onThread { () -> (String?, String) in
             guard let client = try? ControlClient(socketPath: path, timeout: .seconds(30)) else { return (nil, "connect") }
             let first = try? client.request(huge)
             // The server closed the connection after its error line.
@@ -426,7 +262,7 @@ struct BadRequest: Sendable, CustomTestStringConvertible {
         configuration.requestTimeout = .milliseconds(300)
         let fixture = try Fixture(configuration: configuration)
         let path = fixture.socketPath
-        let lines = await onThread { () -> [String] in
+        let lines = await Self.onThread { () -> [String] in
             guard let connection = try? RawConnection(path) else { return ["connect failed"] }
             // Invalid UTF-8 keeps the connection open; then a valid request; then half a line.
             connection.send([0x7b, 0xff, 0xfe, 0x7d, 0x0a] + Array(#"{"cmd":"ping","id":1}"#.utf8) + [0x0a])
@@ -454,7 +290,7 @@ struct BadRequest: Sendable, CustomTestStringConvertible {
         await withTaskGroup(of: Void.self) { group in
             for client in 0..<16 {
                 group.addTask {
-                    await onThread {
+                    await Self.onThread {
                         do {
                             let connection = try ControlClient(socketPath: path, timeout: .seconds(60))
                             defer { connection.close() }
@@ -497,7 +333,7 @@ struct BadRequest: Sendable, CustomTestStringConvertible {
         async let slow = fixture.ask(#"{"id":1,"cmd":"reload"}"#)
         // Wait until the reload is in the daemon, then time a ping on another connection.
         while !(await fixture.daemon.calls.contains("reload")) { try await Task.sleep(for: .milliseconds(10)) }
-        let elapsed = await onThread { () -> Duration in
+        let elapsed = await Self.onThread { () -> Duration in
             let start = ContinuousClock.now
             _ = try? ControlClient.request(#"{"cmd":"ping"}"#, socketPath: path, timeout: .seconds(30))
             return ContinuousClock.now - start
@@ -646,7 +482,7 @@ struct BadRequest: Sendable, CustomTestStringConvertible {
     @Test func modhostctlExits69WhenNoDaemonListens() async throws {
         let directory = TemporaryDirectory("ctl")
         let missing = directory.file("none.sock")
-        let result = try await onThread { Result { try run(BuildProducts.modhostctl, ["--socket", missing, "list"]) } }.get()
+        let result = try await Self.onThread { Result { try run(BuildProducts.modhostctl, ["--socket", missing, "list"]) } }.get()
         #expect(result.status == 69)
         #expect(result.standardError.hasPrefix("Error: cannot reach modhostd at \(missing): no socket at this path. modhostd is "))
         #expect(result.standardOutput == "")
@@ -662,55 +498,222 @@ struct BadRequest: Sendable, CustomTestStringConvertible {
         }
         close(fd)
         #expect(bound == 0)
-        let refused = try await onThread { Result { try run(BuildProducts.modhostctl, ["--socket", stale, "status"]) } }.get()
+        let refused = try await Self.onThread { Result { try run(BuildProducts.modhostctl, ["--socket", stale, "status"]) } }.get()
         #expect(refused.status == 69)
         #expect(refused.standardError.contains("cannot reach modhostd at \(stale): nothing accepts connections"))
     }
 }
 
-/// A raw Unix socket connection, to send bytes `ControlClient` never sends (invalid UTF-8,
-/// half a line) and read what comes back.
-private final class RawConnection: Sendable {
-    let fd: Int32
+/// Test doubles and helpers of the control protocol tests.
+extension ControlProtocolTests {
+    /// A `DaemonControl` that records every call it gets and answers like a small daemon:
+    /// two known modules, a Calculator plugin whose functions really compute.
+    actor RecordingDaemon: DaemonControl {
+        private(set) var calls: [String] = []
 
-    init(_ path: String) throws {
-        fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
-        var address = sockaddr_un()
-        address.sun_family = sa_family_t(AF_UNIX)
-        withUnsafeMutableBytes(of: &address.sun_path) { $0.copyBytes(from: Array(path.utf8)) }
-        let result = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+        static let rows = [
+            ModuleRow(module: "greeting", plugin: "Greeting", file: "/srv/plugins/libGreeting.so", version: "1.2.0",
+                      state: "running", order: 10, generation: 2),
+            ModuleRow(module: "-", plugin: "Broken", file: "/srv/plugins/libBroken.so", version: "", state: "refused",
+                      lastError: "ELF format check failed: not an ELF file"),
+        ]
+        static let status = DaemonStatus(
+            pid: 4242, uptimeSeconds: 12.5, ready: true, socketPath: "/run/user/1000/modhostd.sock",
+            stateDirectory: "/var/lib/modhostd", configPath: nil, pluginDirectories: ["/srv/plugins", "/opt/plugins"],
+            pluginsLoaded: 3, modulesRunning: 2, filesRefused: 1, retiredGenerations: 1, retiredBytes: 81920,
+            crashGuarded: 0, reloads: 4)
+        static let summary = ReloadSummary(configurationChanged: true, added: ["libNew.so"], replaced: [],
+                                           removed: ["libOld.so"], refused: ["libBroken.so"])
+        static let info: JSONValue = ["greeting": ["version": "1.2.0", "metadata": ["language": "swift", "tags": [1, 2]]]]
+        static let modules: Set<String> = ["greeting", "counter"]
+        static let signatures = ["calc_add": "i32(i32,i32)", "calc_half": "f64(f64)", "calc_big": "u64()",
+                                 "calc_void": "void()", "calc_bytes": "buf(buf)"]
+
+        /// Wait this long inside `reload`, to hold a request in flight.
+        private let reloadDelay: Duration
+
+        init(reloadDelay: Duration = .zero) { self.reloadDelay = reloadDelay }
+
+        func moduleRows() -> [ModuleRow] {
+            calls.append("moduleRows")
+            return Self.rows
         }
-        guard result == 0 else {
-            let code = errno
-            close(fd)
-            throw POSIXError(POSIXErrorCode(rawValue: code) ?? .EIO)
+
+        func status() -> DaemonStatus {
+            calls.append("status")
+            return Self.status
+        }
+
+        func setEnabled(_ enabled: Bool, module: String) throws(DaemonError) {
+            calls.append("setEnabled \(enabled) \(module)")
+            guard Self.modules.contains(module) else {
+                throw DaemonError(code: "unknown_module", message: "no module named \(module)")
+            }
+        }
+
+        func reload() async throws(DaemonError) -> ReloadSummary {
+            calls.append("reload")
+            if reloadDelay > .zero { try? await Task.sleep(for: reloadDelay) }
+            return Self.summary
+        }
+
+        func send(event: String, payload: JSONValue, to module: String?, awaited: Bool) throws(DaemonError) {
+            calls.append("send \(event) \(payload.jsonText) \(module ?? "*") \(awaited)")
+            if let module, !Self.modules.contains(module) {
+                throw DaemonError(code: "unknown_module", message: "no module named \(module)")
+            }
+        }
+
+        func call(plugin: String, function: String, arguments: CallArguments) throws(DaemonError) -> CallValue {
+            switch arguments {
+            case .texts(let texts): calls.append("call \(plugin).\(function) text \(texts)")
+            case .json(let values): calls.append("call \(plugin).\(function) json \(values.map(\.text))")
+            }
+            guard plugin == "Calculator" else { throw DaemonError(code: "unknown_plugin", message: "no plugin named \(plugin)") }
+            guard let text = Self.signatures[function], let signature = try? Signature(parsing: text) else {
+                throw DaemonError(code: "unknown_function", message: "Calculator exports no function \(function)")
+            }
+            let values: [CallValue]
+            do {
+                switch arguments {
+                case .texts(let texts): values = try signature.parseArguments(texts, function: function)
+                case .json(let json): values = try signature.arguments(fromJSON: json, function: function)
+                }
+            } catch {
+                throw DaemonError(code: "invalid_arguments", message: "\(error)")
+            }
+            switch (function, values) {
+            case ("calc_add", let values):
+                guard case .int32(let a) = values[0], case .int32(let b) = values[1] else { break }
+                return .int32(a &+ b)
+            case ("calc_half", let values):
+                guard case .double(let x) = values[0] else { break }
+                return .double(x / 2)
+            case ("calc_big", _):
+                return .uint64(UInt64.max)
+            case ("calc_void", _):
+                return .void
+            case ("calc_bytes", let values):
+                guard case .bytes(let bytes) = values[0] else { break }
+                return .bytes(bytes.reversed())
+            default:
+                break
+            }
+            throw DaemonError(code: "call_failed", message: "unexpected values \(values)")
+        }
+
+        func infoPayload() -> JSONValue {
+            calls.append("infoPayload")
+            return Self.info
         }
     }
 
-    deinit { close(fd) }
-
-    func send(_ bytes: [UInt8]) {
-        var offset = 0
-        while offset < bytes.count {
-            let count = bytes.withUnsafeBytes { Glibc.send(fd, $0.baseAddress! + offset, $0.count - offset, Int32(MSG_NOSIGNAL)) }
-            if count <= 0 { return }
-            offset += count
+    /// Runs blocking `body` on a fresh OS thread, so blocking clients and child processes never
+    /// occupy the cooperative pool that the server's handler tasks need.
+    static func onThread<T: Sendable>(_ body: @escaping @Sendable () -> T) async -> T {
+        await withCheckedContinuation { continuation in
+            Thread { continuation.resume(returning: body()) }.start()
         }
     }
 
-    /// Reads until `count` complete lines arrived, EOF, or `timeout`; returns the lines.
-    func readLines(_ count: Int, timeout: Duration) -> [String] {
-        var buffer: [UInt8] = []
-        let deadline = ContinuousClock.now.advanced(by: timeout)
-        while buffer.filter({ $0 == 10 }).count < count, ContinuousClock.now < deadline {
-            var fds = [pollfd(fd: fd, events: Int16(POLLIN), revents: 0)]
-            guard poll(&fds, 1, 100) > 0 else { continue }
-            var chunk = [UInt8](repeating: 0, count: 65536)
-            let read = chunk.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
-            if read <= 0 { break }
-            buffer += chunk[..<read]
+    /// A reply line, parsed.
+    struct Reply {
+        let text: String
+        let object: [String: JSONValue]
+
+        init(_ text: String) throws {
+            self.text = text
+            guard case .object(let object) = try JSONValue.parse(Array(text.utf8)) else {
+                throw UnexpectedReply(text: text)
+            }
+            self.object = object
         }
-        return String(decoding: buffer, as: UTF8.self).split(separator: "\n").map(String.init)
+
+        var ok: Bool? { object["ok"]?.boolValue }
+        var id: JSONValue? { object["id"] }
+        var version: JSONValue? { object["v"] }
+        var result: JSONValue? { object["result"] }
+        var code: String? { object["error"]?["code"]?.stringValue }
+        var message: String? { object["error"]?["message"]?.stringValue }
+
+        func decode<T: Decodable>(_ type: T.Type, _ member: String? = nil) throws -> T {
+            guard let value = member.map({ result?[$0] }) ?? result else { throw UnexpectedReply(text: text) }
+            return try JSONDecoder().decode(T.self, from: Data(value.jsonText.utf8))
+        }
+    }
+
+    /// Messages collected from many threads.
+    final class Failures: Sendable {
+        private let list = Mutex<[String]>([])
+        func append(_ text: String) { list.withLock { $0.append(text) } }
+        var all: [String] { list.withLock { $0 } }
+    }
+
+    struct UnexpectedReply: Error {
+        var text: String
+    }
+
+    /// A request the service must refuse, the error code and message it must give, and the id
+    /// the reply must carry.
+    struct BadRequest: Sendable, CustomTestStringConvertible {
+        var line: String
+        var code: String
+        var message: String
+        var id: JSONValue
+        var testDescription: String { String(line.prefix(60)) }
+
+        init(_ line: String, _ code: String, _ message: String, _ id: JSONValue) {
+            self.line = line
+            self.code = code
+            self.message = message
+            self.id = id
+        }
+    }
+
+    /// A raw Unix socket connection, to send bytes `ControlClient` never sends (invalid UTF-8,
+    /// half a line) and read what comes back.
+    final class RawConnection: Sendable {
+        let fd: Int32
+
+        init(_ path: String) throws {
+            fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+            var address = sockaddr_un()
+            address.sun_family = sa_family_t(AF_UNIX)
+            withUnsafeMutableBytes(of: &address.sun_path) { $0.copyBytes(from: Array(path.utf8)) }
+            let result = withUnsafePointer(to: &address) {
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+            }
+            guard result == 0 else {
+                let code = errno
+                close(fd)
+                throw POSIXError(POSIXErrorCode(rawValue: code) ?? .EIO)
+            }
+        }
+
+        deinit { close(fd) }
+
+        func send(_ bytes: [UInt8]) {
+            var offset = 0
+            while offset < bytes.count {
+                let count = bytes.withUnsafeBytes { Glibc.send(fd, $0.baseAddress! + offset, $0.count - offset, Int32(MSG_NOSIGNAL)) }
+                if count <= 0 { return }
+                offset += count
+            }
+        }
+
+        /// Reads until `count` complete lines arrived, EOF, or `timeout`; returns the lines.
+        func readLines(_ count: Int, timeout: Duration) -> [String] {
+            var buffer: [UInt8] = []
+            let deadline = ContinuousClock.now.advanced(by: timeout)
+            while buffer.filter({ $0 == 10 }).count < count, ContinuousClock.now < deadline {
+                var fds = [pollfd(fd: fd, events: Int16(POLLIN), revents: 0)]
+                guard poll(&fds, 1, 100) > 0 else { continue }
+                var chunk = [UInt8](repeating: 0, count: 65536)
+                let read = chunk.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
+                if read <= 0 { break }
+                buffer += chunk[..<read]
+            }
+            return String(decoding: buffer, as: UTF8.self).split(separator: "\n").map(String.init)
+        }
     }
 }
