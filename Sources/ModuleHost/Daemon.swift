@@ -194,9 +194,9 @@ public actor Daemon: DaemonControl {
     func startControlServer() throws(DaemonError) {
         let directory = (socketPath as NSString).deletingLastPathComponent
         try? FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
-        let service = ControlService(daemon: self)
+        let service = ControlService(daemon: self, logger: logger)
         do {
-            server = try ControlServer(socketPath: socketPath) { line, peer in await service.handle(line, peer: peer) }
+            server = try service.makeServer(socketPath: socketPath)
             logger.info("control socket ready", [("socket", socketPath)])
         } catch {
             throw DaemonError(code: "control_socket", message: "cannot open the control socket \(socketPath): \(error). Fix: stop the other modhostd or pass --socket")

@@ -207,11 +207,15 @@ extension Daemon {
         let chain = [file.name] + dependents(of: file.name)
         var renames: [String: String] = [:]  // current soname -> next generation's soname
         var images: [String: PrivateImage] = [:]
-        do {
+        do throws(LoadFailure) {
             for name in chain {
                 let record = records[name]!
                 let generation = (generations[name] ?? record.generation) + 1
-                let next = DynamicStringPatch.generationName(record.originalSoname, generation: generation)
+                guard let next = DynamicStringPatch.generationName(record.originalSoname, generation: generation) else {
+                    throw LoadFailure(file: file.path, check: .dependency,
+                                      problem: "plugin \(name) has been loaded \(generation - 1) times in this process, the most it can tell apart",
+                                      fix: "restart modhostd")
+                }
                 renames[record.soname] = next
                 let source: PluginFile
                 let bytes: [UInt8]?
@@ -295,7 +299,11 @@ extension Daemon {
             throw fail("cannot read the file to make a private copy")
         }
         let original = file.dynamic.soname ?? "lib\(file.name).so"
-        let soname = DynamicStringPatch.generationName(original, generation: generation)
+        guard let soname = DynamicStringPatch.generationName(original, generation: generation) else {
+            throw LoadFailure(file: file.path, check: .dependency,
+                              problem: "plugin \(file.name) has been loaded \(generation - 1) times in this process, the most it can tell apart",
+                              fix: "restart modhostd")
+        }
         var renames = extra
         if generation > 1 {
             renames[file.dynamic.soname ?? original] = soname

@@ -57,15 +57,17 @@ public enum DynamicStringPatch {
         return output
     }
 
+    /// The most generations of one library a process can tell apart by name.
+    public static let maximumGeneration = 36 * 36 - 1
+
     /// The name generation `generation` of a library uses instead of `soname`: the same
-    /// length, ending in the generation in base 36 (`libGreeting.so` → `libGreeting.02`).
-    /// Generation 1 keeps the original name.
-    public static func generationName(_ soname: String, generation: Int) -> String {
+    /// length, its last three characters replaced by "." and the generation in two base-36
+    /// digits (`libGreeting.so` → `libGreeting.02`). Generation 1 keeps the original name;
+    /// nil past `maximumGeneration` (restart the daemon to start again from 1).
+    public static func generationName(_ soname: String, generation: Int) -> String? {
         guard generation > 1 else { return soname }
+        guard generation <= maximumGeneration, soname.count >= 4 else { return nil }
         let tag = String(generation, radix: 36)
-        let width = max(2, tag.count)
-        let suffix = "." + String(repeating: "0", count: width - tag.count) + tag
-        let keep = max(0, soname.count - suffix.count)
-        return String(soname.prefix(keep)) + suffix
+        return String(soname.dropLast(3)) + "." + (tag.count < 2 ? "0" : "") + tag
     }
 }

@@ -48,6 +48,11 @@ struct Bench {
         await group("load") { try LoadBenchmark(sdk: sdk, work: work + "/load").run() }
         await group("events") { try await EventBenchmark().run() }
         await group("calls") { try CallBenchmark(sdk: sdk).run() }
+        await group("daemon") {
+            // Uses the generated plugins of the load group (made once, kept in work/load/src).
+            try LoadBenchmark(sdk: sdk, work: work + "/load").generate(count: 1110)
+            return try await DaemonBenchmark(sdk: sdk, work: work + "/daemon", plugins: work + "/load/src").run()
+        }
 
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.prettyPrinted, .sortedKeys]

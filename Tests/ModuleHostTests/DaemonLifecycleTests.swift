@@ -161,7 +161,8 @@ import TestSupport
         #expect(await h.waitFor("started 3 modules"))
         func greeting() throws -> [String: Any]? {
             let info = try h.ctl("info", "--json")
-            let modules = try JSONSerialization.jsonObject(with: Data(info.standardOutput.utf8)) as? [[String: Any]]
+            let payload = try JSONSerialization.jsonObject(with: Data(info.standardOutput.utf8)) as? [String: Any]
+            let modules = payload?["modules"] as? [[String: Any]]
             return modules?.first { $0["name"] as? String == "greeting" }?["metadata"] as? [String: Any]
         }
         #expect(try greeting()?["greetingsGiven"] as? Double == 1)  // Welcome greeted once
@@ -311,7 +312,7 @@ final class DatagramListener: Sendable {
         let bound = withUnsafePointer(to: &address) {
             $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
         }
-        guard bound == 0 else { throw ShellError(command: "bind \(path)", status: errno, output: "") }
+        guard bound == 0 else { throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EINVAL) }
     }
 
     deinit { close(fd) }

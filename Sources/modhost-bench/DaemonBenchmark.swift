@@ -1,0 +1,254 @@
+import DaemonKit
+import Foundation
+import Glibc
+import Synchronization
+
+/// The daemon as operators see it, run as a real process (the release modhostd):
+/// drop-to-started and replace latency, start to READY=1, control round trips.
+struct DaemonBenchmark {
+    let sdk: String
+    let work: String
+    /// The generated trivial C plugins of the load benchmark (work/load/src).
+    let plugins: String
+
+    func run() async throws -> [BenchRow] {
+        var rows: [BenchRow] = []
+        rows += try await dropAndReplace()
+        rows += try await startToReady()
+        rows += try await control()
+        return rows
+    }
+
+    // MARK: drop and replace
+
+    func dropAndReplace() async throws -> [BenchRow] {
+        let root = try fresh("drop")
+        let daemon = try DaemonProcess(sdk: sdk, root: root, pluginDirectory: root + "/plugins")
+        defer { daemon.stop() }
+        guard await daemon.waitForLine(containing: "control socket ready", after: 0) != nil else { throw failure("daemon did not start") }
+
+        // 100 new plugins, each copied to a dotfile and renamed in, one at a time.
+        var drops: [Double] = []
+        for index in 0..<100 {
+            let name = String(format: "libP%05d.so", 200 + index)
+            let temporary = root + "/plugins/." + name + ".tmp"
+            try FileManager.default.copyItem(atPath: plugins + "/" + name, toPath: temporary)
+            let start = monotonicNanoseconds()
+            rename(temporary, root + "/plugins/" + name)
+            guard let seen = await daemon.waitForLine(containing: String(format: "loaded plugin P%05d ", 200 + index), after: start) else {
+                throw failure("plugin \(name) was not loaded:\n\(daemon.tail)")
+            }
+            drops.append(Double(seen - start) / 1e6)
+        }
+
+        // 20 replacements of one plugin: the same code with a new manifest version.
+        var replaces: [Double] = []
+        let source = plugins + "/libP00200.so"
+        for version in 2...21 {
+            let manifest = root + "/manifest.json"
+            try #"{"name":"P00200","version":"\#(version).0","description":"generated","abi":"1.0","language":"c","order":200,"modules":["p00200"]}"#
+                .write(toFile: manifest, atomically: true, encoding: .utf8)
+            let temporary = root + "/plugins/.libP00200.so.tmp"
+            try shell("objcopy --update-section .modhost.manifest='\(manifest)' '\(source)' '\(temporary)'")
+            let start = monotonicNanoseconds()
+            rename(temporary, root + "/plugins/libP00200.so")
+            guard let seen = await daemon.waitForLine(containing: "by \(version).0 (generation \(version))", after: start) else {
+                throw failure("replacement \(version) not seen:\n\(daemon.tail)")
+            }
+            replaces.append(Double(seen - start) / 1e6)
+        }
+        let p50 = percentile(drops, 0.5), p99 = percentile(drops, 0.99)
+        let poll = "a 2 s poll (OSGi FileInstall's interval): a constant, not measured"
+        return [
+            BenchRow(name: "daemon.drop_to_started.p50", value: p50, unit: "ms", baseline: 2000, baselineDescription: poll, target: 0.01),
+            BenchRow(name: "daemon.drop_to_started.p99", value: p99, unit: "ms", baseline: 2000, baselineDescription: poll, target: 0.05),
+            BenchRow(name: "daemon.replace.p50", value: percentile(replaces, 0.5), unit: "ms", baseline: p50,
+                     baselineDescription: "drop-to-started p50 of a new plugin in the same run (20 replaces: trial load, private copy, willUnload, handover, init, start)",
+                     target: 3),
+        ]
+    }
+
+    // MARK: start to READY=1
+
+    func startToReady() async throws -> [BenchRow] {
+        let root = try fresh("ready")
+        try FileManager.default.createDirectory(atPath: root + "/plugins", withIntermediateDirectories: true)
+        for index in 300..<400 {
+            let name = String(format: "libP%05d.so", index)
+            try FileManager.default.copyItem(atPath: plugins + "/" + name, toPath: root + "/plugins/" + name)
+        }
+        try shell("cat '\(root)'/plugins/*.so > /dev/null")
+        var ready: [Double] = [], bare: [Double] = []
+        for run in 0..<5 {
+            let listener = try NotifyListener(path: root + "/notify-\(run).sock")
+            let start = monotonicNanoseconds()
+            let daemon = try DaemonProcess(sdk: sdk, root: root, pluginDirectory: root + "/plugins", state: "state-\(run)",
+                                           environment: ["NOTIFY_SOCKET": listener.path])
+            guard await listener.wait(for: "READY=1") else { throw failure("no READY=1:\n\(daemon.tail)") }
+            ready.append(Double(monotonicNanoseconds() - start) / 1e6)
+            daemon.stop()
+
+            let bareStart = monotonicNanoseconds()
+            try shell("'\(CommandLine.arguments[0])' --child load-baseline '\(root)/plugins' > /dev/null")
+            bare.append(Double(monotonicNanoseconds() - bareStart) / 1e6)
+        }
+        return [BenchRow(
+            name: "daemon.start_to_ready.n100", value: ready.min()!, unit: "ms", baseline: bare.min()!,
+            baselineDescription: "a process that starts and dlopens + dlsyms the same 100 plugins, then exits (best of 5 each)",
+            target: 3)]
+    }
+
+    // MARK: control socket
+
+    func control() async throws -> [BenchRow] {
+        let root = try fresh("control")
+        let daemon = try DaemonProcess(sdk: sdk, root: root, pluginDirectory: root + "/plugins")
+        defer { daemon.stop() }
+        guard await daemon.waitForLine(containing: "control socket ready", after: 0) != nil else { throw failure("daemon did not start") }
+        let echoPath = root + "/echo.sock"
+        let echo = try ControlServer(socketPath: echoPath) { line, _ in line }
+        defer { Task { await echo.stop() } }
+
+        let request = #"{"v":1,"id":1,"cmd":"status"}"#
+        func roundTrips(_ path: String, count: Int) throws -> [Double] {
+            let client = try ControlClient(socketPath: path)
+            defer { client.close() }
+            var times: [Double] = []
+            for _ in 0..<count {
+                let start = monotonicNanoseconds()
+                _ = try client.request(request)
+                times.append(Double(monotonicNanoseconds() - start) / 1e3)
+            }
+            return times
+        }
+        let daemonRTT = percentile(try roundTrips(daemon.socket, count: 2000), 0.5)
+        let echoRTT = percentile(try roundTrips(echoPath, count: 2000), 0.5)
+
+        func throughput(_ path: String) async throws -> Double {
+            let perClient = 500
+            let start = monotonicNanoseconds()
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                for _ in 0..<8 {
+                    group.addTask { _ = try roundTrips(path, count: perClient) }
+                }
+                try await group.waitForAll()
+            }
+            return Double(monotonicNanoseconds() - start) / 1e3 / Double(8 * perClient)
+        }
+        let daemonCost = try await throughput(daemon.socket)
+        let echoCost = try await throughput(echoPath)
+        return [
+            BenchRow(name: "control.round_trip.p50", value: daemonRTT, unit: "us", baseline: echoRTT,
+                     baselineDescription: "the same request line echoed by a bare ControlServer in the bench process (socket, peer check, line framing only), p50 of 2000",
+                     target: 5),
+            BenchRow(name: "control.per_request.8_clients", value: daemonCost, unit: "us", baseline: echoCost,
+                     baselineDescription: "8 clients x 500 status requests: wall time per request, against the echo server (daemon: \(Int(1e6 / daemonCost)) req/s, echo: \(Int(1e6 / echoCost)) req/s)",
+                     target: 5),
+        ]
+    }
+
+    // MARK: helpers
+
+    func fresh(_ name: String) throws -> String {
+        let path = work + "/" + name
+        try? FileManager.default.removeItem(atPath: path)
+        try FileManager.default.createDirectory(atPath: path + "/plugins", withIntermediateDirectories: true)
+        chmod(path + "/plugins", 0o755)
+        return path
+    }
+
+    func failure(_ message: String) -> NSError { NSError(domain: "bench", code: 5, userInfo: [NSLocalizedDescriptionKey: message]) }
+}
+
+func percentile(_ values: [Double], _ fraction: Double) -> Double {
+    let sorted = values.sorted()
+    return sorted[min(sorted.count - 1, Int((Double(sorted.count) * fraction).rounded(.up)) - 1)]
+}
+
+/// A release modhostd with its log lines time-stamped as they arrive.
+final class DaemonProcess: Sendable {
+    let socket: String
+    private let process: Process
+    private let lines = Mutex<[(UInt64, String)]>([])
+
+    init(sdk: String, root: String, pluginDirectory: String, state: String = "state", environment: [String: String] = [:]) throws {
+        socket = root + "/" + state + ".sock"
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: sdk + "/bin/modhostd")
+        process.arguments = ["--plugins", pluginDirectory, "--state-dir", root + "/" + state, "--socket", socket, "--log-level", "info"]
+        process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }
+        let pipe = Pipe()
+        process.standardError = pipe
+        process.standardOutput = FileHandle.nullDevice
+        self.process = process
+        let handle = pipe.fileHandleForReading
+        let reader = Thread { [self] in
+            var pending = ""
+            while true {
+                let data = handle.availableData
+                if data.isEmpty { break }
+                let now = monotonicNanoseconds()
+                pending += String(decoding: data, as: UTF8.self)
+                while let newline = pending.firstIndex(of: "\n") {
+                    let line = String(pending[..<newline])
+                    pending = String(pending[pending.index(after: newline)...])
+                    lines.withLock { $0.append((now, line)) }
+                }
+            }
+        }
+        try process.run()
+        reader.start()
+    }
+
+    /// When the first line containing `text` that arrived after `time` arrived.
+    func waitForLine(containing text: String, after time: UInt64, timeout: Duration = .seconds(30)) async -> UInt64? {
+        let deadline = ContinuousClock.now + timeout
+        while ContinuousClock.now < deadline {
+            if let found = lines.withLock({ $0.first { $0.0 >= time && $0.1.contains(text) } }) { return found.0 }
+            try? await Task.sleep(for: .microseconds(200))
+        }
+        return nil
+    }
+
+    var tail: String { lines.withLock { $0.suffix(10).map(\.1).joined(separator: "\n") } }
+
+    func stop() {
+        guard process.isRunning else { return }
+        kill(process.processIdentifier, SIGTERM)
+        process.waitUntilExit()
+    }
+}
+
+/// A datagram socket standing in for systemd's NOTIFY_SOCKET.
+final class NotifyListener: Sendable {
+    let path: String
+    let fd: Int32
+
+    init(path: String) throws {
+        self.path = path
+        unlink(path)
+        fd = socket(AF_UNIX, Int32(SOCK_DGRAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        var address = sockaddr_un()
+        address.sun_family = sa_family_t(AF_UNIX)
+        withUnsafeMutableBytes(of: &address.sun_path) { raw in
+            for (index, byte) in path.utf8.enumerated() { raw[index] = byte }
+        }
+        let bound = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+        }
+        guard bound == 0 else { throw NSError(domain: "bench", code: Int(errno)) }
+    }
+
+    deinit { close(fd) }
+
+    func wait(for text: String, timeout: Duration = .seconds(60)) async -> Bool {
+        let deadline = ContinuousClock.now + timeout
+        var buffer = [UInt8](repeating: 0, count: 4096)
+        while ContinuousClock.now < deadline {
+            let count = recv(fd, &buffer, buffer.count, Int32(MSG_DONTWAIT))
+            if count > 0, String(decoding: buffer.prefix(count), as: UTF8.self).contains(text) { return true }
+            if count <= 0 { try? await Task.sleep(for: .microseconds(200)) }
+        }
+        return false
+    }
+}

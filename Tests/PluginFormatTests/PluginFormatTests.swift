@@ -1,0 +1,96 @@
+import Foundation
+@testable import PluginFormat
+import Testing
+import TestSupport
+
+@Suite struct ManifestParsingTests {
+    @Test func aCompleteManifestRoundTrips() throws {
+        let text = #"""
+            {"name":"Greeting","version":"1.0.0","description":"d \"quoted\" \u00e9","abi":"1.0","language":"swift",
+             "toolchain":{"swift":"Swift 6.3.1","sdk":"abc"},"dependencies":["A"],"order":-3,
+             "modules":["greeting"],"exports":[{"name":"f","signature":"i32(str)"}],"future":{"ignored":[1,2,3]}}
+            """#
+        let manifest = try Manifest.parse(Array(text.utf8))
+        #expect(manifest.description == "d \"quoted\" é")
+        #expect(manifest.order == -3)
+        #expect(manifest.toolchain == .init(swift: "Swift 6.3.1", sdk: "abc"))
+        #expect(manifest.exports == [.init(name: "f", signature: "i32(str)")])
+        // What plugin.mk embeds parses back to the same manifest.
+        #expect(try Manifest.parse(Array(manifest.jsonText().utf8)) == manifest)
+    }
+
+    @Test(arguments: [
+        ("", "not valid JSON at byte 0"),
+        ("[1,2]", "the top level is an array"),
+        (#"{"name":"x","version":"1","abi":"1.0","language":"c","modules":["m"],"order":1.5}"#, "field \"order\" has the wrong type"),
+        (#"{"name":"x","version":"1","abi":"1.0","language":"rust","modules":["m"]}"#, "field \"language\" is \"rust\""),
+        (#"{"name":"x","version":"1","abi":"1.0","language":"c","modules":[7]}"#, "field \"modules[0]\" has the wrong type"),
+        (#"{"name":"x","version":"1","abi":"1.0","language":"c","modules":["m"],"exports":[{"name":"f"}]}"#, "required field \"exports[0].signature\" is missing"),
+        (#"{"name":"x","version":"1","abi":"1.0","language":"c","modules":["m"]} trailing"#, "unexpected text after the JSON value"),
+        (#"{"name":"x\u0001"#, "unterminated string"),
+    ])
+    func errorsNameTheProblem(text: String, expected: String) {
+        #expect(throws: ManifestError.self) { try Manifest.parse(Array(text.utf8)) }
+        do {
+            _ = try Manifest.parse(Array(text.utf8))
+        } catch {
+            #expect(error.reason.contains(expected), "\(error.reason)")
+        }
+    }
+
+    @Test func deeplyNestedInputIsRefusedNotACrash() {
+        let text = String(repeating: "[", count: 100_000)
+        #expect(throws: JSONSyntaxError.self) { try JSONTree.parse(Array(text.utf8)) }
+    }
+}
+
+@Suite struct DynamicStringPatchTests {
+    @Test(arguments: [
+        ("libGreeting.so", 1, "libGreeting.so"),
+        ("libGreeting.so", 2, "libGreeting.02"),
+        ("libGreeting.so", 36, "libGreeting.10"),
+        ("libA.so", 1295, "libA.zz"),
+    ])
+    func generationNamesKeepTheLength(soname: String, generation: Int, expected: String) {
+        let name = DynamicStringPatch.generationName(soname, generation: generation)
+        #expect(name == expected)
+        #expect(name?.count == soname.count)
+    }
+
+    @Test func generationsPastTheNameSpaceAreRefused() {
+        #expect(DynamicStringPatch.generationName("libA.so", generation: 1296) == nil)
+    }
+
+    @Test func renamingSonameAndNeededChangesOnlyThoseStrings() throws {
+        let dir = TemporaryDirectory("patch")
+        let factory = PluginFactory(directory: dir.path)
+        try factory.buildC("PatchBase", source: "int base_value(void) { return 7; }\n", manifest: nil)
+        let dependent = try factory.buildC(
+            "PatchUser", source: "int base_value(void); int user_value(void) { return base_value() + 1; }\n",
+            manifest: nil, flags: "-Wl,--no-as-needed -lPatchBase")
+        let image = try ELFImage(path: dependent)
+        #expect(try image.dynamicInfo().needed.contains("libPatchBase.so"))
+        let bytes = Array(try Data(contentsOf: URL(fileURLWithPath: dependent)))
+        let patched = try DynamicStringPatch.apply(
+            ["libPatchBase.so": "libPatchBase.02", "libPatchUser.so": "libPatchUser.02"], to: bytes, image: image)
+        #expect(patched.count == bytes.count)
+        try dir.write("patched.so", patched)
+        let info = try ELFImage(path: dir.file("patched.so")).dynamicInfo()
+        #expect(info.soname == "libPatchUser.02")
+        #expect(info.needed.contains("libPatchBase.02"))
+        #expect(!info.needed.contains("libPatchBase.so"))
+        #expect(info.needed.contains("libc.so.6"))
+        // Exactly the two names' last two bytes changed.
+        let changed = zip(bytes, patched).filter { $0 != $1 }.count
+        #expect(changed <= 4)
+    }
+
+    @Test func aNameOfAnotherLengthIsRefused() throws {
+        let dir = TemporaryDirectory("patch-length")
+        let file = try PluginFactory(directory: dir.path).buildC("Short", source: "int x(void) { return 1; }\n", manifest: nil)
+        let bytes = Array(try Data(contentsOf: URL(fileURLWithPath: file)))
+        #expect(throws: ELFError.self) {
+            try DynamicStringPatch.apply(["libShort.so": "libShorter.so"], to: bytes, image: try ELFImage(path: file))
+        }
+    }
+}
