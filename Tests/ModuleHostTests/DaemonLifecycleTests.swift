@@ -35,7 +35,8 @@ import TestSupport
         /// `modhostctl list --json`, as module name → row.
         func modules() throws -> [String: [String: Any]] {
             let result = try ctl("list", "--json")
-            guard let rows = try JSONSerialization.jsonObject(with: Data(result.standardOutput.utf8)) as? [[String: Any]] else { return [:] }
+            let reply = try JSONSerialization.jsonObject(with: Data(result.standardOutput.utf8)) as? [String: Any]
+            guard let rows = reply?["modules"] as? [[String: Any]] else { return [:] }
             var byName: [String: [String: Any]] = [:]
             for row in rows {
                 let module = row["module"] as? String ?? "-"
@@ -138,7 +139,7 @@ import TestSupport
     @Test func aPluginThatCrashedTheDaemonIsRefusedAtTheNextStart() async throws {
         let scratch = TemporaryDirectory("crashguard")
         let plugins = scratch.directory("plugins")
-        try Self.crashingPlugin(in: plugins, name: "Bomb")
+        _ = try Self.crashingPlugin(in: plugins, name: "Bomb")
         try scratch.copy(BuildProducts.plugin("Counter"), as: "plugins/libCounter.so")
         let arguments = ["--plugins", plugins, "--state-dir", scratch.file("state"), "--socket", scratch.file("sock")]
         // First start: the plugin is loaded in-process (no trial at start) and kills the daemon.

@@ -54,7 +54,8 @@ import TestSupport
         // Both variants are called Hello: check the loadable one in a separate process.
         let verify = try run(BuildProducts.modhostctl, ["verify", path])
         #expect(verify.status == 0, "\(verify.standardOutput)")
-        let daemon = try RunningProcess(BuildProducts.modhostd, ["--plugins", dir.path + "/build"])
+        let daemon = try RunningProcess(BuildProducts.modhostd, ["--plugins", dir.path + "/build", "--state-dir", dir.file("state"),
+                                                                 "--socket", dir.file("sock")])
         #expect(await daemon.waitFor("started 1 modules: hello"))
         daemon.send(SIGTERM)
         #expect(await daemon.wait() == 0)
