@@ -52,7 +52,8 @@ let package = Package(
         // Benchmarks, run by `make bench`, apart from the tests.
         .executableTarget(
             name: "modhost-bench",
-            dependencies: ["ModuleHost", "PluginCall", "PluginFormat", "DaemonKit", .product(name: "ModuleKit", package: "ModuleKit")],
+            dependencies: ["ModuleHost", "PluginCall", "PluginFormat", "DaemonKit", "TestSupport",
+                           .product(name: "ModuleKit", package: "ModuleKit")],
             swiftSettings: swift6, linkerSettings: installedRunpath),
         .target(
             name: "TestSupport",

@@ -1,3 +1,4 @@
+import ModuleKit
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -188,7 +189,7 @@ public final class ControlServer: Sendable {
 
     /// The default error line: `{"ok":false,"error":{"code":"<code>","message":"<text>"}}`.
     public static func defaultErrorReply(_ rejection: ControlRejection) -> String {
-        "{\"ok\":false,\"error\":{\"code\":\(JSONText.quote(rejection.code)),\"message\":\(JSONText.quote(rejection.description))}}"
+        "{\"ok\":false,\"error\":{\"code\":\(JSONValue.quote(rejection.code)),\"message\":\(JSONValue.quote(rejection.description))}}"
     }
 }
 

@@ -61,7 +61,7 @@ public struct TextLogBackend: LogBackend {
         line += "\(level) \(Self.escape(label)): \(Self.escape(message))"
         for (key, value) in metadata {
             line += " \(Self.escape(key))="
-            line += Self.needsQuotes(value) ? JSONText.quote(value) : value
+            line += Self.needsQuotes(value) ? JSONValue.quote(value) : value
         }
         return line + "\n"
     }
@@ -73,7 +73,7 @@ public struct TextLogBackend: LogBackend {
     /// Control characters escaped so a message stays on its line.
     private static func escape(_ text: String) -> String {
         guard text.unicodeScalars.contains(where: { $0.value < 0x20 || $0.value == 0x7f }) else { return text }
-        let quoted = JSONText.quote(text)
+        let quoted = JSONValue.quote(text)
         return String(quoted.dropFirst().dropLast())
     }
 }
@@ -112,42 +112,21 @@ public struct JSONLogBackend: LogBackend {
         var line = "{"
         if timestamps {
             used.insert("time")
-            line += "\"time\":\(JSONText.quote(LogTimestamp.now())),"
+            line += "\"time\":\(JSONValue.quote(LogTimestamp.now())),"
         }
-        line += "\"level\":\(JSONText.quote(level.description)),"
-        line += "\"label\":\(JSONText.quote(label)),"
-        line += "\"message\":\(JSONText.quote(message))"
+        line += "\"level\":\(JSONValue.quote(level.description)),"
+        line += "\"label\":\(JSONValue.quote(label)),"
+        line += "\"message\":\(JSONValue.quote(message))"
         for (key, value) in metadata {
             var name = key
             while used.contains(name) { name = "_" + name }
             used.insert(name)
-            line += ",\(JSONText.quote(name)):\(JSONText.quote(value))"
+            line += ",\(JSONValue.quote(name)):\(JSONValue.quote(value))"
         }
         return line + "}\n"
     }
 }
 
-/// JSON string literals.
-enum JSONText {
-    /// `text` as a JSON string literal with quotes; control characters, `"` and `\` escaped.
-    static func quote(_ text: String) -> String {
-        var out = "\""
-        for scalar in text.unicodeScalars {
-            switch scalar {
-            case "\"": out += "\\\""
-            case "\\": out += "\\\\"
-            case "\n": out += "\\n"
-            case "\r": out += "\\r"
-            case "\t": out += "\\t"
-            case _ where scalar.value < 0x20 || scalar.value == 0x7f:
-                let hex = String(scalar.value, radix: 16)
-                out += "\\u" + String(repeating: "0", count: 4 - hex.count) + hex
-            default: out.unicodeScalars.append(scalar)
-            }
-        }
-        return out + "\""
-    }
-}
 
 /// Wall-clock timestamps for log lines.
 enum LogTimestamp {

@@ -2,6 +2,7 @@ import DaemonKit
 import Foundation
 import Glibc
 import Synchronization
+import TestSupport
 
 /// The daemon as operators see it, run as a real process (the release modhostd):
 /// drop-to-started and replace latency, start to READY=1, control round trips.
@@ -80,11 +81,11 @@ struct DaemonBenchmark {
         try shell("cat '\(root)'/plugins/*.so > /dev/null")
         var ready: [Double] = [], bare: [Double] = []
         for run in 0..<5 {
-            let listener = try NotifyListener(path: root + "/notify-\(run).sock")
+            let listener = try NotifySocketListener(path: root + "/notify-\(run).sock")
             let start = monotonicNanoseconds()
             let daemon = try DaemonProcess(sdk: sdk, root: root, pluginDirectory: root + "/plugins", state: "state-\(run)",
                                            environment: ["NOTIFY_SOCKET": listener.path])
-            guard await listener.wait(for: "READY=1") else { throw failure("no READY=1:\n\(daemon.tail)") }
+            guard await listener.next(containing: "READY=1") != nil else { throw failure("no READY=1:\n\(daemon.tail)") }
             ready.append(Double(monotonicNanoseconds() - start) / 1e6)
             daemon.stop()
 
@@ -216,39 +217,5 @@ final class DaemonProcess: Sendable {
         guard process.isRunning else { return }
         kill(process.processIdentifier, SIGTERM)
         process.waitUntilExit()
-    }
-}
-
-/// A datagram socket standing in for systemd's NOTIFY_SOCKET.
-final class NotifyListener: Sendable {
-    let path: String
-    let fd: Int32
-
-    init(path: String) throws {
-        self.path = path
-        unlink(path)
-        fd = socket(AF_UNIX, Int32(SOCK_DGRAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
-        var address = sockaddr_un()
-        address.sun_family = sa_family_t(AF_UNIX)
-        withUnsafeMutableBytes(of: &address.sun_path) { raw in
-            for (index, byte) in path.utf8.enumerated() { raw[index] = byte }
-        }
-        let bound = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
-        }
-        guard bound == 0 else { throw NSError(domain: "bench", code: Int(errno)) }
-    }
-
-    deinit { close(fd) }
-
-    func wait(for text: String, timeout: Duration = .seconds(60)) async -> Bool {
-        let deadline = ContinuousClock.now + timeout
-        var buffer = [UInt8](repeating: 0, count: 4096)
-        while ContinuousClock.now < deadline {
-            let count = recv(fd, &buffer, buffer.count, Int32(MSG_DONTWAIT))
-            if count > 0, String(decoding: buffer.prefix(count), as: UTF8.self).contains(text) { return true }
-            if count <= 0 { try? await Task.sleep(for: .microseconds(200)) }
-        }
-        return false
     }
 }

@@ -280,7 +280,8 @@ import TestSupport
     }
 
     @Test func systemdHearsReadyReloadingAndStopping() async throws {
-        let listener = try DatagramListener()
+        let directory = TemporaryDirectory("notify")
+        let listener = try NotifySocketListener(path: directory.file("notify.sock"))
         let h = try Harness(["Greeting", "Counter"], environment: ["NOTIFY_SOCKET": listener.path])
         let ready = try #require(await listener.next(containing: "READY=1"))
         #expect(ready.contains("READY=1"))
@@ -293,44 +294,5 @@ import TestSupport
         h.daemon.send(SIGTERM)
         #expect(await listener.next(containing: "STOPPING=1") != nil)
         #expect(await h.daemon.wait() == 0)
-    }
-}
-
-/// A datagram socket standing in for systemd's notification socket.
-final class DatagramListener: Sendable {
-    let directory = TemporaryDirectory("notify")
-    let path: String
-    let fd: Int32
-
-    init() throws {
-        path = directory.file("notify.sock")
-        fd = socket(AF_UNIX, Int32(SOCK_DGRAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
-        var address = sockaddr_un()
-        address.sun_family = sa_family_t(AF_UNIX)
-        withUnsafeMutableBytes(of: &address.sun_path) { raw in
-            for (index, byte) in path.utf8.enumerated() { raw[index] = byte }
-        }
-        let bound = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
-        }
-        guard bound == 0 else { throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EINVAL) }
-    }
-
-    deinit { close(fd) }
-
-    /// The next datagram containing `text`, waiting up to 60 s; nil on timeout.
-    func next(containing text: String) async -> String? {
-        let deadline = ContinuousClock.now + .seconds(60)
-        while ContinuousClock.now < deadline {
-            var buffer = [UInt8](repeating: 0, count: 4096)
-            let count = recv(fd, &buffer, buffer.count, Int32(MSG_DONTWAIT))
-            if count > 0 {
-                let message = String(decoding: buffer.prefix(count), as: UTF8.self)
-                if message.contains(text) { return message }
-                continue
-            }
-            try? await Task.sleep(for: .milliseconds(20))
-        }
-        return nil
     }
 }
