@@ -97,7 +97,7 @@ install: plugins
 	install -m 0644 $(BUILD)/include/modulehost.h $(DESTDIR)$(PREFIX)/include/
 	install -m 0644 $(BUILD)/include/modulehost/module.modulemap $(DESTDIR)$(PREFIX)/include/modulehost/
 	install -m 0644 $(BUILD)/share/modulehost/plugin.mk $(DESTDIR)$(PREFIX)/share/modulehost/
-	install -m 0644 share/modhostd.service $(DESTDIR)$(PREFIX)/share/modulehost/ 2>/dev/null || true
+	install -m 0644 share/modhostd.service $(DESTDIR)$(PREFIX)/share/modulehost/
 	sed -e 's|@PREFIX@|$(PREFIX)|' share/modulehost.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/modulehost.pc
 
 clean:
