@@ -47,8 +47,11 @@ let package = Package(
                           linkerSettings: installedRunpath),
         // Loads one plugin in a short-lived process before the daemon does (plain C: starts
         // in a millisecond).
-        .executableTarget(name: "modhost-trial", dependencies: [.product(name: "ModuleKit", package: "ModuleKit")],
-                         linkerSettings: installedRunpath),
+        // Links nothing but libc; the daemon preloads ModuleKit for Swift plugins.
+        .executableTarget(
+            name: "modhost-trial",
+            cSettings: [.unsafeFlags(["-I", Context.packageDirectory + "/Sources/ModuleKit/Sources/CModuleHost/include"])],
+            linkerSettings: [.unsafeFlags(["-Xlinker", "--as-needed"])]),
         // Benchmarks, run by `make bench`, apart from the tests.
         .executableTarget(
             name: "modhost-bench",

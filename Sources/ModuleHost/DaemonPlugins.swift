@@ -33,7 +33,7 @@ extension Daemon {
         // New and changed files.
         var fresh: [PluginFile] = []
         var replacements: [(file: PluginFile, hash: String, identity: FileIdentity)] = []
-        var hashes: [String: (String, FileIdentity)] = [:]
+        var hashes: [String: (String, FileIdentity, [UInt8])] = [:]
         for (path, directory) in present.sorted(by: { $0.key < $1.key }) {
             guard let identity = FileIdentity(path: path) else { continue }
             if let record = records.values.first(where: { $0.source == path }), record.identity == identity { continue }
@@ -58,7 +58,7 @@ extension Daemon {
                 continue
             }
             for warning in file.warnings { logger.warning(warning, [("file", path)]) }
-            hashes[path] = (hash, identity)
+            hashes[path] = (hash, identity, bytes)
             if let existing = records[file.name] {
                 guard existing.source == path || present[existing.source] == nil else {
                     refuse(LoadFailure(file: path, check: .duplicate, problem: "plugin name \(file.name) is already used by \(existing.source)",
@@ -77,13 +77,13 @@ extension Daemon {
             refuse(failure, hashes[failure.file]?.1, &summary)
         }
         for file in order.ordered {
-            guard let (hash, identity) = hashes[file.path] else { continue }
+            guard let (hash, identity, bytes) = hashes[file.path] else { continue }
             if let dependency = file.manifest.dependencies.first(where: { records[$0] == nil }) {
                 refuse(LoadFailure(file: file.path, check: .dependency, problem: "plugin \(file.name) needs \(dependency), which is not loaded",
                                    fix: "fix plugin \(dependency) first"), identity, &summary)
                 continue
             }
-            if await add(file, hash: hash, identity: identity, trial: !initial) {
+            if await add(file, bytes: bytes, hash: hash, identity: identity, trial: !initial) {
                 summary.added.append(file.name)
             } else {
                 summary.refused.append(file.path)
@@ -113,12 +113,12 @@ extension Daemon {
 
     /// Loads a new plugin from a private copy and registers, initializes (and, once the
     /// daemon has started, starts) its modules. `trial` first loads it in a child process.
-    func add(_ file: PluginFile, hash: String, identity: FileIdentity, trial: Bool) async -> Bool {
+    func add(_ file: PluginFile, bytes: [UInt8], hash: String, identity: FileIdentity, trial: Bool) async -> Bool {
         var none = ReloadSummary()
         let generation = (generations[file.name] ?? 0) + 1
         let image: PrivateImage
         do {
-            image = try privateImage(of: file, sourceBytes: nil, generation: generation, hash: hash)
+            image = try privateImage(of: file, sourceBytes: bytes, generation: generation, hash: hash)
             if trial { try trialLoad(image.file) }
         } catch {
             refuse(error, identity, &none)
@@ -330,18 +330,16 @@ extension Daemon {
                                   fix: "rebuild the plugin with plugin.mk")
             }
         }
-        let directory = imagesDirectory + "/\(file.name)-\(generation)-\(hash)"
-        let target = directory + "/" + original
-        do {
-            try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
-            let temporary = target + ".tmp"
-            try Data(output).write(to: URL(fileURLWithPath: temporary))
-            chmod(temporary, 0o644)
-            guard rename(temporary, target) == 0 else { throw fail("rename failed: \(String(cString: strerror(errno)))") }
-        } catch let failure as LoadFailure {
-            throw failure
-        } catch {
-            throw fail("cannot write \(target): \(error.localizedDescription)")
+        // One flat directory; the name says which plugin, generation and content it is.
+        let target = imagesDirectory + "/\(file.name)-\(generation)-\(hash).so"
+        let temporary = target + ".tmp"
+        let fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644)
+        guard fd >= 0 else { throw fail("cannot write \(temporary): \(String(cString: strerror(errno)))") }
+        let written = output.withUnsafeBytes { Glibc.write(fd, $0.baseAddress, $0.count) }
+        close(fd)
+        guard written == output.count, rename(temporary, target) == 0 else {
+            unlink(temporary)
+            throw fail("cannot write \(target): \(String(cString: strerror(errno)))")
         }
         let copy = PluginFile(path: file.path, resolvedPath: target, manifest: file.manifest, dynamic: file.dynamic, warnings: [])
         return PrivateImage(file: copy, generation: generation, soname: soname, originalSoname: original, size: Int64(output.count))
@@ -351,7 +349,9 @@ extension Daemon {
     /// loaded takes the child down, not the daemon.
     func trialLoad(_ file: PluginFile, preloading extra: [String] = []) throws(LoadFailure) {
         let trial = options.trialLoader ?? Self.trialLoaderPath
-        var preloads = [HostSDK.current.libraryPath].filter { !$0.isEmpty }
+        // A Swift plugin needs the host's ModuleKit (and with it the Swift runtime); a C
+        // plugin needs nothing, and its trial then starts in about a millisecond.
+        var preloads = file.manifest.language == .swift ? [HostSDK.current.libraryPath].filter { !$0.isEmpty } : []
         for dependency in file.manifest.dependencies {
             if let record = records[dependency] { preloads.append(record.loaded.file.resolvedPath) }
         }
