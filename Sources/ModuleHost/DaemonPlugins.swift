@@ -349,9 +349,16 @@ extension Daemon {
     /// loaded takes the child down, not the daemon.
     func trialLoad(_ file: PluginFile, preloading extra: [String] = []) throws(LoadFailure) {
         let trial = options.trialLoader ?? Self.trialLoaderPath
-        // A Swift plugin needs the host's ModuleKit (and with it the Swift runtime); a C
-        // plugin needs nothing, and its trial then starts in about a millisecond.
-        var preloads = file.manifest.language == .swift ? [HostSDK.current.libraryPath].filter { !$0.isEmpty } : []
+        // A Swift plugin needs the host's ModuleKit (and with it the Swift runtime), which it
+        // names `libModuleKit.so` (the library has no SONAME, so a preloaded copy would not
+        // match that name): the child finds it on its library path. A C plugin needs
+        // nothing, and its trial starts in about a millisecond.
+        var environment = ProcessInfo.processInfo.environment
+        if file.manifest.language == .swift, !HostSDK.current.libraryPath.isEmpty {
+            let directory = (HostSDK.current.libraryPath as NSString).deletingLastPathComponent
+            environment["LD_LIBRARY_PATH"] = [directory, environment["LD_LIBRARY_PATH"]].compactMap { $0 }.joined(separator: ":")
+        }
+        var preloads: [String] = []
         for dependency in file.manifest.dependencies {
             if let record = records[dependency] { preloads.append(record.loaded.file.resolvedPath) }
         }
@@ -362,6 +369,7 @@ extension Daemon {
         let process = Process()
         process.executableURL = URL(fileURLWithPath: trial)
         process.arguments = arguments
+        process.environment = environment
         let pipe = Pipe()
         process.standardOutput = pipe
         process.standardError = pipe
