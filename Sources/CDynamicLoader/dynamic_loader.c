@@ -57,3 +57,16 @@ size_t modhost_build_id_of_object_containing(const void *address, uint8_t *out, 
     dl_iterate_phdr(find_build_id, &search);
     return search.length;
 }
+
+const char *modhost_fast_object_containing(const void *address) {
+    struct dl_find_object found;
+    if (_dl_find_object((void *)address, &found) != 0 || found.dlfo_link_map == NULL) return NULL;
+    return found.dlfo_link_map->l_name;
+}
+
+int modhost_address_in_object(const void *address, void *handle) {
+    struct dl_find_object found;
+    if (_dl_find_object((void *)address, &found) != 0) return -1;
+    /* In glibc a dlopen handle is the object's link_map. */
+    return found.dlfo_link_map == (struct link_map *)handle ? 1 : 0;
+}

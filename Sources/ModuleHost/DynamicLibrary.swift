@@ -29,10 +29,17 @@ public final class DynamicLibrary: @unchecked Sendable {
         return .success(address)
     }
 
+    /// True when `address` lies in this library's own image (not in a dependency). A
+    /// lookup in the loader's sorted table of objects: it does not slow down as more
+    /// plugins are loaded, as `dladdr` does.
+    public func contains(_ address: UnsafeRawPointer) -> Bool {
+        modhost_address_in_object(address, handle) == 1
+    }
+
     /// The file that defines the code at `address`, as the dynamic loader names it (the
     /// path it was opened by).
     public static func file(containing address: UnsafeRawPointer) -> String? {
-        guard let name = modhost_object_containing(address) else { return nil }
+        guard let name = modhost_fast_object_containing(address) ?? modhost_object_containing(address) else { return nil }
         return String(cString: name)
     }
 

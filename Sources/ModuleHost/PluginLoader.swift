@@ -145,7 +145,7 @@ public struct PluginLoader: Sendable {
             throw fail(.entrySymbol, "the file does not export \(MODHOST_ENTRY_SYMBOL)",
                        "export it: MODHOST_PLUGIN_ENTRY in C, @_cdecl(\"\(MODHOST_ENTRY_SYMBOL)\") in Swift")
         }
-        if let owner = DynamicLibrary.file(containing: entry), !DynamicLibrary.samePath(owner, file.resolvedPath) {
+        if !library.contains(entry), let owner = DynamicLibrary.file(containing: entry), !DynamicLibrary.samePath(owner, file.resolvedPath) {
             throw fail(.entrySymbol, "\(MODHOST_ENTRY_SYMBOL) resolves from \(owner), not from this file",
                        "define the entry symbol in this plugin itself")
         }

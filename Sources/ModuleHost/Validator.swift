@@ -38,13 +38,10 @@ public struct Validator: Sendable {
             LoadFailure(file: path, check: check, problem: problem, fix: fix)
         }
 
-        // File type and location.
-        var link = stat()
-        guard lstat(path, &link) == 0 else {
-            throw fail(.fileType, "cannot stat the file (\(String(cString: strerror(errno))))", "check the path exists")
-        }
+        // File type and location: one open that does not follow a symlink answers both.
         var resolved = path
-        if link.st_mode & S_IFMT == S_IFLNK {
+        var opened = OpenedFile.read(path, followSymlinks: false)
+        if case .failure(.cannotRead(_, ELOOP)) = opened {
             guard let target = realPath(path) else {
                 throw fail(.location, "symlink leads nowhere", "point the symlink at an existing plugin file or remove it")
             }
@@ -53,9 +50,15 @@ public struct Validator: Sendable {
                 throw fail(.location, "symlink leads out of the plugin directory \(base) to \(target)",
                            "copy the plugin into the directory instead of linking to it")
             }
+            opened = OpenedFile.read(target, followSymlinks: true)
         }
-        var file = link
-        if resolved != path, stat(resolved, &file) != 0 { file.st_mode = 0 }
+        let contents: OpenedFile
+        switch opened {
+        case .success(let value): contents = value
+        case .failure(let error):
+            throw fail(.fileType, "\(error)", "check the path exists and is readable")
+        }
+        let file = contents.status
         guard file.st_mode & S_IFMT == S_IFREG else {
             throw fail(.fileType, "not a regular file (\(fileTypeName(file.st_mode)))",
                        "plugin directories may only hold plugin .so files")
@@ -84,7 +87,7 @@ public struct Validator: Sendable {
         // ELF structure.
         let image: ELFImage
         do {
-            image = try ELFImage(path: resolved)
+            image = try ELFImage(path: resolved, contents: contents.bytes)
         } catch {
             throw fail(.elf, error.description, "deploy a shared object built with plugin.mk; a half-copied file is retried when it changes")
         }

@@ -56,6 +56,11 @@ public struct ELFImage: Sendable {
         try self.init(path: path, bytes: bytes)
     }
 
+    /// Checks the structure of `contents`, the bytes of the file at `path` read already.
+    public init(path: String, contents: [UInt8]) throws(ELFError) {
+        try self.init(path: path, bytes: FileBytes(buffer: contents))
+    }
+
     init(path: String, bytes: FileBytes) throws(ELFError) {
         self.path = path
         self.bytes = bytes
@@ -289,5 +294,38 @@ struct FileBytes: Sendable {
         var stop = Int(offset)
         while stop < end && buffer[stop] != 0 { stop += 1 }
         return String(decoding: buffer[Int(offset)..<stop], as: UTF8.self)
+    }
+}
+
+/// A file opened once: its status and, for a regular file, all its bytes. Opening with
+/// `O_NONBLOCK` makes a FIFO harmless, and without following a symlink makes a symlink
+/// visible (`ELOOP`), so one open answers what lstat, stat and read would.
+public struct OpenedFile: Sendable {
+    public let status: stat
+    /// The contents; empty unless the file is a regular file.
+    public let bytes: [UInt8]
+
+    /// Opens `path`; the error carries the errno (`ELOOP` for a symlink when not following).
+    public static func read(_ path: String, followSymlinks: Bool) -> Result<OpenedFile, ELFError> {
+        let flags = O_RDONLY | O_CLOEXEC | O_NONBLOCK | (followSymlinks ? 0 : O_NOFOLLOW)
+        let fd = open(path, flags)
+        guard fd >= 0 else { return .failure(.cannotRead(path: path, errno: errno)) }
+        defer { close(fd) }
+        var status = stat()
+        guard fstat(fd, &status) == 0 else { return .failure(.cannotRead(path: path, errno: errno)) }
+        guard status.st_mode & S_IFMT == S_IFREG else { return .success(OpenedFile(status: status, bytes: [])) }
+        let size = Int(status.st_size)
+        var buffer = [UInt8](repeating: 0, count: size)
+        var done = 0
+        while done < size {
+            let n = buffer.withUnsafeMutableBytes { pread(fd, $0.baseAddress! + done, size - done, off_t(done)) }
+            if n < 0 && errno == EINTR { continue }
+            guard n > 0 else {
+                if n == 0 { break }
+                return .failure(.cannotRead(path: path, errno: errno))
+            }
+            done += n
+        }
+        return .success(OpenedFile(status: status, bytes: done == size ? buffer : Array(buffer.prefix(done))))
     }
 }

@@ -126,6 +126,15 @@ public enum JSONTree: Sendable, Equatable {
 
         mutating func string() throws(JSONSyntaxError) -> String {
             index += 1  // opening quote
+            // Fast path: no escapes, as in nearly every manifest string.
+            var end = index
+            while end < bytes.count, bytes[end] != UInt8(ascii: "\""), bytes[end] != UInt8(ascii: "\\"), bytes[end] >= 0x20 {
+                end += 1
+            }
+            if end < bytes.count, bytes[end] == UInt8(ascii: "\"") {
+                defer { index = end + 1 }
+                return String(decoding: bytes[index..<end], as: UTF8.self)
+            }
             var scalars = String.UnicodeScalarView()
             var runStart = index
             func flush(_ end: Int) { scalars.append(contentsOf: String(decoding: bytes[runStart..<end], as: UTF8.self).unicodeScalars) }

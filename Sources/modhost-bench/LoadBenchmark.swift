@@ -88,6 +88,9 @@ struct LoadBenchmark {
                     throw NSError(domain: "bench", code: 2, userInfo: [NSLocalizedDescriptionKey: "\(report.refused.first!)"])
                 }
             }
+        case "load-validate":
+            // Diagnosis only: the checks before dlopen, without loading.
+            return seconds { _ = PluginLoader().validate(directories: [dir]) }
         default:
             throw NSError(domain: "bench", code: 4, userInfo: [NSLocalizedDescriptionKey: "unknown child \(side)"])
         }

@@ -15,4 +15,13 @@ const char *modhost_object_containing(const void *address);
  * when the object has none. */
 size_t modhost_build_id_of_object_containing(const void *address, uint8_t *out, size_t capacity);
 
+/* The path of the loaded object that contains `address`, as the dynamic loader names it,
+ * found with _dl_find_object (a lookup that does not walk every loaded object, unlike
+ * dladdr); NULL when no object contains it. */
+const char *modhost_fast_object_containing(const void *address);
+
+/* 1 when `address` lies in the object `handle` (from dlopen) names, 0 when it lies in
+ * another object, -1 when no loaded object contains it. */
+int modhost_address_in_object(const void *address, void *handle);
+
 #endif
