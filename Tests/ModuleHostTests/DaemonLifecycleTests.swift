@@ -295,4 +295,23 @@ import TestSupport
         #expect(await listener.next(containing: "STOPPING=1") != nil)
         #expect(await h.daemon.wait() == 0)
     }
+
+    @Test func exportedFunctionsAreCalledByNameThroughTheDaemon() async throws {
+        let h = try Harness(["Greeting", "Calculator"])
+        #expect(await h.waitFor("control socket ready"))
+        let sum = try h.ctl("call", "Calculator", "calc_add", "2", "40")
+        #expect(sum.status == 0)
+        #expect(sum.standardOutput == "42\n")
+        let vowels = try h.ctl("call", "Greeting", "greeting_vowel_count", "operator")  // a Swift @_cdecl export
+        #expect(vowels.standardOutput == "4\n")
+        let json = try h.ctl("call", "--json", "Calculator", "calc_hypot", "3", "4")
+        #expect(json.standardOutput.contains("5"))
+        let wrong = try h.ctl("call", "Calculator", "calc_add", "2", "x")
+        #expect(wrong.status == 1)
+        #expect(wrong.standardError.contains("invalid_arguments"))
+        let undeclared = try h.ctl("call", "Calculator", "system", "ls")
+        #expect(undeclared.status == 1)
+        #expect(undeclared.standardError.contains("unknown_function"))
+        #expect(await h.stop() == 0)
+    }
 }

@@ -203,3 +203,118 @@ import TestSupport
         #expect(welcome.file.dynamic.needed.contains("libGreeting.so"))
     }
 }
+
+/// Host services a C module receives (libffi closures bound to the module) and exports
+/// checked at load time, through real C plugins.
+@Suite struct CModuleServicesTests {
+    let dir = TemporaryDirectory("services")
+
+    @Test func aCModuleLogsPostsAndAsksThroughItsBoundHostAPI() async throws {
+        let out = dir.file("events.txt")
+        let source = #"""
+            #include <modulehost.h>
+            #include <stdio.h>
+            #include <stdlib.h>
+            #include <string.h>
+            typedef struct { const modhost_host_api *host; char path[512]; } state;
+            static const char *const notes[] = {"ping", NULL};
+            static void *create(const modhost_host_api *host, const char *config) {
+                state *self = calloc(1, sizeof *self); self->host = host;
+                const char *start = strstr(config, "\"out\":\"");
+                if (start) { start += 7; size_t n = strcspn(start, "\""); memcpy(self->path, start, n < 511 ? n : 511); }
+                return self;
+            }
+            static void handle(void *raw, const char *event, const char *payload) {
+                state *self = raw;
+                FILE *f = fopen(self->path, "a");
+                fprintf(f, "%s %s\n", event, payload ? payload : "-");
+                if (strcmp(event, "start") == 0) {
+                    fprintf(f, "has self %d, has other %d, has nothing %d\n", self->host->has_module("services"),
+                            self->host->has_module("other"), self->host->has_module("nothing"));
+                    self->host->post_notification("ping", "{\"n\":1}");
+                    self->host->log(MODHOST_LOG_INFO, "started");
+                }
+                fclose(f);
+            }
+            static void destroy(void *raw) { free(raw); }
+            static const modhost_module modules[] = {
+                {sizeof(modhost_module), MODHOST_MODULE_C, "services", "1.0", notes, create, handle, destroy, NULL},
+                {sizeof(modhost_module), MODHOST_MODULE_C, "other", "1.0", NULL, create, handle, destroy, NULL},
+            };
+            static const modhost_plugin plugin = MODHOST_PLUGIN_INIT("Services", modules);
+            MODHOST_PLUGIN_ENTRY { return &plugin; }
+            """#
+        try PluginFactory(directory: dir.path).buildC(
+            "Services", source: source, manifest: PluginFactory.manifest(plugin: "Services", modules: ["services", "other"]))
+        let report = PluginLoader().load(directories: [dir.path])
+        #expect(report.refused.isEmpty, "\(report.refused)")
+        let host = HostInstance(name: "services", settings: [
+            "services": ModuleSettings(configuration: ["out": .string(out)]),
+            "other": ModuleSettings(configuration: ["out": .string(dir.file("other.txt"))]),
+        ])
+        await host.add(report.loaded.flatMap { $0.modules.map(\.factory) })
+        await host.start()
+        // The notification is delivered asynchronously, on the host's context.
+        var text = ""
+        for _ in 0..<200 {
+            text = (try? String(contentsOfFile: out, encoding: .utf8)) ?? ""
+            if text.contains("ping") { break }
+            try await Task.sleep(for: .milliseconds(10))
+        }
+        await host.shutdown()
+        text = try String(contentsOfFile: out, encoding: .utf8)
+        #expect(text.hasPrefix("init -\nstart -\nhas self 1, has other 1, has nothing 0\n"), "\(text)")
+        #expect(text.contains("ping {\"n\":1}"))
+        #expect(text.hasSuffix("willTerminate -\ndeinit -\n"))
+        // "other" does not listen to "ping": it never got it.
+        let other = try String(contentsOfFile: dir.file("other.txt"), encoding: .utf8)
+        #expect(!other.contains("ping"))
+    }
+
+    @Test func aDeclaredExportMissingFromThePluginIsRefused() throws {
+        try PluginFactory(directory: dir.path).buildC(
+            "NoExport", source: PluginFactory.cSource(plugin: "NoExport", modules: ["noexport"]),
+            manifest: PluginFactory.manifest(plugin: "NoExport", modules: ["noexport"], exports: [("missing_function", "i32(i32)")]))
+        let refused = PluginLoader().load(directories: [dir.path]).refused.first
+        #expect(refused?.check == .exports)
+        #expect(refused?.problem.contains("missing_function") == true, "\(String(describing: refused))")
+    }
+
+    @Test func aPluginLinkingAnotherModuleKitIsRefusedBeforeDlopen() throws {
+        let lib = dir.directory("lib")
+        try PluginFactory(directory: lib).buildC("ModuleKitOld", source: "int old_sdk(void) { return 1; }\n", manifest: nil)
+        try PluginFactory(directory: dir.path).buildC(
+            "OtherSDK", source: PluginFactory.cSource(plugin: "OtherSDK", modules: ["othersdk"]),
+            manifest: PluginFactory.manifest(plugin: "OtherSDK", modules: ["othersdk"]),
+            flags: "-L '\(lib)' -Wl,--no-as-needed -lModuleKitOld")
+        let refused = PluginLoader().load(directories: [dir.path]).refused.first
+        #expect(refused?.check == .sdkLinkage)
+        #expect(refused?.problem.contains("links ModuleKit as libModuleKitOld.so") == true)
+    }
+}
+
+/// Several host instances in one process share the loaded plugins' types but never their
+/// module objects or state.
+@Suite struct HostInstanceIsolationAcrossPluginsTests {
+    @Test func twoInstancesGetTheirOwnModulesFromTheSamePlugin() async throws {
+        let report = PluginLoader().load(directories: [BuildProducts.pluginDirectory])
+        let factories = report.loaded.filter { ["Greeting", "Welcome"].contains($0.name) }.flatMap { $0.modules.map(\.factory) }
+        let first = HostInstance(name: "first")
+        let second = HostInstance(name: "second", settings: ["welcome": ModuleSettings(enabled: false)])
+        await first.add(factories)
+        await second.add(factories)
+        await first.start()
+        await second.start()
+        let count: @Sendable (isolated HostInstance) -> Double = { host in
+            host.module(named: "greeting")?.info.metadata["greetingsGiven"]?.numberValue ?? -1
+        }
+        // Welcome greeted through the first instance's Greeting only.
+        #expect(await first.perform(count) == 1)
+        #expect(await second.perform(count) == 0)
+        let distinct = await first.perform { host in ObjectIdentifier(host.module(named: "greeting")!) }
+        let other = await second.perform { host in ObjectIdentifier(host.module(named: "greeting")!) }
+        #expect(distinct != other)
+        await first.shutdown()
+        await second.shutdown()
+    }
+}
