@@ -191,6 +191,7 @@ struct Fixtures: Sendable {
 
     static let swiftSource = #"""
         import Glibc
+        import Synchronization
 
         @_cdecl("sw_id_i8") public func idI8(_ x: Int8) -> Int8 { x }
         @_cdecl("sw_id_i16") public func idI16(_ x: Int16) -> Int16 { x }
@@ -254,9 +255,9 @@ struct Fixtures: Sendable {
             out.pointee = 5
             return nil
         }
-        nonisolated(unsafe) private var counter: Int32 = 0  // test fixture: one thread at a time
-        @_cdecl("sw_set_counter") public func setCounter(_ v: Int32) { counter = v }
-        @_cdecl("sw_get_counter") public func getCounter() -> Int32 { counter }
+        private let counter = Atomic<Int32>(0)
+        @_cdecl("sw_set_counter") public func setCounter(_ v: Int32) { counter.store(v, ordering: .relaxed) }
+        @_cdecl("sw_get_counter") public func getCounter() -> Int32 { counter.load(ordering: .relaxed) }
         """#
 
     static let dependencyASource = #"""
