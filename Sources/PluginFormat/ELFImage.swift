@@ -259,24 +259,10 @@ struct FileBytes: Sendable {
     init(buffer: [UInt8]) { self.buffer = buffer }
 
     init(path: String) throws(ELFError) {
-        let fd = open(path, O_RDONLY | O_CLOEXEC)
-        guard fd >= 0 else { throw .cannotRead(path: path, errno: errno) }
-        defer { close(fd) }
-        var status = stat()
-        guard fstat(fd, &status) == 0 else { throw .cannotRead(path: path, errno: errno) }
-        let size = Int(status.st_size)
-        var buffer = [UInt8](repeating: 0, count: size)
-        var done = 0
-        while done < size {
-            let n = buffer.withUnsafeMutableBytes { pread(fd, $0.baseAddress! + done, size - done, off_t(done)) }
-            if n < 0 && errno == EINTR { continue }
-            guard n > 0 else {
-                if n == 0 { break }
-                throw .cannotRead(path: path, errno: errno)
-            }
-            done += n
+        switch OpenedFile.read(path, followSymlinks: true) {
+        case .success(let file): buffer = file.bytes
+        case .failure(let error): throw error
         }
-        self.buffer = done == size ? buffer : Array(buffer.prefix(done))
     }
 
     subscript(index: Int) -> UInt8 { buffer[index] }
