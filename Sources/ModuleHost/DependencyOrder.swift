@@ -9,7 +9,28 @@ public struct DependencyOrder: Sendable {
 
     /// `loaded` names plugins already running (a dependency on them is satisfied);
     /// `orderOverride` maps plugin names to configured orders.
-    public init(_ plugins: [PluginFile], loaded: Set<String> = [], orderOverride: [String: Int] = [:]) {
+    public init(_ candidates: [PluginFile], loaded: Set<String> = [], orderOverride: [String: Int] = [:]) {
+        // A plugin name given twice: the first file keeps it, the others are refused.
+        var seen: [String: String] = [:]
+        var plugins: [PluginFile] = []
+        plugins.reserveCapacity(candidates.count)
+        for plugin in candidates {
+            if let first = seen[plugin.name] {
+                refused.append(LoadFailure(file: plugin.path, check: .duplicate, problem: "plugin name \(plugin.name) is already used by \(first)",
+                                           fix: "remove one of the two files or rename one plugin"))
+                continue
+            }
+            seen[plugin.name] = plugin.path
+            plugins.append(plugin)
+        }
+        // Nothing depends on anything (the common case): order and name decide.
+        if plugins.allSatisfy({ $0.manifest.dependencies.isEmpty }) {
+            ordered = plugins
+                .map { (rank: Rank(order: orderOverride[$0.name] ?? $0.manifest.order, name: $0.name), file: $0) }
+                .sorted { $0.rank < $1.rank }
+                .map(\.file)
+            return
+        }
         let byName = Dictionary(plugins.map { ($0.name, $0) }, uniquingKeysWith: { first, _ in first })
         var refusedNames: [String: LoadFailure] = [:]
 
@@ -70,7 +91,7 @@ public struct DependencyOrder: Sendable {
                 }
             }
         }
-        refused = refusedNames.values.sorted { $0.file < $1.file }
+        refused += refusedNames.values.sorted { $0.file < $1.file }
     }
 
     struct Rank: Comparable {

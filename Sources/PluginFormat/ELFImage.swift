@@ -221,6 +221,12 @@ public struct DynamicInfo: Sendable, Equatable {
     public var needed: [String] = []
     public var soname: String?
     public var runpath: [String] = []
+
+    public init(needed: [String] = [], soname: String? = nil, runpath: [String] = []) {
+        self.needed = needed
+        self.soname = soname
+        self.runpath = runpath
+    }
 }
 
 /// Why a file is not a usable ELF shared object, in words an operator can act on.

@@ -1,6 +1,7 @@
 import Foundation
 import Glibc
 import ModuleHost
+import ModuleKit
 
 /// Discover + validate + load + register per plugin, for N generated trivial C plugins,
 /// against a plain loop of dlopen + dlsym over a copy of the same files in the same run.
@@ -88,6 +89,27 @@ struct LoadBenchmark {
                     throw NSError(domain: "bench", code: 2, userInfo: [NSLocalizedDescriptionKey: "\(report.refused.first!)"])
                 }
             }
+        case "load-phases":
+            // Diagnosis only: where the host's time goes, printed to stderr.
+            let loader = PluginLoader()
+            var valid: [PluginFile] = []
+            let validate = seconds { valid = loader.validate(directories: [dir]).valid }
+            var order = DependencyOrder([])
+            let ordering = seconds { order = DependencyOrder(valid) }
+            var opening = 0.0, registering = 0.0
+            for file in order.ordered {
+                let start = monotonicNanoseconds()
+                let plugin = try loader.open(file)
+                let mid = monotonicNanoseconds()
+                try loader.registry.register(plugin)
+                let end = monotonicNanoseconds()
+                opening += Double(mid - start) / 1e9
+                registering += Double(end - mid) / 1e9
+            }
+            let n = Double(order.ordered.count)
+            StandardError.write(String(format: "validate %.1f us, order %.1f us, open (dlopen, entry, descriptor) %.1f us, register %.1f us per plugin\n",
+                                       validate / n * 1e6, ordering / n * 1e6, opening / n * 1e6, registering / n * 1e6))
+            return validate + ordering + opening + registering
         case "load-validate":
             // Diagnosis only: the checks before dlopen, without loading.
             return seconds { _ = PluginLoader().validate(directories: [dir]) }

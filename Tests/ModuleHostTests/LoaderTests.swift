@@ -1,6 +1,7 @@
 import Foundation
 import Glibc
 @testable import ModuleHost
+import PluginFormat
 import ModuleKit
 import Testing
 import TestSupport
@@ -316,5 +317,31 @@ import TestSupport
         #expect(distinct != other)
         await first.shutdown()
         await second.shutdown()
+    }
+}
+
+@Suite struct DependencyOrderTests {
+    func file(_ name: String, _ path: String, order: Int = 0, dependencies: [String] = []) -> PluginFile {
+        PluginFile(path: path, resolvedPath: path,
+                   manifest: Manifest(name: name, version: "1", abi: "1.0", language: .c, dependencies: dependencies,
+                                      order: order, modules: [name.lowercased()]),
+                   dynamic: DynamicInfo(), warnings: [])
+    }
+
+    @Test(arguments: [false, true])
+    func aPluginNameGivenTwiceRefusesTheLaterFile(withDependencies: Bool) {
+        let order = DependencyOrder([
+            file("A", "/p/1.so"), file("A", "/p/2.so"),
+            file("B", "/p/3.so", dependencies: withDependencies ? ["A"] : []),
+        ])
+        #expect(order.ordered.map(\.path) == ["/p/1.so", "/p/3.so"])
+        #expect(order.refused.map(\.file) == ["/p/2.so"])
+        #expect(order.refused.first?.check == .duplicate)
+    }
+
+    @Test func withoutDependenciesOrderThenNameDecide() {
+        let order = DependencyOrder([file("C", "/c", order: 1), file("B", "/b", order: 2), file("A", "/a", order: 2)],
+                                    orderOverride: ["C": 3])
+        #expect(order.ordered.map(\.name) == ["A", "B", "C"])
     }
 }
