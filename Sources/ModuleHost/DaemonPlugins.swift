@@ -1,4 +1,5 @@
 import DaemonKit
+import Dispatch
 import Foundation
 import Glibc
 import ModuleKit
@@ -119,7 +120,7 @@ extension Daemon {
         let image: PrivateImage
         do {
             image = try privateImage(of: file, sourceBytes: bytes, generation: generation, hash: hash)
-            if trial { try trialLoad(image.file) }
+            if trial { try await trialLoad(image.file) }
         } catch {
             refuse(error, identity, &none)
             return false
@@ -229,7 +230,7 @@ extension Daemon {
                 }
                 let image = try privateImage(of: source, sourceBytes: bytes, generation: generation,
                                              hash: name == file.name ? hash : record.hash, renames: renames)
-                try trialLoad(image.file, preloading: chain.prefix { $0 != name }.compactMap { images[$0]?.file.resolvedPath })
+                try await trialLoad(image.file, preloading: chain.prefix { $0 != name }.compactMap { images[$0]?.file.resolvedPath })
                 images[name] = image
             }
         } catch {
@@ -347,7 +348,10 @@ extension Daemon {
 
     /// Loads the plugin in a short-lived child process first: a plugin that crashes when
     /// loaded takes the child down, not the daemon.
-    func trialLoad(_ file: PluginFile, preloading extra: [String] = []) throws(LoadFailure) {
+    ///
+    /// The child is awaited off the daemon's actor, so control requests are answered while
+    /// it runs; changes to the plugins wait their turn in the serial change queue.
+    func trialLoad(_ file: PluginFile, preloading extra: [String] = []) async throws(LoadFailure) {
         let trial = options.trialLoader ?? Self.trialLoaderPath
         // A Swift plugin needs the host's ModuleKit (and with it the Swift runtime), which it
         // names `libModuleKit.so` (the library has no SONAME, so a preloaded copy would not
@@ -379,9 +383,24 @@ extension Daemon {
             throw LoadFailure(file: file.path, check: .crashGuard, problem: "cannot start the trial loader \(trial): \(error.localizedDescription)",
                               fix: "install modhost-trial next to modhostd")
         }
-        let output = String(decoding: pipe.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-            .trimmingCharacters(in: .whitespacesAndNewlines)
-        process.waitUntilExit()
+        // A plugin whose load-time code never returns must not hang the daemon either.
+        let watchdog = DispatchWorkItem { [process] in
+            if process.isRunning { kill(process.processIdentifier, SIGKILL) }
+        }
+        DispatchQueue.global().asyncAfter(deadline: .now() + Self.trialTimeout, execute: watchdog)
+        let output = await withCheckedContinuation { (continuation: CheckedContinuation<String, Never>) in
+            DispatchQueue.global().async { [process] in
+                let text = String(decoding: pipe.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+                process.waitUntilExit()
+                continuation.resume(returning: text.trimmingCharacters(in: .whitespacesAndNewlines))
+            }
+        }
+        watchdog.cancel()
+        if process.terminationReason == .uncaughtSignal, process.terminationStatus == SIGKILL {
+            throw LoadFailure(file: file.path, check: .crashGuard,
+                              problem: "a trial load in a child process did not finish within \(Int(Self.trialTimeout)) s",
+                              fix: "fix the plugin's load-time code (its entry point must return promptly)")
+        }
         if process.terminationReason == .uncaughtSignal {
             let signal = process.terminationStatus
             throw LoadFailure(file: file.path, check: .crashGuard,
@@ -393,6 +412,9 @@ extension Daemon {
                               fix: "rebuild the plugin with plugin.mk against this host")
         }
     }
+
+    /// How long a trial load may take.
+    static let trialTimeout: Double = 10
 
     /// `modhost-trial` next to the running executable.
     static var trialLoaderPath: String {

@@ -314,4 +314,22 @@ import TestSupport
         #expect(undeclared.standardError.contains("unknown_function"))
         #expect(await h.stop() == 0)
     }
+
+    @Test func aPluginThatHangsOnLoadAtRunTimeIsRefusedAfterTheTrialTimeout() async throws {
+        let h = try Harness(["Counter"])
+        #expect(await h.waitFor("control socket ready"))
+        let scratch = TemporaryDirectory("hanger")
+        try PluginFactory(directory: scratch.path).buildC(
+            "Hanger", source: PluginFactory.cSource(plugin: "Hanger", modules: ["hanger"], entryBody: "for (;;) {} return &plugin;"),
+            manifest: PluginFactory.manifest(plugin: "Hanger", modules: ["hanger"]))
+        try h.drop(scratch.path + "/libHanger.so", as: "libHanger.so")
+        // While the trial child hangs, the daemon still answers.
+        try await Task.sleep(for: .seconds(1))
+        let status = try h.ctl("status", "--json")
+        #expect(status.status == 0)
+        #expect(!h.daemon.text.contains("did not finish within"))
+        #expect(await h.waitFor("did not finish within 10 s"))
+        #expect(try h.modules()["counter"]?["state"] as? String == "running")
+        #expect(await h.stop() == 0)
+    }
 }
