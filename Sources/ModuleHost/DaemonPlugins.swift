@@ -59,6 +59,17 @@ extension Daemon {
                 continue
             }
             for warning in file.warnings { logger.warning(warning, [("file", path)]) }
+            // The file now holds another plugin than the one loaded from it: that one goes.
+            if let previous = records.values.first(where: { $0.source == path }), previous.loaded.name != file.name {
+                summary.removed += await remove(previous.loaded.name, reason: "its file \(path) now holds plugin \(file.name)")
+            }
+            // A module name another loaded plugin provides: refused before any dlopen.
+            if let module = file.manifest.modules.first(where: { registry.entry(named: $0).map { $0.plugin != file.name } ?? false }) {
+                refuse(LoadFailure(file: path, check: .duplicate,
+                                   problem: "module \(module) is already provided by plugin \(registry.entry(named: module)!.plugin)",
+                                   fix: "rename the module or remove one of the two plugins"), identity, &summary)
+                continue
+            }
             hashes[path] = (hash, identity, bytes)
             if let existing = records[file.name] {
                 guard existing.source == path || present[existing.source] == nil else {

@@ -332,4 +332,18 @@ import TestSupport
         #expect(try h.modules()["counter"]?["state"] as? String == "running")
         #expect(await h.stop() == 0)
     }
+
+    @Test func aDroppedPluginWithATakenModuleNameIsRefusedBeforeLoading() async throws {
+        let h = try Harness(["Counter"])
+        #expect(await h.waitFor("control socket ready"))
+        let scratch = TemporaryDirectory("dup")
+        try PluginFactory(directory: scratch.path).buildC(
+            "Impostor", source: PluginFactory.cSource(plugin: "Impostor", modules: ["counter"]),
+            manifest: PluginFactory.manifest(plugin: "Impostor", modules: ["counter"]))
+        try h.drop(scratch.path + "/libImpostor.so", as: "libImpostor.so")
+        #expect(await h.waitFor("duplicate name check failed: module counter is already provided by plugin Counter"))
+        #expect(!h.daemon.text.contains("trial load"))  // refused before any code ran
+        #expect(try h.modules()["counter"]?["plugin"] as? String == "Counter")
+        #expect(await h.stop() == 0)
+    }
 }
