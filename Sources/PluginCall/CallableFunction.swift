@@ -43,18 +43,18 @@ public final class CallableFunction: Sendable {
 
     private let addressBits: UInt
     private let cif: PreparedCIF
-    private let argumentTypes: [ValueType]
-    private let returnType: ValueType
+    @usableFromInline let argumentTypes: [ValueType]
+    @usableFromInline let returnType: ValueType
     private let cParameterCount: Int
     /// True when some argument is `str` or `buf`, or the result is `buf`: those need
     /// storage pinned for the duration of the call (a `str` result needs none).
     private let needsPinning: Bool
     /// True when every argument is a number or bool and the result is neither `str` nor
     /// `buf`: the fixed-arity overloads then encode into registers with no memory at all.
-    private let scalarOnly: Bool
+    @usableFromInline let scalarOnly: Bool
     /// The first three argument types (`.void` when absent), read without array access.
-    private let type0: ValueType
-    private let type1: ValueType
+    @usableFromInline let type0: ValueType
+    @usableFromInline let type1: ValueType
     private let type2: ValueType
 
     /// Prepares a function for calling: `ffi_prep_cif` runs here, once.
@@ -203,8 +203,8 @@ public final class CallableFunction: Sendable {
 
     /// Calls a function of at most three number/bool parameters whose slot images are
     /// `r0`, `r1`, `r2` (unused ones ignored), without touching memory on the register path.
-    @inline(__always)
-    private func callScalars(_ r0: UInt64, _ r1: UInt64, _ r2: UInt64, count: Int) -> UInt64 {
+    @usableFromInline @inline(__always)
+    func callScalars(_ r0: UInt64, _ r1: UInt64, _ r2: UInt64, count: Int) -> UInt64 {
         let address = UnsafeRawPointer(bitPattern: addressBits).unsafelyUnwrapped
         if path == .registers {
             switch count {
@@ -510,5 +510,96 @@ enum RegisterCall {
         case 7: return unsafeBitCast(address, to: F7.self)(s[0], s[1], s[2], s[3], s[4], s[5], s[6])
         default: return unsafeBitCast(address, to: F8.self)(s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7])
         }
+    }
+}
+
+/// A Swift number or Bool that stands for exactly one scalar type of the signature grammar,
+/// for calls with typed Swift values instead of `CallValue`s.
+public protocol CallScalar: Sendable {
+    /// The grammar type this Swift type passes as (`Int32` → `i32`).
+    static var callType: ValueType { get }
+    /// The value's bits as the C calling convention passes them in one register slot.
+    var callBits: UInt64 { get }
+    /// The value from a result's register bits.
+    init(callBits: UInt64)
+}
+
+extension Int8: CallScalar {
+    public static var callType: ValueType { .i8 }
+    public var callBits: UInt64 { UInt64(bitPattern: Int64(self)) }
+    public init(callBits: UInt64) { self.init(truncatingIfNeeded: callBits) }
+}
+extension Int16: CallScalar {
+    public static var callType: ValueType { .i16 }
+    public var callBits: UInt64 { UInt64(bitPattern: Int64(self)) }
+    public init(callBits: UInt64) { self.init(truncatingIfNeeded: callBits) }
+}
+extension Int32: CallScalar {
+    public static var callType: ValueType { .i32 }
+    public var callBits: UInt64 { UInt64(bitPattern: Int64(self)) }
+    public init(callBits: UInt64) { self.init(truncatingIfNeeded: callBits) }
+}
+extension Int64: CallScalar {
+    public static var callType: ValueType { .i64 }
+    public var callBits: UInt64 { UInt64(bitPattern: self) }
+    public init(callBits: UInt64) { self.init(bitPattern: callBits) }
+}
+extension UInt8: CallScalar {
+    public static var callType: ValueType { .u8 }
+    public var callBits: UInt64 { UInt64(self) }
+    public init(callBits: UInt64) { self.init(truncatingIfNeeded: callBits) }
+}
+extension UInt16: CallScalar {
+    public static var callType: ValueType { .u16 }
+    public var callBits: UInt64 { UInt64(self) }
+    public init(callBits: UInt64) { self.init(truncatingIfNeeded: callBits) }
+}
+extension UInt32: CallScalar {
+    public static var callType: ValueType { .u32 }
+    public var callBits: UInt64 { UInt64(self) }
+    public init(callBits: UInt64) { self.init(truncatingIfNeeded: callBits) }
+}
+extension UInt64: CallScalar {
+    public static var callType: ValueType { .u64 }
+    public var callBits: UInt64 { self }
+    public init(callBits: UInt64) { self = callBits }
+}
+extension Float: CallScalar {
+    public static var callType: ValueType { .f32 }
+    public var callBits: UInt64 { UInt64(bitPattern) }
+    public init(callBits: UInt64) { self.init(bitPattern: UInt32(truncatingIfNeeded: callBits)) }
+}
+extension Double: CallScalar {
+    public static var callType: ValueType { .f64 }
+    public var callBits: UInt64 { bitPattern }
+    public init(callBits: UInt64) { self.init(bitPattern: callBits) }
+}
+extension Bool: CallScalar {
+    public static var callType: ValueType { .bool }
+    public var callBits: UInt64 { self ? 1 : 0 }
+    public init(callBits: UInt64) { self = UInt8(truncatingIfNeeded: callBits) != 0 }
+}
+
+extension CallableFunction {
+    /// Calls a function of two number/bool parameters with typed Swift values: the Swift
+    /// types must be exactly the declared ones (`Int32` for `i32`, ...), so no value can be
+    /// out of range and nothing is converted. Types are checked before the call; nothing
+    /// is allocated.
+    ///
+    ///     let add = try table.function(named: "calc_add")          // i32(i32,i32)
+    ///     let sum: Int32 = try add.call(2 as Int32, 40 as Int32)
+    ///
+    /// - Throws: `CallError.wrongArity`, `.wrongType` or `.wrongResultType`, before the call.
+    @inlinable
+    public func call<A: CallScalar, B: CallScalar, R: CallScalar>(_ a: A, _ b: B, returning: R.Type = R.self) throws(CallError) -> R {
+        guard scalarOnly, argumentTypes.count == 2 else {
+            throw CallError.wrongArity(function: name, signature: signature, given: 2)
+        }
+        guard type0 == A.callType else { throw CallError.wrongType(function: name, position: 1, expected: type0, given: A.callType) }
+        guard type1 == B.callType else { throw CallError.wrongType(function: name, position: 2, expected: type1, given: B.callType) }
+        guard returnType == R.callType else {
+            throw CallError.wrongResultType(function: name, expected: returnType, requested: R.callType)
+        }
+        return R(callBits: callScalars(a.callBits, b.callBits, 0, count: 2))
     }
 }

@@ -10,6 +10,8 @@ public enum CallError: Error, Sendable, Equatable, CustomStringConvertible {
     case wrongArity(function: String, signature: Signature, given: Int)
     /// A value's type is not the declared type of its argument (no implicit conversion).
     case wrongType(function: String, position: Int, expected: ValueType, given: ValueType)
+    /// A typed call asked for a result type other than the declared one.
+    case wrongResultType(function: String, expected: ValueType, requested: ValueType)
     /// A value cannot be passed as declared: text or JSON input that is malformed or out
     /// of range, or a string containing NUL.
     case invalidArgument(function: String, position: Int, ValueError)
@@ -34,6 +36,8 @@ public enum CallError: Error, Sendable, Equatable, CustomStringConvertible {
             return "\(named(function))argument \(position) must be \(expected), got a \(given) value"
         case .invalidArgument(let function, let position, let error):
             return "\(named(function))argument \(position): \(error)"
+        case .wrongResultType(let function, let expected, let requested):
+            return "\(named(function))returns \(expected), not \(requested)"
         case .nullResult(let function):
             return "\(named(function))returned NULL for a str result"
         case .invalidResult(let function, let reason):

@@ -37,20 +37,23 @@ struct CallBenchmark {
             throw BenchError("unexpected call paths: \(cached.path), \(viaFFI.path)")
         }
 
-        var directTimes: [Double] = [], cachedTimes: [Double] = [], ffiTimes: [Double] = []
+        var directTimes: [Double] = [], cachedTimes: [Double] = [], ffiTimes: [Double] = [], typedTimes: [Double] = []
         for _ in 0..<repetitions {
             let (directSeconds, expected) = Self.directLoop(direct, iterations)
             let (cachedSeconds, cachedSum) = try Self.hostLoop(cached, iterations)
             let (ffiSeconds, ffiSum) = try Self.hostLoop(viaFFI, iterations)
-            guard cachedSum == expected, ffiSum == expected else {
-                throw BenchError("sums differ: direct \(expected), registers \(cachedSum), libffi \(ffiSum)")
+            let (typedSeconds, typedSum) = try Self.typedLoop(cached, iterations)
+            guard cachedSum == expected, ffiSum == expected, typedSum == expected else {
+                throw BenchError("sums differ: direct \(expected), registers \(cachedSum), libffi \(ffiSum), typed \(typedSum)")
             }
+            typedTimes.append(typedSeconds)
             directTimes.append(directSeconds)
             cachedTimes.append(cachedSeconds)
             ffiTimes.append(ffiSeconds)
         }
         let perCall = { (times: [Double]) in median(times) / Double(self.iterations) * 1e9 }
         let directNanos = perCall(directTimes), cachedNanos = perCall(cachedTimes), ffiNanos = perCall(ffiTimes)
+        let typedNanos = perCall(typedTimes)
 
         // First call: lookup + ffi_prep_cif + call on a table that has never prepared the
         // function. The tables are made from the already resolved exports, untimed.
@@ -73,6 +76,10 @@ struct CallBenchmark {
                 baselineDescription: "direct call through a C function pointer from dlsym, same function, \(loop)",
                 target: 3),
             BenchRow(
+                name: "call.cached_typed.i32_add", value: typedNanos, unit: "ns", baseline: directNanos,
+                baselineDescription: "direct call through a C function pointer from dlsym, same function, \(loop); host called with typed Swift values (call(_: Int32, _: Int32) -> Int32), types checked per call",
+                target: 3),
+            BenchRow(
                 name: "call.cached_libffi.i32_add", value: ffiNanos, unit: "ns", baseline: directNanos,
                 baselineDescription: "direct call through a C function pointer from dlsym, same function, \(loop); host forced to ffi_call",
                 target: 3),
@@ -91,6 +98,20 @@ struct CallBenchmark {
         let elapsed = seconds {
             for i in 0..<iterations {
                 sum &+= Int64(add(Int32(truncatingIfNeeded: i & 0xFFFF), Int32(truncatingIfNeeded: i >> 8 & 0xFFFF)))
+            }
+        }
+        return (elapsed, sum)
+    }
+
+    /// Seconds for `iterations` typed calls through the host, and the sum of their results.
+    @inline(never)
+    static func typedLoop(_ function: CallableFunction, _ iterations: Int) throws -> (Double, Int64) {
+        var sum: Int64 = 0
+        let elapsed = try seconds {
+            for i in 0..<iterations {
+                let value: Int32 = try function.call(
+                    Int32(truncatingIfNeeded: i & 0xFFFF), Int32(truncatingIfNeeded: i >> 8 & 0xFFFF))
+                sum &+= Int64(value)
             }
         }
         return (elapsed, sum)
