@@ -76,8 +76,11 @@ plugin-%: sdk
 # Welcome imports Greeting's Swift module.
 plugin-Welcome: plugin-Greeting
 
+# Serially: many tests run real processes (modhostd, modhostctl, make, cc) and wait for
+# them; run side by side on two cores, those waits starve the concurrency pool that
+# deadline-based tests in the same process need (~30 s either way).
 test: plugins
-	MODHOST_BUILD=$(BUILD) $(SWIFT) test -c $(CONFIG) --skip-build
+	MODHOST_BUILD=$(BUILD) $(SWIFT) test -c $(CONFIG) --skip-build --no-parallel
 
 run: plugins
 	$(BUILD)/bin/modhostd --plugins $(BUILD)/plugins --state-dir $(BUILD)/state --socket $(BUILD)/modhostd.sock

@@ -205,7 +205,7 @@ func refusing(_ name: String, order: Int = 0) -> ModuleFactory {
 
 /// A host with a short deadline, for tests.
 func makeHost(
-    _ name: String = "test", settings: [String: ModuleSettings] = [:], deadline: Duration = .milliseconds(100)
+    _ name: String = "test", settings: [String: ModuleSettings] = [:], deadline: Duration = .seconds(60)
 ) -> HostInstance {
     HostInstance(name: name, settings: settings, eventDeadline: deadline)
 }
