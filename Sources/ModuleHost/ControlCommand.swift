@@ -106,12 +106,16 @@ public struct ControlCommand: Sendable {
             let file = try validator.validate(path, in: directory)
             return Verdict(file: path, valid: true, warnings: file.warnings, manifest: file.manifest)
         } catch {
-            // Show whatever manifest can be read, even from a refused file.
-            let manifest = (try? ELFImage(path: path)).flatMap { try? $0.sectionContents(named: MODHOST_MANIFEST_SECTION) }
-                .flatMap { try? Manifest.parse($0) }
-            return Verdict(file: path, valid: false, check: error.check.rawValue, problem: error.problem, fix: error.fix,
-                           warnings: [], manifest: manifest)
+            return refusedVerdict(error)
         }
+    }
+
+    /// A refused file's verdict, with whatever manifest can still be read from it.
+    func refusedVerdict(_ failure: LoadFailure) -> Verdict {
+        let manifest = (try? ELFImage(path: failure.file)).flatMap { try? $0.sectionContents(named: MODHOST_MANIFEST_SECTION) }
+            .flatMap { try? Manifest.parse($0) }
+        return Verdict(file: failure.file, valid: false, check: failure.check.rawValue, problem: failure.problem, fix: failure.fix,
+                       warnings: [], manifest: manifest)
     }
 
     func inspect(_ path: String, validator: Validator, json: Bool) -> ExitCode {
@@ -152,42 +156,19 @@ public struct ControlCommand: Sendable {
     }
 
     func verify(_ operands: [String], validator: Validator, json: Bool) -> ExitCode {
-        var results: [Verdict] = []
+        var directories: [String] = [], files: [String] = []
         for operand in operands {
             var isDirectory: ObjCBool = false
             if FileManager.default.fileExists(atPath: operand, isDirectory: &isDirectory), isDirectory.boolValue {
-                do {
-                    for path in try pluginCandidates(in: operand) {
-                        results.append(verdict(path, directory: operand, validator: validator))
-                    }
-                } catch {
-                    results.append(Verdict(file: operand, valid: false, check: error.check.rawValue, problem: error.problem,
-                                           fix: error.fix, warnings: []))
-                }
+                directories.append(operand)
             } else {
-                results.append(verdict(operand, directory: nil, validator: validator))
+                files.append(operand)
             }
         }
-        // Names used twice among the valid files are refused as the host would.
-        var seenPlugins: [String: String] = [:], seenModules: [String: String] = [:]
-        for index in results.indices where results[index].valid {
-            guard let manifest = results[index].manifest else { continue }
-            if let other = seenPlugins[manifest.name] {
-                results[index].valid = false
-                results[index].check = LoadFailure.Check.duplicate.rawValue
-                results[index].problem = "plugin name \(manifest.name) is already used by \(other)"
-                results[index].fix = "remove one of the two files or rename one plugin"
-            } else if let module = manifest.modules.first(where: { seenModules[$0] != nil }) {
-                results[index].valid = false
-                results[index].check = LoadFailure.Check.duplicate.rawValue
-                results[index].problem = "module \(module) is already provided by \(seenModules[module]!)"
-                results[index].fix = "rename the module or remove one of the two plugins"
-            }
-            if results[index].valid {
-                seenPlugins[manifest.name] = results[index].file
-                for module in manifest.modules { seenModules[module] = results[index].file }
-            }
-        }
+        // The loader's own checks, duplicate names included, without loading anything.
+        let (valid, refused) = PluginLoader(validator: validator).validate(directories: directories, files: files)
+        let results = (valid.map { Verdict(file: $0.path, valid: true, warnings: $0.warnings, manifest: $0.manifest) }
+            + refused.map(refusedVerdict)).sorted { $0.file < $1.file }
         if json {
             output.out(encodeJSON(results))
         } else {

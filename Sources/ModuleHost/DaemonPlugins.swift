@@ -33,13 +33,23 @@ extension Daemon {
 
         // New and changed files.
         var fresh: [PluginFile] = []
-        var replacements: [(file: PluginFile, hash: String, identity: FileIdentity)] = []
+        var replacements: [(file: PluginFile, bytes: [UInt8], hash: String, identity: FileIdentity)] = []
+        var directoryStatus: [String: stat] = [:]
+        for directory in directories { directoryStatus[directory] = Validator.status(of: directory) }
         var hashes: [String: (String, FileIdentity, [UInt8])] = [:]
         for (path, directory) in present.sorted(by: { $0.key < $1.key }) {
             guard let identity = FileIdentity(path: path) else { continue }
             if let record = records.values.first(where: { $0.source == path }), record.identity == identity { continue }
             if let entry = refused[path], entry.identity == identity, entry.failure.check != .dependency { continue }
-            let bytes = (try? Data(contentsOf: URL(fileURLWithPath: path))).map(Array.init) ?? []
+            // One read: the checks' bytes are also what is hashed and copied.
+            let file: PluginFile
+            let bytes: [UInt8]
+            do {
+                (file, bytes) = try validator.validateReading(path, in: directory, directoryStatus: directoryStatus[directory])
+            } catch {
+                refuse(error, identity, &summary)
+                continue
+            }
             let hash = contentHash(bytes)
             if let record = records.values.first(where: { $0.source == path }), record.hash == hash {
                 records[record.loaded.name]?.identity = identity  // touched, same content
@@ -49,13 +59,6 @@ extension Daemon {
                 refuse(LoadFailure(file: path, check: .crashGuard,
                                    problem: "this file crashed the daemon during \(crash.phase) at \(crash.time)",
                                    fix: "fix the plugin and deploy a new build; a changed file is tried again"), identity, &summary)
-                continue
-            }
-            let file: PluginFile
-            do {
-                file = try validator.validate(path, in: directory)
-            } catch {
-                refuse(error, identity, &summary)
                 continue
             }
             for warning in file.warnings { logger.warning(warning, [("file", path)]) }
@@ -77,7 +80,7 @@ extension Daemon {
                                        fix: "remove one of the two files or rename one plugin"), identity, &summary)
                     continue
                 }
-                replacements.append((file, hash, identity))
+                replacements.append((file, bytes, hash, identity))
             } else {
                 fresh.append(file)
             }
@@ -103,7 +106,7 @@ extension Daemon {
         }
 
         for replacement in replacements {
-            if await replace(with: replacement.file, hash: replacement.hash, identity: replacement.identity) {
+            if await replace(with: replacement.file, bytes: replacement.bytes, hash: replacement.hash, identity: replacement.identity) {
                 summary.replaced.append(replacement.file.name)
             } else {
                 summary.refused.append(replacement.file.path)
@@ -213,7 +216,7 @@ extension Daemon {
     /// again against it; then in one update the old modules get willUnload and hand their
     /// state to the new ones, which get init, restore(state:) and start; the old ones get
     /// deinit. If anything fails before that update, the old version keeps running.
-    func replace(with file: PluginFile, hash: String, identity: FileIdentity) async -> Bool {
+    func replace(with file: PluginFile, bytes newBytes: [UInt8], hash: String, identity: FileIdentity) async -> Bool {
         var none = ReloadSummary()
         guard let old = records[file.name] else { return false }
         let chain = [file.name] + dependents(of: file.name)
@@ -233,7 +236,7 @@ extension Daemon {
                 let bytes: [UInt8]?
                 if name == file.name {
                     source = file
-                    bytes = nil
+                    bytes = newBytes
                 } else {
                     // A dependent is reloaded from its current image, renamed once more.
                     source = record.loaded.file
@@ -335,7 +338,7 @@ extension Daemon {
         var output = bytes
         if !renames.isEmpty {
             do {
-                let image = try ELFImage(path: file.resolvedPath)
+                let image = try ELFImage(path: file.resolvedPath, contents: bytes)
                 output = try DynamicStringPatch.apply(renames, to: bytes, image: image)
             } catch {
                 throw LoadFailure(file: file.path, check: .elf, problem: "cannot give the private copy its own names: \(error)",

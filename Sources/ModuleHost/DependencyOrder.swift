@@ -31,7 +31,7 @@ public struct DependencyOrder: Sendable {
                 .map(\.file)
             return
         }
-        let byName = Dictionary(plugins.map { ($0.name, $0) }, uniquingKeysWith: { first, _ in first })
+        let byName = Dictionary(uniqueKeysWithValues: plugins.map { ($0.name, $0) })  // names are unique now
         var refusedNames: [String: LoadFailure] = [:]
 
         // Every member of a dependency cycle is refused, naming the cycle.
@@ -46,13 +46,12 @@ public struct DependencyOrder: Sendable {
 
         // Dependents of each plugin, to propagate refusals and to count what each waits for.
         var dependents: [String: [String]] = [:]
-        for plugin in plugins where byName[plugin.name]?.path == plugin.path {
+        for plugin in plugins {
             for dependency in Set(plugin.manifest.dependencies) { dependents[dependency, default: []].append(plugin.name) }
         }
 
         // A plugin needing something neither loaded nor present is refused, and so is,
         // transitively, everything that depends on a refused plugin.
-        var queue: [String] = []
         for (name, plugin) in byName.sorted(by: { $0.key < $1.key }) where refusedNames[name] == nil {
             if let missing = plugin.manifest.dependencies.first(where: { !loaded.contains($0) && byName[$0] == nil }) {
                 refusedNames[name] = LoadFailure(
@@ -60,7 +59,7 @@ public struct DependencyOrder: Sendable {
                     fix: "install plugin \(missing) in a plugin directory")
             }
         }
-        queue = refusedNames.keys.sorted()
+        var queue = refusedNames.keys.sorted()
         while let name = queue.popLast() {
             for dependent in dependents[name] ?? [] where refusedNames[dependent] == nil {
                 let reason = refusedNames[name]!.check.rawValue

@@ -33,6 +33,12 @@ public struct Validator: Sendable {
     }
 
     func validate(_ path: String, in directory: String?, directoryStatus: stat?) throws(LoadFailure) -> PluginFile {
+        try validateReading(path, in: directory, directoryStatus: directoryStatus).file
+    }
+
+    /// `validate`, also returning the bytes the checks read, for callers that need the
+    /// file's contents (the daemon hashes and copies them) without reading it again.
+    func validateReading(_ path: String, in directory: String?, directoryStatus: stat?) throws(LoadFailure) -> (file: PluginFile, bytes: [UInt8]) {
         var warnings: [String] = []
         func fail(_ check: LoadFailure.Check, _ problem: String, _ fix: String) -> LoadFailure {
             LoadFailure(file: path, check: check, problem: problem, fix: fix)
@@ -162,7 +168,7 @@ public struct Validator: Sendable {
                            "rebuild the plugin with this host's plugin.mk (Swift has no stable ABI between SDK builds)")
             }
         }
-        return PluginFile(path: path, resolvedPath: resolved, manifest: manifest, dynamic: dynamic, warnings: warnings)
+        return (PluginFile(path: path, resolvedPath: resolved, manifest: manifest, dynamic: dynamic, warnings: warnings), contents.bytes)
     }
 }
 

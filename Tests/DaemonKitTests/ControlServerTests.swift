@@ -2,6 +2,7 @@ import DaemonKit
 import Foundation
 import Synchronization
 import Testing
+import TestSupport
 
 #if canImport(Glibc)
 import Glibc

@@ -267,7 +267,7 @@ import TestSupport
             // Invalid UTF-8 keeps the connection open; then a valid request; then half a line.
             connection.send([0x7b, 0xff, 0xfe, 0x7d, 0x0a] + Array(#"{"cmd":"ping","id":1}"#.utf8) + [0x0a])
             connection.send(Array(#"{"cmd":"li"#.utf8))
-            return connection.readLines(3, timeout: .seconds(20))
+            return connection.readLines(3, timeout: .seconds(20)).lines
         }
         #expect(lines.count == 3)
         guard lines.count == 3 else { return }
@@ -667,53 +667,6 @@ extension ControlProtocolTests {
             self.code = code
             self.message = message
             self.id = id
-        }
-    }
-
-    /// A raw Unix socket connection, to send bytes `ControlClient` never sends (invalid UTF-8,
-    /// half a line) and read what comes back.
-    final class RawConnection: Sendable {
-        let fd: Int32
-
-        init(_ path: String) throws {
-            fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
-            var address = sockaddr_un()
-            address.sun_family = sa_family_t(AF_UNIX)
-            withUnsafeMutableBytes(of: &address.sun_path) { $0.copyBytes(from: Array(path.utf8)) }
-            let result = withUnsafePointer(to: &address) {
-                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
-            }
-            guard result == 0 else {
-                let code = errno
-                close(fd)
-                throw POSIXError(POSIXErrorCode(rawValue: code) ?? .EIO)
-            }
-        }
-
-        deinit { close(fd) }
-
-        func send(_ bytes: [UInt8]) {
-            var offset = 0
-            while offset < bytes.count {
-                let count = bytes.withUnsafeBytes { Glibc.send(fd, $0.baseAddress! + offset, $0.count - offset, Int32(MSG_NOSIGNAL)) }
-                if count <= 0 { return }
-                offset += count
-            }
-        }
-
-        /// Reads until `count` complete lines arrived, EOF, or `timeout`; returns the lines.
-        func readLines(_ count: Int, timeout: Duration) -> [String] {
-            var buffer: [UInt8] = []
-            let deadline = ContinuousClock.now.advanced(by: timeout)
-            while buffer.filter({ $0 == 10 }).count < count, ContinuousClock.now < deadline {
-                var fds = [pollfd(fd: fd, events: Int16(POLLIN), revents: 0)]
-                guard poll(&fds, 1, 100) > 0 else { continue }
-                var chunk = [UInt8](repeating: 0, count: 65536)
-                let read = chunk.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
-                if read <= 0 { break }
-                buffer += chunk[..<read]
-            }
-            return String(decoding: buffer, as: UTF8.self).split(separator: "\n").map(String.init)
         }
     }
 }
