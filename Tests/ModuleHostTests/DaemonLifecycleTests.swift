@@ -190,6 +190,73 @@ import TestSupport
         #expect(await h.stop() == 0)
     }
 
+    /// Builds Greeting from its sources with another version and salutation, as an author
+    /// deploying new code would, in `work`, and returns the built file.
+    static func greeting(version: String, salutation: String, in work: TemporaryDirectory) throws -> String {
+        try shell("cp '\(BuildProducts.packageRoot)'/Plugins/Greeting/*.swift '\(work.path)'/")
+        let source = try String(contentsOfFile: work.path + "/Greeting.swift", encoding: .utf8)
+            .replacingOccurrences(of: "static let version = \"1.0.0\"", with: "static let version = \"\(version)\"")
+            .replacingOccurrences(of: "?? \"Hello\"", with: "?? \"\(salutation)\"")
+        try work.write("Greeting.swift", text: source)
+        let manifest = try String(contentsOfFile: BuildProducts.packageRoot + "/Plugins/Greeting/plugin.json", encoding: .utf8)
+        try work.write("plugin.json", text: manifest.replacingOccurrences(of: "\"version\": \"1.0.0\"", with: "\"version\": \"\(version)\""))
+        try work.write("Makefile", text: "PLUGIN = Greeting\ninclude \(BuildProducts.pluginMakefile)\n")
+        try shell("make -s", directory: work.path)
+        return work.path + "/build/libGreeting.so"
+    }
+
+    /// What a replace promises: the new image's code and version run, generation after
+    /// generation, with and without a dependent.
+    @Test(arguments: [["Greeting", "Welcome"], ["Greeting"]])
+    func aReplacedSwiftPluginRunsTheNewCode(examples: [String]) async throws {
+        let h = try Harness(examples)
+        #expect(await h.waitFor("started \(examples.count) modules"))
+        for (generation, salutation) in [(2, "Howdy"), (3, "Ahoy")] {
+            let version = "\(generation).0.0"
+            let work = TemporaryDirectory("greeting-\(version)")
+            try h.drop(try Self.greeting(version: version, salutation: salutation, in: work), as: "libGreeting.so")
+            #expect(await h.waitFor("replaced plugin Greeting \(generation - 1).0.0 by \(version) (generation \(generation))"))
+            let rows = try h.modules()
+            #expect(rows["greeting"]?["version"] as? String == version)
+            #expect(rows["greeting"]?["generation"] as? Int == generation)
+            let info = try h.ctl("info", "--json")
+            let payload = try JSONSerialization.jsonObject(with: Data(info.standardOutput.utf8)) as? [String: Any]
+            let greeting = (payload?["modules"] as? [[String: Any]])?.first { $0["name"] as? String == "greeting" }
+            #expect(greeting?["version"] as? String == version)
+            #expect((greeting?["metadata"] as? [String: Any])?["salutation"] as? String == salutation)
+            if examples.contains("Welcome") {
+                // The restarted dependent reaches the new provider's code.
+                #expect(await h.waitFor("\(salutation), operator! (via greeting)"))
+            }
+        }
+        #expect(await h.stop() == 0)
+    }
+
+    /// The same promise for a C plugin: each generation's handler is the one that runs.
+    @Test func aReplacedCPluginRunsTheNewCode() async throws {
+        let h = try Harness(["Counter"])
+        #expect(await h.waitFor("started 1 modules"))
+        for generation in 1...3 {
+            let version = "\(generation).0"
+            let scratch = TemporaryDirectory("tally-\(generation)")
+            try PluginFactory(directory: scratch.path).buildC(
+                "Tally",
+                source: PluginFactory.cSource(plugin: "Tally", modules: ["tally"])
+                    .replacingOccurrences(of: ".version = \"1.0\"", with: ".version = \"\(version)\"")
+                    .replacingOccurrences(of: "\"event %s %s\"", with: "\"generation \(generation) got %s\""),
+                manifest: PluginFactory.manifest(plugin: "Tally", modules: ["tally"])
+                    .replacingOccurrences(of: "\"version\":\"1.0\"", with: "\"version\":\"\(version)\""))
+            try h.drop(scratch.path + "/libTally.so", as: "libTally.so")
+            #expect(await h.waitFor(generation == 1 ? "loaded plugin Tally 1.0" : "by \(version) (generation \(generation))"))
+            let rows = try h.modules()
+            #expect(rows["tally"]?["version"] as? String == version)
+            #expect(rows["tally"]?["generation"] as? Int == generation)
+            #expect(try h.ctl("send", "knock\(generation)", "--to", "tally").status == 0)
+            #expect(await h.waitFor("generation \(generation) got knock\(generation)"))
+        }
+        #expect(await h.stop() == 0)
+    }
+
     @Test func aBrokenNewVersionLeavesTheOldOneRunning() async throws {
         let h = try Harness(["Greeting", "Counter"])
         #expect(await h.waitFor("started 2 modules"))

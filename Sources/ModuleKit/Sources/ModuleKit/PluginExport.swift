@@ -16,17 +16,27 @@ public final class ModuleTypeBox: Sendable {
 ///     @_cdecl("modhost_plugin_entry_v1")
 ///     public func entry() -> UnsafeRawPointer? { PluginExport.plugin("Greeter", modules: [Greeter.self]) }
 public enum PluginExport {
-    /// Descriptors already built, by plugin name, as addresses. They are never freed: the
-    /// host keeps pointers into them for the life of the process.
-    private static let built = Mutex<[String: UInt]>([:])
+    /// What one descriptor describes: a plugin name and the exact module types. A new
+    /// image of the same plugin (a hot replace) has new type metadata, so it gets a
+    /// descriptor of its own and never the previous image's.
+    private struct Key: Hashable {
+        var name: String
+        var types: [ObjectIdentifier]
+    }
 
-    /// The descriptor of a plugin named `name` providing `modules`, built once and kept
-    /// for the life of the process. Safe to call from any thread.
+    /// Descriptors already built, by image, as addresses. They are never freed: the host
+    /// keeps pointers into them for the life of the process.
+    private static let built = Mutex<[Key: UInt]>([:])
+
+    /// The descriptor of a plugin named `name` providing `modules`, built once per set of
+    /// module types (that is, once per loaded image of the plugin) and kept for the life
+    /// of the process. Safe to call from any thread.
     public static func plugin(_ name: String, modules: [any PluginModule.Type]) -> UnsafeRawPointer? {
+        let key = Key(name: name, types: modules.map { ObjectIdentifier($0) })
         let address = built.withLock { built -> UInt in
-            if let address = built[name] { return address }
+            if let address = built[key] { return address }
             let address = UInt(bitPattern: makeDescriptor(name, modules))
-            built[name] = address
+            built[key] = address
             return address
         }
         return UnsafeRawPointer(bitPattern: address)
