@@ -1,4 +1,5 @@
 import Dispatch
+import Glibc
 import ModuleKit
 import Synchronization
 import Testing
@@ -178,6 +179,63 @@ struct BusTests {
         #expect(counts.installs.load(ordering: .relaxed) == 400)
         #expect(counts.preUninstalls.load(ordering: .relaxed) == 400, "every object was uninstalled exactly once")
         #expect(counts.postUninstalls.load(ordering: .relaxed) == 400)
+    }
+
+    // Installing the same object from 8 threads at once installs it once: one preInstall and
+    // one postInstall, no uninstall hook while it stays installed, and only the call that
+    // installed it returns true. Uninstalling it then runs one pre/post uninstall pair, with
+    // postUninstall only once it is gone.
+    @Test(.timeLimit(.minutes(2)))
+    func concurrentInstallsOfTheSameObjectInstallItOnce() {
+        let threads = 8
+        let queues = (0..<threads).map { DispatchQueue(label: "installer-\($0)") }
+        var failures: [String] = []
+        for round in 0..<400 {
+            let bus = Bus(label: "race")
+            let service = RaceService()
+            let arrived = Atomic<Int>(0)
+            let installed = Atomic<Int>(0)
+            let group = DispatchGroup()
+            for queue in queues {
+                queue.async(group: group) {
+                    arrived.add(1, ordering: .acquiringAndReleasing)
+                    while arrived.load(ordering: .acquiring) < threads { sched_yield() }
+                    if bus.install(service) { installed.add(1, ordering: .relaxed) }
+                }
+            }
+            group.wait()
+            let afterInstall = service.hooks
+            let trues = installed.load(ordering: .relaxed)
+            let count = bus.count
+            let uninstalled = bus.uninstall(service)
+            let afterUninstall = service.hooks
+            if trues != 1 || afterInstall != [1, 1, 0, 0, 0] || count != 1 || !uninstalled
+                || afterUninstall != [1, 1, 1, 1, 0] || bus.count != 0
+            {
+                failures.append(
+                    "round \(round): install returned true \(trues) times, hooks after install \(afterInstall), "
+                        + "count \(count), after uninstall \(afterUninstall) (pre, post, preUn, postUn, postUn while accessible)")
+            }
+        }
+        #expect(failures.isEmpty, "\(failures.count) of 400 rounds failed; first: \(failures.first ?? "")")
+    }
+}
+
+/// Counts its hooks on one bus: [preInstall, postInstall, preUninstall, postUninstall,
+/// postUninstall while still accessible].
+final class RaceService: Installable, Uninstallable {
+    private let counts = Mutex<[Int]>([0, 0, 0, 0, 0])
+    var hooks: [Int] { counts.withLock { $0 } }
+    private func count(_ index: Int) { counts.withLock { $0[index] += 1 } }
+    func preInstall(on bus: Bus) {
+        count(0)
+        sched_yield()
+    }
+    func postInstall(on bus: Bus) { count(1) }
+    func preUninstall(from bus: Bus) { count(2) }
+    func postUninstall(from bus: Bus) {
+        count(3)
+        if bus.access(RaceService.self) === self { count(4) }
     }
 }
 

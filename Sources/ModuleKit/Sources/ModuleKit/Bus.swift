@@ -167,6 +167,9 @@ public final class Bus: Sendable, CustomStringConvertible {
         var nextSerial: UInt64 = 0
         /// Items being uninstalled: claimed by one thread, whose hooks run exactly once.
         var leaving: Set<UInt64> = []
+        /// Items being installed (their `preInstall` running): not accessible yet, but an
+        /// object here is not installed again by another thread.
+        var arriving: [Item] = []
 
         /// Marks the first item matching `predicate` that nobody is uninstalling as leaving.
         mutating func claim(where predicate: (Item) -> Bool) -> Item? {
@@ -193,31 +196,47 @@ public final class Bus: Sendable, CustomStringConvertible {
 
     /// Installs `item`: `preInstall` hook, then the item becomes accessible under its type
     /// (replacing an item of the same type, which is uninstalled first with its hooks),
-    /// then `postInstall`. Installing an object that is already installed does nothing.
-    /// Returns false, and installs nothing, when `item` is this bus or a bus (or `SubBus`)
-    /// that contains this bus, which would make a cycle.
+    /// then `postInstall`.
+    ///
+    /// Returns true when this call installed `item`, false when it did nothing:
+    /// - `item` is an object that is already installed on this bus, or that another call is
+    ///   installing at this moment (from another thread, or from its own hooks): the object
+    ///   is installed once, with one `preInstall`/`postInstall` pair, by the call that
+    ///   returns true. A call that returns false because another one is still running does
+    ///   not wait for it: the object becomes accessible once that call's `preInstall` has
+    ///   returned.
+    /// - `item` is this bus or a bus (or `SubBus`) that contains this bus, which would make
+    ///   a cycle.
+    ///
+    /// Values (not objects) are never "the same": installing one always installs it,
+    /// replacing the item of its type.
     @discardableResult
     public func install<T: Sendable>(_ item: T) -> Bool {
         let installed: any Sendable = item
         let value: any Sendable = (installed as? any HookedValueProtocol)?.storedValue ?? installed
         if let nested = Self.bus(in: value), nested.contains(bus: self) { return false }
         let key = ObjectIdentifier(type(of: value))
-        let (identical, existing) = state.withLock { state -> (Bool, Item?) in
-            if state.items.contains(where: {
-                $0.key == key && !state.leaving.contains($0.serial) && Self.isSameObject($0.value, value)
-            }) {
-                return (true, nil)
+        // Reserve the install: from here on, another install of the same object returns false.
+        let reserved = state.withLock { state -> (serial: UInt64, existing: Item?)? in
+            let isSame = { (other: Item) in other.key == key && Self.isSameObject(other.value, value) }
+            if state.arriving.contains(where: isSame)
+                || state.items.contains(where: { !state.leaving.contains($0.serial) && isSame($0) })
+            {
+                return nil
             }
-            return (false, state.claim { $0.key == key })
+            state.nextSerial += 1
+            state.arriving.append(Item(serial: state.nextSerial, key: key, value: value, installed: installed))
+            return (state.nextSerial, state.claim { $0.key == key })
         }
-        if identical { return true }
-        if let existing { finishUninstall(existing) }
+        guard let reserved else { return false }
+        if let existing = reserved.existing { finishUninstall(existing) }
         (installed as? any Installable)?.preInstall(on: self)
         let displaced = state.withLock { state -> Item? in
-            state.nextSerial += 1
+            // Only this call removes its reservation, so it is still there.
+            let arrived = state.arriving.remove(at: state.arriving.firstIndex { $0.serial == reserved.serial }!)
             // Another thread may have installed the same type meanwhile: the later one wins.
             let displaced = state.claim { $0.key == key }
-            state.items.append(Item(serial: state.nextSerial, key: key, value: value, installed: installed))
+            state.items.append(arrived)
             return displaced
         }
         if let displaced { finishUninstall(displaced) }
