@@ -148,8 +148,10 @@ public final class ModuleManager {
     /// exactly once, on the host's context, as soon as the modules are ready: before this
     /// returns when they already are, otherwise when the update in progress completes.
     ///
-    /// Disposing of the returned `Disposable` before then prevents the call. When the host
-    /// shuts down first, `completion` is called with nil.
+    /// Disposing of the returned `Disposable` before then prevents the call; when the call
+    /// has already started on the host's context, `dispose()` from another thread returns
+    /// once `completion` has returned (see `Disposable`). When the host shuts down first,
+    /// `completion` is called with nil.
     ///
     ///     host.moduleManager.getModule(transform: { $0 as? Greeter }) { $0?.greet() }
     @discardableResult
@@ -162,8 +164,7 @@ public final class ModuleManager {
             ObservationRecord(
                 token: token,
                 deliver: { manager in
-                    guard token.claim() else { return }
-                    completion(manager.firstTransformation(transform))
+                    token.deliverOnce { completion(manager.firstTransformation(transform)) }
                 },
                 finish: nil))
         return token
@@ -192,7 +193,7 @@ public final class ModuleManager {
                         }
                         guard serials != lastSerials else { return }
                         lastSerials = serials
-                        sink.receive(values)
+                        token.deliver { sink.receive(values) }
                     },
                     finish: sink.finish))
         }
@@ -219,7 +220,7 @@ public final class ModuleManager {
                         let serial: UInt64? = found?.serial
                         if let lastSerial, lastSerial == serial { return }
                         lastSerial = .some(serial)
-                        sink.receive(found?.value)
+                        token.deliver { sink.receive(found?.value) }
                     },
                     finish: sink.finish))
         }

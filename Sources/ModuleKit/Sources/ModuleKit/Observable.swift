@@ -1,36 +1,104 @@
 import Dispatch
+import Glibc
 import Synchronization
 
 /// Something that can be disposed of to stop a delivery: a subscription, or a pending
 /// `getModule` completion.
 ///
-/// `dispose()` may be called from any thread, any number of times. Once it returns, the
-/// observer or completion it guards is never called again (a call already running on the
-/// host context finishes).
+/// `dispose()` may be called from any thread, any number of times. Once it has returned,
+/// the observer or completion it guards is never called again, from any thread:
+/// - A call that has not started when `dispose()` is entered never starts.
+/// - A call already running on another thread (an emission in flight on the host's
+///   context, or an `observeOn` delivery on its queue) is waited for: `dispose()` returns
+///   only after that call has returned.
+/// - Called from inside the observer or completion itself (on the thread running it),
+///   `dispose()` does not wait for the call it is part of, so it cannot deadlock; that call
+///   goes on to its end and no later call starts.
+///
+/// Because `dispose()` may wait for a running call, an observer must not wait for the
+/// thread that disposes of it (nor for a lock that thread holds while disposing), and two
+/// observers running on different threads must not dispose of each other's subscriptions.
 public protocol Disposable: Sendable {
-    /// Stops the delivery. Idempotent; safe from any thread.
+    /// Stops the delivery, waiting for a call running on another thread to return (see the
+    /// protocol). Idempotent; safe from any thread.
     func dispose()
     /// True once `dispose()` was called (or a one-shot delivery happened).
     var isDisposed: Bool { get }
 }
 
-/// The `Disposable` every subscription of this module returns: an atomic flag the host
-/// checks before each delivery.
+/// The `Disposable` every subscription of this module returns. Every call of the observer
+/// it guards goes through `deliver` (or `deliverOnce`), which starts the call only while
+/// the token is not disposed and registers the running thread, so that `dispose()` can
+/// wait for calls running on other threads.
 final class SubscriptionToken: Disposable {
-    private let disposed = Atomic<Bool>(false)
+    private struct State {
+        var disposed = false
+        /// The threads running a guarded call (at most one for serial deliveries; a thread
+        /// appears once per call it runs).
+        var callers: [pthread_t] = []
+        /// Disposers waiting until no thread but their own runs a guarded call.
+        var waiters: [(thread: pthread_t, wake: DispatchSemaphore)] = []
+    }
+    private let state: Mutex<State>
 
-    init(disposed: Bool = false) {
-        if disposed { self.disposed.store(true, ordering: .relaxed) }
+    init(disposed: Bool = false) { state = Mutex(State(disposed: disposed)) }
+
+    func dispose() {
+        let me = pthread_self()
+        let wait = state.withLock { state -> DispatchSemaphore? in
+            state.disposed = true
+            guard state.callers.contains(where: { pthread_equal($0, me) == 0 }) else { return nil }
+            let wake = DispatchSemaphore(value: 0)
+            state.waiters.append((me, wake))
+            return wake
+        }
+        wait?.wait()
     }
 
-    func dispose() { disposed.store(true, ordering: .releasing) }
+    var isDisposed: Bool { state.withLock { $0.disposed } }
 
-    var isDisposed: Bool { disposed.load(ordering: .acquiring) }
+    /// Runs `call` unless the token is disposed; `dispose()` on another thread waits for it.
+    func deliver(_ call: () -> Void) {
+        guard let me = begin(once: false) else { return }
+        defer { end(me) }
+        call()
+    }
 
-    /// Marks the token disposed; true only for the one caller that did it first. Used by
-    /// one-shot deliveries so that a completion runs at most once.
-    func claim() -> Bool {
-        disposed.compareExchange(expected: false, desired: true, ordering: .acquiringAndReleasing).exchanged
+    /// Like `deliver`, but marks the token disposed as the call starts: `call` runs at most
+    /// once, however many times this is reached. For one-shot completions.
+    func deliverOnce(_ call: () -> Void) {
+        guard let me = begin(once: true) else { return }
+        defer { end(me) }
+        call()
+    }
+
+    private func begin(once: Bool) -> pthread_t? {
+        let me = pthread_self()
+        return state.withLock { state -> pthread_t? in
+            if state.disposed { return nil }
+            if once { state.disposed = true }
+            state.callers.append(me)
+            return me
+        }
+    }
+
+    private func end(_ me: pthread_t) {
+        let woken = state.withLock { state -> [DispatchSemaphore] in
+            if let index = state.callers.firstIndex(where: { pthread_equal($0, me) != 0 }) {
+                state.callers.remove(at: index)
+            }
+            guard !state.waiters.isEmpty else { return [] }
+            let callers = state.callers
+            var woken: [DispatchSemaphore] = []
+            state.waiters.removeAll { waiter in
+                // A waiter disposing from inside a call of its own waits only for the others.
+                guard callers.allSatisfy({ pthread_equal($0, waiter.thread) != 0 }) else { return false }
+                woken.append(waiter.wake)
+                return true
+            }
+            return woken
+        }
+        for wake in woken { wake.signal() }
     }
 }
 
@@ -111,7 +179,10 @@ public struct Observable<Element>: Sendable {
 
     /// Subscribes `observer`, which is then called on the host's context with every value
     /// the observable emits (the current one first, at once, when the modules are ready),
-    /// until the returned `Disposable` is disposed of or the host shuts down.
+    /// until the returned `Disposable` is disposed of or the host shuts down. Once
+    /// `dispose()` has returned, `observer` is never called again: disposing from another
+    /// thread waits for a call in flight on the host's context; disposing from inside
+    /// `observer` returns at once (see `Disposable`).
     ///
     /// Must be called on this observable's host context: the default `isolation` argument
     /// is the caller's actor, which the compiler requires to be a `HostInstance`.
@@ -216,7 +287,10 @@ public struct RelayedObservable<Element: Sendable>: Sendable {
 
     /// Subscribes from any thread. The subscription is made on the host's context shortly
     /// after this returns; `observer` is then called on the queue with every value, in
-    /// emission order, until the returned `Disposable` is disposed of.
+    /// emission order, until the returned `Disposable` is disposed of. Values already queued
+    /// when `dispose()` is entered are dropped; a call running on the queue at that moment is
+    /// waited for (unless `dispose()` is called from inside it), so once `dispose()` has
+    /// returned, `observer` is never called again.
     @discardableResult
     public func subscribe(_ observer: @escaping @Sendable (Element) -> Void) -> any Disposable {
         let token = SubscriptionToken()
@@ -229,7 +303,7 @@ public struct RelayedObservable<Element: Sendable>: Sendable {
                     host, token,
                     ObservationSink(
                         receive: { value in
-                            queue.async { if !token.isDisposed { observer(value) } }
+                            queue.async { token.deliver { observer(value) } }
                         },
                         finish: nil))
             }
