@@ -145,8 +145,12 @@ struct DisposeRaceTests {
         let totals = await race(
             subscribe: { host, race in
                 let subscription = host.observeModules { $0.moduleName }.observeOn(queue).subscribe { _ in race.observe() }
-                // The subscription is made on the host shortly after subscribe returns.
-                await host.perform { _ in }
+                // The subscription is made on the host shortly after subscribe returns: wait
+                // for the first value.
+                while race.started.load(ordering: .acquiring) == 0 {
+                    await host.perform { _ in }
+                    await drained(queue)
+                }
                 return subscription
             },
             drain: {
@@ -219,13 +223,14 @@ struct DisposeRaceTests {
             relayed.withLock { $0 }?.dispose()
         }
         relayed.withLock { $0 = subscribed }
-        // The first value may reach the observer before `relayed` is set; the next one
-        // disposes at the latest.
-        await host.perform { _ in }
-        await drained(queue)
-        await host.add([special("d")])
-        await drained(queue)
-        #expect(subscribed.isDisposed)
+        // The first value may reach the observer before `relayed` is set: emit until a call
+        // has disposed (the first after `relayed` is set does).
+        var extra = 0
+        while !subscribed.isDisposed {
+            await host.add([special("x\(extra)")])
+            await drained(queue)
+            extra += 1
+        }
         let made = relayedCalls.load(ordering: .relaxed)
         await host.add([special("e")])
         await drained(queue)
