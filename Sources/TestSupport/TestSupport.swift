@@ -24,6 +24,34 @@ public enum BuildProducts {
     public static var pluginMakefile: String { directory + "/share/modulehost/plugin.mk" }
 }
 
+/// Copies of the daemon and the control tool, with the SDK library they load, in a fresh
+/// directory every user can read (mode 0755, under /tmp): a test that runs them as another
+/// user (uid 65534) then works wherever the checkout lives, even under a directory that
+/// user cannot enter. The layout is the installed one (`bin/` next to `lib/`), which the
+/// tools' RUNPATH (`$ORIGIN/../lib`) expects.
+public final class ToolsForAnotherUser: Sendable {
+    public let root = TemporaryDirectory("modhost-tools")
+    public var modhostd: String { root.file("bin/modhostd") }
+    public var modhostctl: String { root.file("bin/modhostctl") }
+
+    public init() throws {
+        for (source, target) in [("bin/modhostd", "bin"), ("bin/modhostctl", "bin"), ("bin/modhost-trial", "bin"),
+                                 ("lib/libModuleKit.so", "lib")] {
+            let directory = root.directory(target)
+            let name = (source as NSString).lastPathComponent
+            let copy = directory + "/" + name
+            try FileManager.default.copyItem(atPath: BuildProducts.directory + "/" + source, toPath: copy)
+            chmod(copy, 0o755)
+        }
+    }
+
+    /// Runs `executable` (one of the copies) as uid and gid 65534 with no supplementary
+    /// groups; needs root.
+    public func runAsNobody(_ executable: String, _ arguments: [String]) throws -> ProcessResult {
+        try run("/usr/bin/setpriv", ["--reuid=65534", "--regid=65534", "--clear-groups", executable] + arguments)
+    }
+}
+
 /// A fresh directory under /tmp, removed with everything in it when the value is released.
 public final class TemporaryDirectory: Sendable {
     public let path: String
