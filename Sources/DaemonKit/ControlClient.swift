@@ -5,7 +5,10 @@ import Synchronization
 
 /// A connection to a `ControlServer`: send a line, read the reply line, with a timeout.
 ///
-/// - `init` connects (retrying while the server's backlog is full, up to `timeout`).
+/// - `init` connects (retrying while the server's backlog is full, up to `timeout`) and
+///   checks who listens (`SO_PEERCRED`): unless `trust` accepts the listener (by default
+///   root or our own effective uid), it throws `.untrustedPeer` before anything is sent,
+///   so a socket another user bound first at a shared path is never talked to.
 /// - `request(_:)` sends one line and returns the next reply line without its newline.
 ///   Concurrent calls on one client are serialized (each gets its own reply, in order);
 ///   use several clients for parallel requests.
@@ -30,8 +33,10 @@ public final class ControlClient: Sendable {
     private let connection: Mutex<Connection>
 
     /// Connects to the server at `socketPath` (a path or `@abstract` name). Throws
-    /// `.system` (e.g. `ENOENT`: no daemon; `ECONNREFUSED`: stale socket) or `.timedOut`.
-    public init(socketPath: String, timeout: Duration = .seconds(5), maximumLineLength: Int = 16 << 20)
+    /// `.system` (e.g. `ENOENT`: no daemon; `ECONNREFUSED`: stale socket), `.timedOut`, or
+    /// `.untrustedPeer` when `trust` refuses the listener's credentials.
+    public init(socketPath: String, timeout: Duration = .seconds(5), maximumLineLength: Int = 16 << 20,
+                trust: @Sendable (PeerCredentials) -> Bool = ControlServer.sameUserOrRoot)
         throws(ControlSocketError)
     {
         self.socketPath = socketPath
@@ -41,6 +46,17 @@ public final class ControlClient: Sendable {
         while true {
             switch connectUnix(socketPath) {
             case .success(let fd):
+                let peer: PeerCredentials
+                do throws(SystemError) {
+                    peer = try PeerCredentials(socket: fd)
+                } catch {
+                    closeDescriptor(fd)
+                    throw .system(error)
+                }
+                guard trust(peer) else {
+                    closeDescriptor(fd)
+                    throw .untrustedPeer(path: socketPath, peer: peer)
+                }
                 connection = Mutex(Connection(fd: fd))
                 return
             case .failure(let error) where error.code == EAGAIN && ContinuousClock.now < deadline:

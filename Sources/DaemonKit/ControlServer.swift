@@ -67,7 +67,10 @@ public enum ControlRejection: Sendable, Hashable, CustomStringConvertible {
     /// A human-readable sentence for the error line's message.
     public var description: String {
         switch self {
-        case .peerNotPermitted(let peer): "peer uid \(peer.uid) is not permitted (only uid \(geteuid()) or root)"
+        case .peerNotPermitted(let peer):
+            geteuid() == 0
+                ? "peer uid \(peer.uid) is not permitted: only uid 0 (root) may use this socket"
+                : "peer uid \(peer.uid) is not permitted: only uid \(geteuid()) (the daemon's user) and uid 0 (root) may use this socket"
         case .lineTooLong(let limit): "request line longer than \(limit) bytes"
         case .invalidUTF8: "request line is not valid UTF-8"
         case .timedOut: "request not completed in time"
@@ -90,6 +93,9 @@ public enum ControlSocketError: Error, Sendable, Hashable, CustomStringConvertib
     case connectionClosed
     /// A reply line exceeded the client's limit.
     case lineTooLong(limit: Int)
+    /// The process listening on the socket runs as a user the client does not trust (by
+    /// default: neither root nor the client's own uid); nothing was sent to it.
+    case untrustedPeer(path: String, peer: PeerCredentials)
 
     /// A human-readable sentence, suitable for `modhostctl`'s `Error: ...` line.
     public var description: String {
@@ -100,6 +106,8 @@ public enum ControlSocketError: Error, Sendable, Hashable, CustomStringConvertib
         case .timedOut(let operation): "\(operation) timed out"
         case .connectionClosed: "connection closed by peer"
         case .lineTooLong(let limit): "reply line longer than \(limit) bytes"
+        case .untrustedPeer(let path, let peer):
+            "the process listening on \(path) runs as uid \(peer.uid) (pid \(peer.pid)); only a modhostd running as uid \(geteuid() == 0 ? "0 (root)" : "\(geteuid()) (your user) or uid 0 (root)") is trusted"
         }
     }
 }

@@ -16,8 +16,13 @@ public struct DirectoryChange: Hashable, Sendable, CustomStringConvertible {
         case removed
         /// The watched directory itself is gone (deleted, moved away or unmounted:
         /// `IN_DELETE_SELF`, `IN_MOVE_SELF`, `IN_IGNORED`). `path` is the directory. The
-        /// watcher no longer watches it; call `watch(_:)` again once it exists.
+        /// watcher no longer watches it; call `watch(_:)` again once it exists. A directory
+        /// passed to `follow(_:)` is watched again by itself (see `.directoryAppeared`).
         case directoryRemoved
+        /// A directory passed to `follow(_:)` that was missing (never there, or removed)
+        /// exists again and is watched from now on. `path` is the directory. Files put into it
+        /// before the watch was in place are not reported: scan it.
+        case directoryAppeared
         /// The kernel's event queue overflowed (`IN_Q_OVERFLOW`); events were lost. `path` and
         /// `directory` are empty. Rescan every directory.
         case overflow
@@ -52,7 +57,11 @@ public struct DirectoryChange: Hashable, Sendable, CustomStringConvertible {
 ///
 /// Guarantees:
 /// - A file is reported `.ready` only on `IN_CLOSE_WRITE` or `IN_MOVED_TO`, never on
-///   `IN_CREATE`, so a half-copied file is never reported (FINDINGS section 9).
+///   `IN_CREATE`, so a half-copied file is never reported (FINDINGS section 9). A symbolic
+///   link is complete when created, so its `IN_CREATE` reports it `.ready`.
+/// - A directory given to `follow(_:)` stays followed: while it is missing, its nearest
+///   existing ancestor is watched for it to appear (as a path is recreated one level at a
+///   time), and it is watched again as soon as it exists (`.directoryAppeared`).
 /// - Names for which `Configuration.isIgnored` is true (by default dotfiles, `*.tmp`, `*~`,
 ///   `*.part`; see `isIgnoredName(_:)`) and subdirectories are never reported, except
 ///   that renaming a file to an ignored name reports its old name `.removed`.
@@ -122,8 +131,16 @@ public final class DirectoryWatcher: Sendable {
         try core.watch(Self.normalize(directory))
     }
 
-    /// Stops watching `directory`; no `.directoryRemoved` is reported for it. Events from it
-    /// already in the current batch are still delivered.
+    /// Watches `directory` and keeps watching it: if it does not exist yet, or is deleted or
+    /// moved away later, the watcher waits for it to exist again (watching its nearest
+    /// existing ancestor) and then reports `.directoryAppeared` and its events. Throws only
+    /// when neither it nor any ancestor can be watched (e.g. `EACCES`).
+    public func follow(_ directory: String) throws(SystemError) {
+        try core.follow(Self.normalize(directory))
+    }
+
+    /// Stops watching (or following) `directory`; no `.directoryRemoved` is reported for it.
+    /// Events from it already in the current batch are still delivered.
     public func unwatch(_ directory: String) {
         core.unwatch(Self.normalize(directory))
     }
@@ -145,7 +162,8 @@ public final class DirectoryWatcher: Sendable {
             || name.hasSuffix(".part")
     }
 
-    static func normalize(_ directory: String) -> String {
+    /// `directory` without trailing slashes, as the watcher reports it.
+    public static func normalize(_ directory: String) -> String {
         var result = directory
         while result.count > 1 && result.hasSuffix("/") { result.removeLast() }
         return result
@@ -159,6 +177,11 @@ private final class WatcherCore: Sendable {
         var fd: Int32
         var directoryByDescriptor: [Int32: String] = [:]
         var descriptorByDirectory: [String: Int32] = [:]
+        /// Directories passed to `follow`, watched again whenever they come back.
+        var followed: Set<String> = []
+        /// Followed directories that are missing, by the watch on their nearest existing
+        /// ancestor.
+        var waiting: [Int32: Set<String>] = [:]
     }
 
     let wake: WakeEvent
@@ -167,9 +190,12 @@ private final class WatcherCore: Sendable {
     private let watches: Mutex<Watches>
     private let inotifyFD: Int32
 
-    /// Events watched on each directory. `IN_CREATE` and `IN_MODIFY` deliberately absent.
+    /// Events watched on each directory (the same mask for a watched directory and for an
+    /// ancestor a missing one waits on, since a second `inotify_add_watch` on one inode
+    /// replaces the mask). `IN_CREATE` only reports symlinks and directories; `IN_MODIFY`
+    /// deliberately absent.
     private static let mask: UInt32 =
-        UInt32(IN_CLOSE_WRITE) | UInt32(IN_MOVED_TO) | UInt32(IN_DELETE) | UInt32(IN_MOVED_FROM)
+        UInt32(IN_CLOSE_WRITE) | UInt32(IN_MOVED_TO) | UInt32(IN_DELETE) | UInt32(IN_MOVED_FROM) | UInt32(IN_CREATE)
         | UInt32(IN_DELETE_SELF) | UInt32(IN_MOVE_SELF) | UInt32(IN_ONLYDIR) | UInt32(IN_EXCL_UNLINK)
 
     init(configuration: DirectoryWatcher.Configuration,
@@ -200,9 +226,90 @@ private final class WatcherCore: Sendable {
 
     func unwatch(_ directory: String) {
         watches.withLock { watches in
+            watches.followed.remove(directory)
+            for (wd, var waiters) in watches.waiting where waiters.contains(directory) {
+                waiters.remove(directory)
+                watches.waiting[wd] = waiters.isEmpty ? nil : waiters
+                Self.dropIfUnused(wd, &watches)
+            }
             guard let wd = watches.descriptorByDirectory.removeValue(forKey: directory) else { return }
             watches.directoryByDescriptor[wd] = nil
             if watches.fd >= 0 { _ = inotify_rm_watch(watches.fd, wd) }
+        }
+    }
+
+    func follow(_ directory: String) throws(SystemError) {
+        let result: Result<Void, SystemError> = watches.withLock { watches in
+            guard watches.fd >= 0 else { return .failure(SystemError("inotify_add_watch", code: EBADF, subject: directory)) }
+            watches.followed.insert(directory)
+            switch Self.arm(directory, &watches) {
+            case .failure(let error):
+                watches.followed.remove(directory)
+                return .failure(error)
+            case .success:
+                return .success(())
+            }
+        }
+        try result.get()
+    }
+
+    /// Watches `directory` if it exists (true), else its nearest existing ancestor, to be
+    /// told when it appears (false). Retries while the path is being created under it.
+    private static func arm(_ directory: String, _ watches: inout Watches) -> Result<Bool, SystemError> {
+        for _ in 0..<64 {
+            let wd = inotify_add_watch(watches.fd, directory, mask)
+            if wd >= 0 {
+                watches.directoryByDescriptor[wd] = watches.directoryByDescriptor[wd] ?? directory
+                watches.descriptorByDirectory[directory] = wd
+                return .success(true)
+            }
+            let error = SystemError.current("inotify_add_watch", subject: directory)
+            guard error.code == ENOENT || error.code == ENOTDIR else { return .failure(error) }
+            // The nearest ancestor that exists, and the component below it we wait for.
+            var child = directory
+            var ancestor = parent(of: directory)
+            while true {
+                let wd = inotify_add_watch(watches.fd, ancestor, mask)
+                if wd >= 0 {
+                    watches.waiting[wd, default: []].insert(directory)
+                    break
+                }
+                let code = Glibc.errno
+                guard code == ENOENT || code == ENOTDIR, ancestor != child else { return .failure(error) }
+                child = ancestor
+                ancestor = parent(of: ancestor)
+            }
+            // Created between our two calls? Then go round again; else its event will come.
+            var info = stat()
+            if lstat(child, &info) != 0 { return .success(false) }
+        }
+        return .success(false)
+    }
+
+    /// `/a/b` -> `/a`, `/a` -> `/`, `a` -> `.`; `/` and `.` are their own parents.
+    private static func parent(of path: String) -> String {
+        guard let slash = path.lastIndex(of: "/") else { return "." }
+        return slash == path.startIndex ? "/" : String(path[..<slash])
+    }
+
+    /// Removes a watch that serves neither a watched directory nor a waiting one.
+    private static func dropIfUnused(_ wd: Int32, _ watches: inout Watches) {
+        guard watches.directoryByDescriptor[wd] == nil, watches.waiting[wd] == nil, watches.fd >= 0 else { return }
+        _ = inotify_rm_watch(watches.fd, wd)
+    }
+
+    /// Arms the followed `directories` again (their watch or their ancestor's went away, or
+    /// something appeared under their ancestor); reports those now watched.
+    private func rearm(_ directories: Set<String>, into pending: inout Pending) {
+        let appeared: [String] = watches.withLock { watches in
+            directories.sorted().filter { directory in
+                guard watches.followed.contains(directory), watches.descriptorByDirectory[directory] == nil else { return false }
+                return (try? Self.arm(directory, &watches).get()) == true
+            }
+        }
+        for directory in appeared {
+            // Its own key: a removal just before stays in the batch too.
+            pending.add(DirectoryChange(kind: .directoryAppeared, path: directory, directory: directory), key: "\0appeared " + directory)
         }
     }
 
@@ -266,6 +373,7 @@ private final class WatcherCore: Sendable {
             watches.fd = -1
             watches.directoryByDescriptor = [:]
             watches.descriptorByDirectory = [:]
+            watches.waiting = [:]
         }
         let batch = pending.take()
         if !batch.isEmpty { continuation.yield(batch) }
@@ -306,22 +414,45 @@ private final class WatcherCore: Sendable {
         let selfGone = has(IN_DELETE_SELF) || has(IN_MOVE_SELF) || has(IN_IGNORED) || has(IN_UNMOUNT)
         if selfGone {
             // Forget the watch first so a later IN_IGNORED for it is not reported twice.
-            let directory: String? = watches.withLock { watches in
-                guard let directory = watches.directoryByDescriptor.removeValue(forKey: wd) else { return nil }
+            let (directory, waiters): (String?, Set<String>) = watches.withLock { watches in
+                let waiters = watches.waiting.removeValue(forKey: wd) ?? []
+                guard let directory = watches.directoryByDescriptor.removeValue(forKey: wd) else { return (nil, waiters) }
                 watches.descriptorByDirectory[directory] = nil
                 // A moved directory keeps its watch; drop it since its path is no longer ours.
                 if has(IN_MOVE_SELF), watches.fd >= 0 { _ = inotify_rm_watch(watches.fd, wd) }
-                return directory
+                return (directory, waiters)
             }
             if let directory {
                 pending.add(DirectoryChange(kind: .directoryRemoved, path: directory, directory: directory),
                             key: directory)
             }
+            // A followed directory (or an ancestor others wait on) went away: wait again.
+            rearm(waiters.union(directory.map { [$0] } ?? []), into: &pending)
             return
         }
-        if has(IN_ISDIR) || configuration.isIgnored(name) { return }
+        if has(IN_ISDIR) {
+            // A directory appeared where followed ones wait: maybe one of them, or a step
+            // on the way to one.
+            if has(IN_CREATE) || has(IN_MOVED_TO) {
+                let waiters = watches.withLock { watches in watches.waiting.removeValue(forKey: wd) ?? [] }
+                if !waiters.isEmpty {
+                    rearm(waiters, into: &pending)
+                    watches.withLock { Self.dropIfUnused(wd, &$0) }
+                }
+            }
+            return
+        }
+        if configuration.isIgnored(name) { return }
         guard let directory = watches.withLock({ $0.directoryByDescriptor[wd] }) else { return }
         let path = directory == "/" ? "/" + name : directory + "/" + name
+        if has(IN_CREATE) {
+            // Only a symlink is complete when created; a file being written is not.
+            var info = stat()
+            if lstat(path, &info) == 0, info.st_mode & S_IFMT == S_IFLNK {
+                pending.add(DirectoryChange(kind: .ready, path: path, directory: directory), key: path)
+            }
+            return
+        }
         if has(IN_CLOSE_WRITE) || has(IN_MOVED_TO) {
             pending.add(DirectoryChange(kind: .ready, path: path, directory: directory), key: path)
         } else if has(IN_DELETE) || has(IN_MOVED_FROM) {

@@ -11,8 +11,14 @@ import Foundation
 /// XDG variables that are unset, empty or relative are ignored, as the specification says.
 public struct RuntimePaths: Sendable, Hashable {
     /// The control socket: `/run/modhostd.sock` as root, else
-    /// `$XDG_RUNTIME_DIR/modhostd.sock`, else `/tmp/modhostd-<uid>.sock`.
+    /// `$XDG_RUNTIME_DIR/modhostd.sock`, else `/tmp/modhostd-<uid>/modhostd.sock`, inside
+    /// the private directory `privateRuntimeDirectory` (never directly in a directory
+    /// others can write).
     public var socketPath: String
+    /// The private directory holding the socket when there is no `XDG_RUNTIME_DIR`:
+    /// `/tmp/modhostd-<uid>`; nil otherwise. Check it with `checkPrivateDirectory` (the
+    /// daemon creates it) before trusting anything in it.
+    public var privateRuntimeDirectory: String?
     /// Crash-loop records and other state: `/var/lib/modhostd` as root, else
     /// `$XDG_STATE_HOME/modhostd`, else `$HOME/.local/state/modhostd`.
     public var stateDirectory: String
@@ -26,6 +32,7 @@ public struct RuntimePaths: Sendable, Hashable {
     public init(environment: [String: String] = ProcessInfo.processInfo.environment, uid: UInt32 = geteuid()) {
         if uid == 0 {
             socketPath = "/run/modhostd.sock"
+            privateRuntimeDirectory = nil
             stateDirectory = "/var/lib/modhostd"
             configPath = "/etc/modhostd/modhostd.json"
             return
@@ -35,9 +42,33 @@ public struct RuntimePaths: Sendable, Hashable {
             return value.count > 1 && value.hasSuffix("/") ? String(value.dropLast()) : value
         }
         let home = Self.homeDirectory(environment: environment, uid: uid)
-        socketPath = xdg("XDG_RUNTIME_DIR").map { $0 + "/modhostd.sock" } ?? "/tmp/modhostd-\(uid).sock"
+        if let runtime = xdg("XDG_RUNTIME_DIR") {
+            socketPath = runtime + "/modhostd.sock"
+            privateRuntimeDirectory = nil
+        } else {
+            privateRuntimeDirectory = "/tmp/modhostd-\(uid)"
+            socketPath = "/tmp/modhostd-\(uid)/modhostd.sock"
+        }
         stateDirectory = (xdg("XDG_STATE_HOME") ?? home + "/.local/state") + "/modhostd"
         configPath = (xdg("XDG_CONFIG_HOME") ?? home + "/.config") + "/modhostd/modhostd.json"
+    }
+
+    /// Checks that `directory` is private to `uid`, as OpenSSH and systemd check theirs:
+    /// a real directory (not a symlink), owned by `uid`, with no permission bits for group
+    /// or others. With `create`, a missing directory is made with mode 0700 first (the
+    /// daemon); without, a missing one is reported as `ENOENT` (the client: no daemon).
+    /// Throws a one-line reason that names the directory, what is wrong and the fix.
+    public static func checkPrivateDirectory(_ directory: String, uid: UInt32 = geteuid(), create: Bool) throws(PrivateDirectoryError) {
+        if create, mkdir(directory, 0o700) != 0, Glibc.errno != EEXIST {
+            throw .system(.current("mkdir", subject: directory))
+        }
+        var info = stat()
+        guard lstat(directory, &info) == 0 else { throw .system(.current("lstat", subject: directory)) }
+        guard info.st_mode & S_IFMT == S_IFDIR else { throw .notPrivate(directory: directory, problem: "it is not a directory (a symlink or another file)") }
+        guard info.st_uid == uid else { throw .notPrivate(directory: directory, problem: "it is owned by uid \(info.st_uid), not uid \(uid)") }
+        guard info.st_mode & 0o077 == 0 else {
+            throw .notPrivate(directory: directory, problem: "its mode \(String(info.st_mode & 0o777, radix: 8)) gives group or others access")
+        }
     }
 
     /// `$HOME` if absolute, else the password database's entry for `uid`, else `/tmp`.
@@ -57,5 +88,22 @@ public struct RuntimePaths: Sendable, Hashable {
         }
         if let path, path.hasPrefix("/") { return path }
         return "/tmp"
+    }
+}
+
+/// Why a runtime directory cannot be trusted.
+public enum PrivateDirectoryError: Error, Sendable, Hashable, CustomStringConvertible {
+    /// It exists but is not private to us; `problem` says how.
+    case notPrivate(directory: String, problem: String)
+    /// It cannot be created or examined (`ENOENT`: it does not exist).
+    case system(SystemError)
+
+    /// One line: the directory, what is wrong, and the fix.
+    public var description: String {
+        switch self {
+        case .notPrivate(let directory, let problem):
+            "the runtime directory \(directory) is not private: \(problem). Fix: remove it (another user may have created it) or set XDG_RUNTIME_DIR or pass --socket"
+        case .system(let error): "\(error)"
+        }
     }
 }

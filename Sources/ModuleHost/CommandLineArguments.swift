@@ -15,6 +15,9 @@ public enum ExitCode: Int32, Sendable, Error {
     case unavailable = 69
     /// An operating-system error, such as a socket that cannot be created (EX_OSERR).
     case osError = 71
+    /// The process on the control socket is not trusted: it runs as another user than
+    /// root or the caller (EX_NOPERM).
+    case noPermission = 77
 }
 
 /// A command-line mistake: printed as `Error: ...`, the usage line, and where help is.

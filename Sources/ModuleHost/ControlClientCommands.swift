@@ -10,7 +10,8 @@ import Glibc
 /// The `modhostctl` commands that talk to a running modhostd over the control socket
 /// (docs/control-protocol.md). Each sends one request and prints the reply; exit codes:
 /// 0 the daemon carried it out, 1 it replied with an error, 64 usage error, 69 it could
-/// not be reached (the message names the socket and says whether modhostd runs).
+/// not be reached (the message names the socket and says whether modhostd runs), 77 the
+/// process on the socket runs as another user than root or the caller (nothing is sent to it).
 extension ControlCommand {
     /// The commands handled here.
     static let daemonCommands: Set<String> = ["list", "status", "info", "enable", "disable", "reload", "send", "call"]
@@ -80,7 +81,8 @@ extension ControlCommand {
         EXIT CODES:
           0 done, 1 the daemon refused the request (its message and error code are printed),
           64 usage error, 69 modhostd not reachable (the message names the socket and says
-          whether a modhostd process is running)
+          whether a modhostd process is running), 77 the process listening on the socket runs
+          as another user than root or you: not trusted, nothing is sent to it
         """
 
     /// `arguments` with every word after the command `call` that starts with a single "-"
@@ -170,6 +172,9 @@ extension ControlCommand {
         case .unreachable(let message):
             output.err("Error: \(message)")
             return .unavailable
+        case .untrusted(let message):
+            output.err("Error: \(message)")
+            return .noPermission
         case .invalidReply(let message):
             output.err("Error: modhostd at \(socketPath) sent a reply this modhostctl cannot read: \(message)")
             return .failure
@@ -295,6 +300,7 @@ extension ControlCommand {
         case ok(JSONValue)
         case refused(code: String, message: String)
         case unreachable(String)
+        case untrusted(String)
         case invalidReply(String)
     }
 
@@ -312,6 +318,9 @@ extension ControlCommand {
         let reply: String
         do {
             reply = try ControlClient.request(line, socketPath: socketPath, timeout: timeout)
+        } catch .untrustedPeer(let path, let peer) {
+            return .untrusted("\(ControlSocketError.untrustedPeer(path: path, peer: peer)); nothing was sent and its replies are ignored. "
+                              + "Fix: find who runs pid \(peer.pid) and remove the socket, then start modhostd (or pass --socket with the real daemon's socket)")
         } catch {
             return .unreachable(unreachableMessage(error, socketPath: socketPath, timeout: timeout))
         }

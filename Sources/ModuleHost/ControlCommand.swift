@@ -36,7 +36,8 @@ public struct ControlCommand: Sendable {
 
         EXIT CODES:
           0 success, 1 a plugin was refused or the daemon refused the request, 64 usage error,
-          65 invalid input data, 69 modhostd not reachable (not running, or another socket)
+          65 invalid input data, 69 modhostd not reachable (not running, or another socket),
+          77 the process on the socket runs as another user than root or you (not trusted)
 
         See 'modhostctl <command> --help' for a command's options.
         """

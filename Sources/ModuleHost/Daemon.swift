@@ -68,6 +68,10 @@ public actor Daemon: DaemonControl {
     /// Files refused, by path, with the identity they had: not tried again until they change
     /// (except when they only waited for a dependency).
     var refused: [String: (failure: LoadFailure, identity: FileIdentity?)] = [:]
+    /// Refused files that only wait for a dependency that may still be arriving.
+    var waiting: Set<String> = []
+    /// Files being loaded by the reconcile in progress.
+    var loading: Set<String> = []
     var retiredCount = 0
     var retiredBytes: Int64 = 0
     var generations: [String: Int] = [:]
@@ -78,6 +82,12 @@ public actor Daemon: DaemonControl {
     let startTime = ContinuousClock.now
     var watcher: DirectoryWatcher?
     var server: ControlServer?
+    /// Held from `start()` to the end of `stop()`: this process owns the state directory
+    /// and the socket path.
+    var stateLock: ExclusiveLock?
+    var socketLock: ExclusiveLock?
+    /// Requests waiting for startup to finish (`untilReady()`).
+    var readyWaiters: [CheckedContinuation<Void, Never>] = []
 
     /// Prepares the daemon; nothing is loaded until `run()` or `start()`.
     public init(options: DaemonOptions, configuration: DaemonConfiguration) throws(DaemonError) {
@@ -145,18 +155,21 @@ public actor Daemon: DaemonControl {
         return .success
     }
 
-    /// Loads everything, starts the modules, opens the control socket and watches the
-    /// plugin directories. Sends READY=1 once every enabled module has started.
+    /// Takes the daemon's place, then loads everything and starts the modules. Sends
+    /// READY=1 once every enabled module has started.
+    ///
+    /// Order: the state directory's lock, the private runtime directory (when the socket
+    /// lives in one), the socket's lock and the bound control socket all come before any
+    /// plugin code runs, so a second daemon on the same state directory or socket exits
+    /// with `already_running` having run nothing. Then the crash guard is read, the
+    /// directories are watched and scanned, and the plugins loaded and started. Requests
+    /// that arrive meanwhile are answered from what is loaded so far (`status` says
+    /// `ready: false`); those that act on modules wait until startup is done.
     public func start() async throws(DaemonError) {
+        try takeOwnership()
         if let crash = crashGuard.recoverFromPreviousRun() {
             logger.error("plugin \(crash.plugin) crashed the daemon during \(crash.phase) at \(crash.time); that file is refused until it changes",
                          [("plugin", crash.plugin), ("file", crash.file)])
-        }
-        do {
-            try FileManager.default.createDirectory(atPath: imagesDirectory, withIntermediateDirectories: true)
-            chmod(stateDirectory, 0o700)
-        } catch {
-            throw DaemonError(code: "state_directory", message: "cannot create \(imagesDirectory): \(error.localizedDescription)")
         }
         notify { try $0.status("loading plugins") }
         // Watch first, then scan, so nothing that arrives in between is missed.
@@ -164,11 +177,71 @@ public actor Daemon: DaemonControl {
         _ = await changes.run { await self.reconcile(initial: true) }
         await host.start()
         ready = true
+        for waiter in readyWaiters { waiter.resume() }
+        readyWaiters = []
         let running = await host.moduleNames
         logger.info("started \(running.count) modules: \(running.joined(separator: ", "))",
                     [("plugins", "\(records.count)"), ("refused", "\(refused.count)")])
-        try startControlServer()
+        logger.info("control socket ready", [("socket", socketPath)])
         notify { try $0.ready(status: "\(running.count) modules running") }
+    }
+
+    /// Returns once startup has finished (at once afterwards): requests that act on
+    /// modules wait here rather than reach modules that are not started yet.
+    func untilReady() async {
+        if ready { return }
+        await withCheckedContinuation { readyWaiters.append($0) }
+    }
+
+    /// Locks the state directory, prepares the socket's directory, locks the socket path
+    /// and binds the control socket: everything that makes this process the one daemon for
+    /// them. Throws `already_running` (naming the directory or socket and the other pid)
+    /// when another daemon has either.
+    func takeOwnership() throws(DaemonError) {
+        do {
+            try FileManager.default.createDirectory(atPath: imagesDirectory, withIntermediateDirectories: true)
+            chmod(stateDirectory, 0o700)
+        } catch {
+            throw DaemonError(code: "state_directory", message: "cannot create \(imagesDirectory): \(error.localizedDescription)")
+        }
+        func alreadyRunning(_ what: String, _ pid: Int32?) -> DaemonError {
+            DaemonError(code: "already_running",
+                        message: "another modhostd\(pid.map { " (pid \($0))" } ?? "") is using \(what); this one exits without loading any plugin. Fix: stop it, or give this one its own --state-dir and --socket")
+        }
+        func lock(_ path: String, _ what: String, code: String) throws(DaemonError) -> ExclusiveLock {
+            do {
+                return try ExclusiveLock(path: path)
+            } catch .held(_, let pid) {
+                throw alreadyRunning(what, pid)
+            } catch {
+                throw DaemonError(code: code, message: "cannot lock \(what): \(error)")
+            }
+        }
+        stateLock = try lock(stateDirectory + "/modhostd.lock", "the state directory \(stateDirectory)", code: "state_directory")
+        let directory = (socketPath as NSString).deletingLastPathComponent
+        if !socketPath.hasPrefix("@") {
+            if directory == paths.privateRuntimeDirectory {
+                do {
+                    try RuntimePaths.checkPrivateDirectory(directory, create: true)
+                } catch {
+                    throw DaemonError(code: "control_socket", message: "cannot use the control socket \(socketPath): \(error)")
+                }
+            } else {
+                try? FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+            }
+            // With this lock held, a socket file left at the path is a dead daemon's: the
+            // control server may replace it without racing another starting daemon.
+            socketLock = try lock(socketPath + ".lock", "the control socket \(socketPath)", code: "control_socket")
+        }
+        let service = ControlService(daemon: self, logger: logger)
+        do {
+            server = try service.makeServer(socketPath: socketPath)
+        } catch .alreadyRunning {
+            throw alreadyRunning("the control socket \(socketPath) (a process accepts connections on it)", nil)
+        } catch {
+            throw DaemonError(code: "control_socket", message: "cannot open the control socket \(socketPath): \(error). Fix: stop the other modhostd or pass --socket")
+        }
+        logger.info("control socket listening; loading plugins", [("socket", socketPath)])
     }
 
     /// Stops the control socket and the watcher, then the modules (willTerminate awaited,
@@ -179,6 +252,8 @@ public actor Daemon: DaemonControl {
         await server?.stop()
         await host.shutdown()
         logger.info("stopped")
+        socketLock = nil
+        stateLock = nil
     }
 
     func notify(_ message: (SystemdNotifier) throws -> Void) {
@@ -191,28 +266,10 @@ public actor Daemon: DaemonControl {
 
     // MARK: - Control socket and watcher
 
-    func startControlServer() throws(DaemonError) {
-        let directory = (socketPath as NSString).deletingLastPathComponent
-        try? FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
-        let service = ControlService(daemon: self, logger: logger)
-        do {
-            server = try service.makeServer(socketPath: socketPath)
-            logger.info("control socket ready", [("socket", socketPath)])
-        } catch {
-            throw DaemonError(code: "control_socket", message: "cannot open the control socket \(socketPath): \(error). Fix: stop the other modhostd or pass --socket")
-        }
-    }
-
     func startWatching() {
         do {
             let watcher = try DirectoryWatcher(directories: [])
-            for directory in directories {
-                do {
-                    try watcher.watch(directory)
-                } catch {
-                    logger.error("cannot watch plugin directory \(directory): \(error); it is still scanned on reload", [("directory", directory)])
-                }
-            }
+            for directory in directories { follow(directory, with: watcher) }
             self.watcher = watcher
             Task { [weak self] in
                 for await batch in watcher.changes {
@@ -225,11 +282,26 @@ public actor Daemon: DaemonControl {
         }
     }
 
+    /// Watches a plugin directory from now on, also once it is created or recreated.
+    func follow(_ directory: String, with watcher: DirectoryWatcher) {
+        do {
+            try watcher.follow(directory)
+            if !watcher.directories.contains(DirectoryWatcher.normalize(directory)) {
+                logger.warning("plugin directory \(directory) does not exist yet; its plugins are loaded once it is created", [("directory", directory)])
+            }
+        } catch {
+            logger.error("cannot watch plugin directory \(directory): \(error); it is still scanned on reload", [("directory", directory)])
+        }
+    }
+
     func directoryChanged(_ batch: [DirectoryChange]) async {
         for change in batch {
             switch change.kind {
             case .directoryRemoved:
-                logger.warning("plugin directory \(change.directory) disappeared; its plugins are removed", [("directory", change.directory)])
+                logger.warning("plugin directory \(change.directory) disappeared; its plugins are removed, and loaded again if it comes back",
+                               [("directory", change.directory)])
+            case .directoryAppeared:
+                logger.info("plugin directory \(change.directory) appeared; scanning it", [("directory", change.directory)])
             case .overflow:
                 logger.warning("too many changes at once; rescanning every plugin directory")
             case .ready, .removed:
@@ -253,7 +325,9 @@ public actor Daemon: DaemonControl {
                 lastError: record.flatMap { refused[$0.source]?.failure.description }))
         }
         for (path, entry) in refused.sorted(by: { $0.key < $1.key }) where !records.values.contains(where: { $0.source == path }) {
-            let state = entry.failure.check == .dependency || entry.failure.check == .crashGuard ? "quarantined" : "refused"
+            let state = loading.contains(path) ? "loading"
+                : waiting.contains(path) ? "waiting"
+                : entry.failure.check == .dependency || entry.failure.check == .crashGuard ? "quarantined" : "refused"
             rows.append(ModuleRow(module: "-", plugin: "-", file: path, version: "-", state: state, lastError: entry.failure.description))
         }
         return rows
@@ -269,6 +343,7 @@ public actor Daemon: DaemonControl {
     }
 
     public func setEnabled(_ enabled: Bool, module: String) async throws(DaemonError) {
+        await untilReady()
         guard registry.entry(named: module) != nil else {
             throw DaemonError(code: "unknown_module", message: "no module named \(module) is registered; known: \(registry.names.joined(separator: ", "))")
         }
@@ -278,6 +353,7 @@ public actor Daemon: DaemonControl {
     }
 
     public func reload() async throws(DaemonError) -> ReloadSummary {
+        await untilReady()
         notify { try $0.reloading(status: "reloading") }
         defer { notify { try $0.ready(status: "reloaded") } }
         var configurationChanged = false
@@ -309,7 +385,7 @@ public actor Daemon: DaemonControl {
             await changes.run { await self.applyModuleSettings() }
         }
         for directory in fresh.pluginDirectories where !old.pluginDirectories.contains(directory) {
-            try? watcher?.watch(directory)
+            if let watcher { follow(directory, with: watcher) }
         }
         for directory in old.pluginDirectories where !fresh.pluginDirectories.contains(directory) {
             watcher?.unwatch(directory)
@@ -323,6 +399,7 @@ public actor Daemon: DaemonControl {
     }
 
     public func send(event: String, payload: JSONValue, to module: String?, awaited: Bool) async throws(DaemonError) {
+        await untilReady()
         if let module, !host.isRunning(moduleNamed: module) {
             throw DaemonError(code: "unknown_module", message: "no module named \(module) is running")
         }
@@ -335,6 +412,7 @@ public actor Daemon: DaemonControl {
     }
 
     public func call(plugin: String, function: String, arguments: CallArguments) async throws(DaemonError) -> CallValue {
+        await untilReady()
         guard let record = records[plugin] else {
             throw DaemonError(code: "unknown_plugin", message: "no plugin named \(plugin) is loaded; loaded: \(records.keys.sorted().joined(separator: ", "))")
         }

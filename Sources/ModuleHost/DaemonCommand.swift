@@ -33,7 +33,8 @@ public struct DaemonCommand: Sendable {
 
         EXIT CODES:
           0 clean shutdown, 1 failure, 64 usage error, 65 invalid configuration,
-          71 operating-system error (socket, state directory)
+          71 operating-system error (socket, state directory), or another modhostd
+             already uses the state directory or the socket (it exits before loading plugins)
 
         See docs/daemon.md.
         """

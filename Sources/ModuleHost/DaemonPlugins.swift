@@ -29,7 +29,10 @@ extension Daemon {
             logger.info("plugin file \(record.source) is gone: removing plugin \(name)", [("plugin", name)])
             summary.removed += await remove(name, reason: "its file \(record.source) was removed")
         }
-        for path in refused.keys where present[path] == nil { refused[path] = nil }
+        for path in refused.keys where present[path] == nil {
+            refused[path] = nil
+            waiting.remove(path)
+        }
 
         // New and changed files.
         var fresh: [PluginFile] = []
@@ -37,8 +40,14 @@ extension Daemon {
         var directoryStatus: [String: stat] = [:]
         for directory in directories { directoryStatus[directory] = Validator.status(of: directory) }
         var hashes: [String: (String, FileIdentity, [UInt8])] = [:]
+        // Candidates refused before their manifest was read (e.g. still being copied): one
+        // of them may be a dependency that is on its way.
+        var unidentified = 0
         for (path, directory) in present.sorted(by: { $0.key < $1.key }) {
-            guard let identity = FileIdentity(path: path) else { continue }
+            guard let identity = FileIdentity(path: path) else {
+                if let failure = Self.unreadableCandidate(path) { refuse(failure, nil, &summary) }
+                continue
+            }
             if let record = records.values.first(where: { $0.source == path }), record.identity == identity { continue }
             if let entry = refused[path], entry.identity == identity, entry.failure.check != .dependency { continue }
             // One read: the checks' bytes are also what is hashed and copied.
@@ -48,6 +57,7 @@ extension Daemon {
                 (file, bytes) = try validator.validateReading(path, in: directory, directoryStatus: directoryStatus[directory])
             } catch {
                 refuse(error, identity, &summary)
+                unidentified += 1
                 continue
             }
             let hash = contentHash(bytes)
@@ -88,10 +98,19 @@ extension Daemon {
 
         // New plugins, in dependency order.
         let order = DependencyOrder(fresh, loaded: Set(records.keys))
+        let waits = unidentified > 0 ? waitingForUnknown(fresh, order: order) : [:]
         for failure in order.refused {
-            refuse(failure, hashes[failure.file]?.1, &summary)
+            if let missing = waits[failure.file] {
+                wait(failure, for: missing, hashes[failure.file]?.1, &summary)
+            } else {
+                refuse(failure, hashes[failure.file]?.1, &summary)
+            }
         }
+        // While they load, these show as `loading`, not as a stale refusal.
+        loading = Set(order.ordered.map(\.path))
+        defer { loading = [] }
         for file in order.ordered {
+            defer { loading.remove(file.path) }
             guard let (hash, identity, bytes) = hashes[file.path] else { continue }
             if let dependency = file.manifest.dependencies.first(where: { records[$0] == nil }) {
                 refuse(LoadFailure(file: file.path, check: .dependency, problem: "plugin \(file.name) needs \(dependency), which is not loaded",
@@ -115,8 +134,63 @@ extension Daemon {
         return summary
     }
 
+    /// Why a listed candidate that `stat` fails on cannot be examined: a dangling symlink
+    /// (named with its target) or a file that cannot be reached; nil if it is simply gone
+    /// (removed since the directory was listed).
+    static func unreadableCandidate(_ path: String) -> LoadFailure? {
+        let reason = String(cString: strerror(errno))
+        var info = stat()
+        guard lstat(path, &info) == 0 else { return nil }
+        var buffer = [CChar](repeating: 0, count: Int(PATH_MAX) + 1)
+        let length = readlink(path, &buffer, buffer.count - 1)
+        if length >= 0 {
+            let target = String(decoding: buffer[..<length].map { UInt8(bitPattern: $0) }, as: UTF8.self)
+            return LoadFailure(file: path, check: .fileType, problem: "it is a dangling symbolic link to \(target) (\(reason))",
+                               fix: "point the link at an existing plugin file or remove it")
+        }
+        return LoadFailure(file: path, check: .fileType, problem: "it cannot be examined (\(reason))",
+                           fix: "check the file and its directory's permissions")
+    }
+
+    /// Plugins (by path) refused by `order` only because a dependency is neither loaded nor
+    /// among the identified candidates, directly or through another such plugin, mapped to
+    /// that dependency. Asked only when some candidate could not be identified this time:
+    /// the dependency may be that file, still being copied.
+    func waitingForUnknown(_ fresh: [PluginFile], order: DependencyOrder) -> [String: String] {
+        let byName = Dictionary(fresh.map { ($0.name, $0) }, uniquingKeysWith: { first, _ in first })
+        let refusedPaths = Set(order.refused.filter { $0.check == .dependency }.map(\.file))
+        var result: [String: String] = [:]
+        var changed = true
+        while changed {
+            changed = false
+            for file in fresh where refusedPaths.contains(file.path) && result[file.path] == nil {
+                let unmet = file.manifest.dependencies.filter { records[$0] == nil }
+                let missing = unmet.first { byName[$0] == nil }
+                let allWaiting = unmet.allSatisfy { byName[$0] == nil || byName[$0].map { result[$0.path] != nil } == true }
+                guard allWaiting, let reason = missing ?? unmet.compactMap({ byName[$0].flatMap { result[$0.path] } }).first else { continue }
+                result[file.path] = reason
+                changed = true
+            }
+        }
+        return result
+    }
+
+    /// Records a dependent that waits for `dependency`, which may still be arriving: shown
+    /// as `waiting`, logged once at info level, tried again at every scan.
+    func wait(_ failure: LoadFailure, for dependency: String, _ identity: FileIdentity?, _ summary: inout ReloadSummary) {
+        let known = refused[failure.file]
+        refused[failure.file] = (failure, identity)
+        waiting.insert(failure.file)
+        summary.refused.append(failure.file)
+        if known?.failure != failure {
+            logger.info("plugin file \(failure.file) waits for plugin \(dependency), which is not loaded yet (a file in a plugin directory cannot be read yet; it may still be arriving)",
+                        [("file", failure.file), ("dependency", dependency)])
+        }
+    }
+
     func refuse(_ failure: LoadFailure, _ identity: FileIdentity?, _ summary: inout ReloadSummary) {
         let known = refused[failure.file]
+        waiting.remove(failure.file)
         refused[failure.file] = (failure, identity)
         summary.refused.append(failure.file)
         if known?.failure != failure {
@@ -151,6 +225,7 @@ extension Daemon {
         }
         generations[file.name] = generation
         refused[file.path] = nil
+        waiting.remove(file.path)
         records[file.name] = Record(source: file.path, identity: identity, hash: hash, loaded: loaded, generation: generation,
                                     soname: image.soname, originalSoname: image.originalSoname, size: image.size)
         crashGuard.begin(file: file.path, plugin: file.name, hash: hash, phase: "init")

@@ -318,7 +318,9 @@ struct ControlServerTests {
             guard setgroups(0, nil) == 0, setgid(65534) == 0, setuid(65534) == 0, getuid() == 65534 else { exit(4) }
             do {
                 let reply = try ControlClient.request("hello", socketPath: path, timeout: .seconds(20))
-                exit(reply.contains("\"peer_not_permitted\"") ? 0 : 2)
+                guard reply.contains("\"peer_not_permitted\"") else { exit(2) }
+                // The message says which uids are allowed (the server runs as root here).
+                exit(reply.contains("peer uid 65534 is not permitted: only uid 0 (root) may use this socket") ? 0 : 5)
             } catch {
                 exit(3)
             }
@@ -326,6 +328,30 @@ struct ControlServerTests {
         #expect(!fixture.peers.all.contains { $0.uid == 65534 }, "the handler saw the refused peer")
         // Root, same path, same socket: served.
         #expect(await onThread { try? ControlClient.request("root", socketPath: path) } == "echo:root")
+        await fixture.finish()
+    }
+
+    @Test func aClientRefusesAListenerItDoesNotTrustBeforeSendingAnything() async throws {
+        let fixture = try Fixture()
+        let path = fixture.path
+        let refused = await onThread { () -> ControlSocketError? in
+            do throws(ControlSocketError) {
+                _ = try ControlClient(socketPath: path, trust: { $0.uid == 4_000_000_000 })
+                return nil
+            } catch {
+                return error
+            }
+        }
+        guard case .untrustedPeer(let socket, let peer)? = refused else {
+            Issue.record("expected untrustedPeer, got \(String(describing: refused))")
+            return
+        }
+        #expect(socket == path)
+        #expect(peer.uid == geteuid())
+        #expect(peer.pid == getpid())
+        #expect(fixture.peers.all.isEmpty, "the client sent a request to an untrusted listener")
+        // The default trusts our own uid (and root).
+        #expect(await onThread { try? ControlClient.request("ok", socketPath: path) } == "echo:ok")
         await fixture.finish()
     }
 }

@@ -1,5 +1,10 @@
 import DaemonKit
+import Foundation
 import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
 
 struct RuntimePathsTests {
     @Test func rootUsesSystemLocationsEvenWithXDGVariables() {
@@ -20,9 +25,11 @@ struct RuntimePathsTests {
         #expect(paths.configPath == "/data/config/modhostd/modhostd.json")
     }
 
-    @Test func aUserWithoutXDGVariablesFallsBackToHomeAndTmp() {
+    @Test func aUserWithoutXDGVariablesFallsBackToHomeAndAPrivateDirectoryInTmp() {
         let paths = RuntimePaths(environment: ["HOME": "/home/ann"], uid: 1000)
-        #expect(paths.socketPath == "/tmp/modhostd-1000.sock")
+        // Never a socket directly in world-writable /tmp: a private directory holds it.
+        #expect(paths.socketPath == "/tmp/modhostd-1000/modhostd.sock")
+        #expect(paths.privateRuntimeDirectory == "/tmp/modhostd-1000")
         #expect(paths.stateDirectory == "/home/ann/.local/state/modhostd")
         #expect(paths.configPath == "/home/ann/.config/modhostd/modhostd.json")
     }
@@ -31,7 +38,7 @@ struct RuntimePathsTests {
         let paths = RuntimePaths(
             environment: ["XDG_RUNTIME_DIR": "run", "XDG_STATE_HOME": "", "XDG_CONFIG_HOME": "cfg", "HOME": "/home/ann"],
             uid: 1000)
-        #expect(paths.socketPath == "/tmp/modhostd-1000.sock")
+        #expect(paths.socketPath == "/tmp/modhostd-1000/modhostd.sock")
         #expect(paths.stateDirectory == "/home/ann/.local/state/modhostd")
         #expect(paths.configPath == "/home/ann/.config/modhostd/modhostd.json")
     }
@@ -42,5 +49,52 @@ struct RuntimePathsTests {
         #expect(paths.stateDirectory.hasSuffix("/.local/state/modhostd"))
         #expect(paths.stateDirectory.hasPrefix("/"))
         #expect(!paths.stateDirectory.hasPrefix("/home/ann"))
+    }
+
+    @Test func thePrivateRuntimeDirectoryIsCreated0700AndCheckedLikeOpenSSHDoes() throws {
+        let parent = NSTemporaryDirectory() + "rt-\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
+        #expect(mkdir(parent, 0o755) == 0)
+        defer { try? FileManager.default.removeItem(atPath: parent) }
+        let directory = parent + "/modhostd-\(geteuid())"
+
+        // Missing: the client reports ENOENT (no daemon), the daemon creates it 0700.
+        #expect(throws: PrivateDirectoryError.system(SystemError("lstat", code: ENOENT, subject: directory))) {
+            try RuntimePaths.checkPrivateDirectory(directory, create: false)
+        }
+        let oldMask = umask(0)
+        defer { umask(oldMask) }
+        try RuntimePaths.checkPrivateDirectory(directory, create: true)
+        var info = stat()
+        #expect(lstat(directory, &info) == 0)
+        #expect(info.st_mode & 0o777 == 0o700)
+        try RuntimePaths.checkPrivateDirectory(directory, create: true)  // ours: accepted again
+        try RuntimePaths.checkPrivateDirectory(directory, create: false)
+
+        // Group or others may enter: refused, naming the mode and the fix.
+        chmod(directory, 0o755)
+        do {
+            try RuntimePaths.checkPrivateDirectory(directory, create: true)
+            Issue.record("a 0755 runtime directory was accepted")
+        } catch {
+            #expect(error.description.contains("\(directory) is not private: its mode 755 gives group or others access"))
+            #expect(error.description.contains("Fix:"))
+        }
+        chmod(directory, 0o700)
+
+        // Owned by someone else (as a local attacker would pre-create it): refused.
+        if geteuid() == 0 {
+            #expect(chown(directory, 65534, 65534) == 0)
+            #expect(throws: PrivateDirectoryError.notPrivate(directory: directory, problem: "it is owned by uid 65534, not uid 0")) {
+                try RuntimePaths.checkPrivateDirectory(directory, create: true)
+            }
+        }
+        // A symlink to a directory of ours is not the directory: refused.
+        let link = parent + "/link"
+        let real = parent + "/real"
+        #expect(mkdir(real, 0o700) == 0)
+        #expect(symlink(real, link) == 0)
+        #expect(throws: PrivateDirectoryError.notPrivate(directory: link, problem: "it is not a directory (a symlink or another file)")) {
+            try RuntimePaths.checkPrivateDirectory(link, create: true)
+        }
     }
 }

@@ -1,0 +1,205 @@
+import Foundation
+import Glibc
+import Testing
+import TestSupport
+
+/// What modhostd owns and follows: its state directory and control socket (taken before any
+/// plugin code runs), the listener modhostctl trusts, and plugin directories that vanish,
+/// come back or appear late.
+@Suite(.serialized) struct DaemonOwnershipTests {
+    typealias Harness = DaemonLifecycleTests.Harness
+
+    /// A C plugin whose entry point (its first code to run) drops `marker-<pid>` into
+    /// `markers`, so a test can tell which process ran it.
+    func markerPlugin(in directory: String, markers: String) throws -> String {
+        try PluginFactory(directory: directory).buildC(
+            "Marker", source: PluginFactory.cSource(
+                plugin: "Marker", modules: ["marker"],
+                entryBody: """
+                    char path[512]; snprintf(path, sizeof path, "\(markers)/marker-%d", (int)getpid());
+                    FILE *file = fopen(path, "w"); if (file) fclose(file);
+                    return &plugin;
+                    """,
+                extra: "#include <unistd.h>"),
+            manifest: PluginFactory.manifest(plugin: "Marker", modules: ["marker"]))
+    }
+
+    func markers(_ directory: String) -> [String] {
+        ((try? FileManager.default.contentsOfDirectory(atPath: directory)) ?? []).filter { $0.hasPrefix("marker-") }.sorted()
+    }
+
+    @Test(arguments: ["state directory", "socket"])
+    func aSecondDaemonExits71BeforeRunningAnyPluginCode(shared: String) async throws {
+        let scratch = TemporaryDirectory("marker")
+        let marks = scratch.directory("marks")
+        let plugin = try markerPlugin(in: scratch.path, markers: marks)
+        let h = try Harness(["Counter"])
+        try h.drop(plugin, as: "libMarker.so")
+        #expect(await h.waitFor("loaded plugin Marker"))
+        #expect(markers(marks) == ["marker-\(h.daemon.pid)"])
+
+        // Same plugins; shares either the state directory or the socket with the first.
+        let other = TemporaryDirectory("second")
+        let state = shared == "state directory" ? h.state : other.file("state")
+        let socket = shared == "socket" ? h.socket : other.file("modhostd.sock")
+        let second = try RunningProcess(BuildProducts.modhostd, ["--plugins", h.plugins, "--state-dir", state, "--socket", socket])
+        #expect(await second.wait(timeout: .seconds(20)) == 71)
+        let log = second.text
+        #expect(log.contains("another modhostd"), "\(log)")
+        #expect(log.contains(shared == "state directory" ? h.state : h.socket), "\(log)")
+        #expect(log.split(separator: "\n").count == 1, "one clear line: \(log)")
+        // The second daemon ran no plugin code, and the first still serves.
+        #expect(markers(marks) == ["marker-\(h.daemon.pid)"])
+        #expect(try h.ctl("status").status == 0)
+        #expect(await h.stop() == 0)
+    }
+
+    @Test func theControlSocketIsBoundBeforeAnyPluginCodeRuns() async throws {
+        let scratch = TemporaryDirectory("gate")
+        let gate = scratch.file("open")
+        let root = TemporaryDirectory("gated")
+        let plugins = root.directory("plugins")
+        // Its entry point waits until the test opens the gate.
+        try PluginFactory(directory: plugins).buildC(
+            "Gated", source: PluginFactory.cSource(
+                plugin: "Gated", modules: ["gated"],
+                entryBody: "while (access(\"\(gate)\", F_OK) != 0) usleep(10000); return &plugin;",
+                extra: "#include <unistd.h>"),
+            manifest: PluginFactory.manifest(plugin: "Gated", modules: ["gated"]))
+        let socket = root.file("modhostd.sock")
+        let daemon = try RunningProcess(BuildProducts.modhostd, ["--plugins", plugins, "--state-dir", root.file("state"), "--socket", socket])
+        #expect(await daemon.waitFor("control socket listening"))
+        // The plugin is still held at its entry point, and the socket already answers.
+        let raw = try RawConnection(socket)
+        raw.send("{\"v\":1,\"id\":1,\"cmd\":\"ping\"}\n")
+        let (lines, _) = raw.readLines(1)
+        #expect(lines.first?.contains("\"ok\":true") == true, "\(lines)")
+        #expect(!daemon.text.contains("started"))
+        FileManager.default.createFile(atPath: gate, contents: nil)
+        #expect(await daemon.waitFor("started 1 modules"))
+        let status = try run(BuildProducts.modhostctl, ["--socket", socket, "status", "--json"])
+        let reply = try JSONSerialization.jsonObject(with: Data(status.standardOutput.utf8)) as? [String: Any]
+        #expect(reply?["ready"] as? Bool == true, "\(status)")
+        daemon.send(SIGTERM)
+        #expect(await daemon.wait() == 0)
+    }
+
+    @Test func modhostctlRefusesAListenerOfAnotherUser() async throws {
+        guard getuid() == 0 else { return }  // CI runs as root; switching users needs it
+        let tools = try ToolsForAnotherUser()
+        // A directory anyone may write (like /tmp), where nobody binds the socket first.
+        let shared = TemporaryDirectory("shared")
+        chmod(shared.path, 0o1777)
+        let impostorHome = shared.directory("impostor")
+        chown(impostorHome, 65534, 65534)
+        let socket = shared.file("modhostd.sock")
+        let impostor = try RunningProcess("/usr/bin/setpriv", [
+            "--reuid=65534", "--regid=65534", "--clear-groups", tools.modhostd,
+            "--plugins", impostorHome, "--state-dir", impostorHome + "/state", "--socket", socket,
+        ], environment: ["XDG_CONFIG_HOME": "/nonexistent", "HOME": impostorHome])
+        #expect(await impostor.waitFor("control socket ready"), "\(impostor.text)")
+        chmod(socket, 0o666)  // let anyone connect: only the credentials may refuse it
+        let result = try run(BuildProducts.modhostctl, ["--socket", socket, "status"])
+        #expect(result.status == 77, "\(result)")
+        #expect(result.standardError.contains("runs as uid 65534"), "\(result.standardError)")
+        #expect(result.standardError.contains(socket))
+        #expect(!result.standardOutput.contains("pid:"), "the impostor's reply was printed")
+        impostor.send(SIGTERM)
+        _ = await impostor.wait()
+    }
+
+    @Test func aRecreatedPluginDirectoryIsWatchedAgain() async throws {
+        let h = try Harness(["Greeting"])
+        #expect(await h.waitFor("control socket ready"))
+        // `rm -rf dir; mkdir dir` at once, then a drop.
+        try FileManager.default.removeItem(atPath: h.plugins)
+        #expect(mkdir(h.plugins, 0o755) == 0)
+        try h.drop(BuildProducts.plugin("Counter"), as: "libCounter.so")
+        #expect(await h.waitFor("loaded plugin Counter"))
+        #expect(h.daemon.text.contains("plugin directory \(h.plugins) disappeared"))
+        // And once more, after the daemon has noticed.
+        try FileManager.default.removeItem(atPath: h.plugins)
+        #expect(await h.waitFor("removed plugin Counter"))
+        #expect(mkdir(h.plugins, 0o755) == 0)
+        try h.drop(BuildProducts.plugin("Greeting"), as: "libGreeting.so")
+        #expect(await h.waitFor("loaded plugin Greeting 1.0.0 (generation 2)"))
+        #expect(try h.modules()["greeting"]?["state"] as? String == "running")
+        #expect(await h.stop() == 0)
+    }
+
+    @Test func aPluginDirectoryCreatedAfterStartIsWatched() async throws {
+        let other = TemporaryDirectory("late")
+        let late = other.file("later/plugins")
+        let h = try Harness(["Greeting"], arguments: ["--plugins", late])
+        #expect(await h.waitFor("control socket ready"))
+        try FileManager.default.createDirectory(atPath: late, withIntermediateDirectories: true)
+        chmod(other.file("later"), 0o755)
+        chmod(late, 0o755)
+        try FileManager.default.copyItem(atPath: BuildProducts.plugin("Counter"), toPath: late + "/libCounter.so")
+        chmod(late + "/libCounter.so", 0o644)
+        #expect(await h.waitFor("loaded plugin Counter"))
+        #expect(await h.stop() == 0)
+    }
+
+    @Test func aDanglingSymlinkIsRefusedByName() async throws {
+        let h = try Harness(["Counter"])
+        #expect(await h.waitFor("control socket ready"))
+        let link = h.plugins + "/libGhost.so"
+        #expect(symlink(h.root.file("nowhere/libGhost.so"), link) == 0)
+        #expect(await h.waitFor("refused \(link): file type check failed"))
+        #expect(h.daemon.text.contains("dangling"))
+        #expect(try h.modules()[link]?["state"] as? String == "refused")
+        #expect(try h.modules()["counter"]?["state"] as? String == "running")
+        #expect(await h.stop() == 0)
+    }
+
+    /// C plugins A <- B (B depends on A).
+    func chain(in directory: String) throws {
+        let factory = PluginFactory(directory: directory)
+        try factory.buildC("A", source: PluginFactory.cSource(plugin: "A", modules: ["a"]),
+                           manifest: PluginFactory.manifest(plugin: "A", modules: ["a"]))
+        try factory.buildC("B", source: PluginFactory.cSource(plugin: "B", modules: ["b"]),
+                           manifest: PluginFactory.manifest(plugin: "B", modules: ["b"], dependencies: ["A"]), flags: "-lA")
+    }
+
+    @Test func aDependentWhoseDependencyIsStillArrivingIsNotReportedAsRefused() async throws {
+        let scratch = TemporaryDirectory("chain")
+        try chain(in: scratch.path)
+        let h = try Harness(["Counter"])
+        #expect(await h.waitFor("control socket ready"))
+        // A is copied slowly (a plain copy, first half, then the rest); B arrives complete
+        // meanwhile, so the daemon sees B while A is still being written.
+        let a = try [UInt8](Data(contentsOf: URL(fileURLWithPath: scratch.file("libA.so"))))
+        let target = h.plugins + "/libA.so"
+        let fd = open(target, O_WRONLY | O_CREAT | O_TRUNC, 0o644)
+        #expect(fd >= 0)
+        _ = a.withUnsafeBytes { write(fd, $0.baseAddress, a.count / 2) }
+        try h.drop(scratch.file("libB.so"), as: "libB.so")
+        var states: Set<String> = []
+        for _ in 0..<10 {
+            states.formUnion(try h.modules().filter { ($0.value["file"] as? String)?.hasSuffix("libB.so") == true }
+                .compactMap { $0.value["state"] as? String })
+            try await Task.sleep(for: .milliseconds(20))
+        }
+        _ = a.withUnsafeBytes { write(fd, $0.baseAddress! + a.count / 2, a.count - a.count / 2) }
+        close(fd)
+        #expect(await h.waitFor("loaded plugin B"))
+        #expect(try h.modules()["b"]?["state"] as? String == "running")
+        #expect(!states.contains("quarantined"), "\(states)")
+        #expect(!h.daemon.text.contains("refused \(h.plugins)/libB.so"), "\(h.daemon.text)")
+        #expect(await h.stop() == 0)
+    }
+
+    @Test func aReallyMissingDependencyIsStillReported() async throws {
+        let scratch = TemporaryDirectory("chain")
+        try chain(in: scratch.path)
+        let h = try Harness(["Counter"])
+        #expect(await h.waitFor("control socket ready"))
+        try h.drop(scratch.file("libB.so"), as: "libB.so")
+        #expect(await h.waitFor("refused \(h.plugins)/libB.so: dependency check failed: plugin B needs A"))
+        #expect(try h.modules()[h.plugins + "/libB.so"]?["state"] as? String == "quarantined")
+        try h.drop(scratch.file("libA.so"), as: "libA.so")
+        #expect(await h.waitFor("loaded plugin B"))
+        #expect(await h.stop() == 0)
+    }
+}
