@@ -45,7 +45,16 @@ extension Daemon {
         var unidentified = 0
         for (path, directory) in present.sorted(by: { $0.key < $1.key }) {
             guard let identity = FileIdentity(path: path) else {
-                if let failure = Self.unreadableCandidate(path) { refuse(failure, nil, &summary) }
+                // Listed, but stat cannot follow it: validation names why (a dangling symlink
+                // is refused by name). One removed since the listing is simply gone.
+                var entry = stat()
+                if lstat(path, &entry) == 0 {
+                    do {
+                        _ = try validator.validateReading(path, in: directory, directoryStatus: directoryStatus[directory])
+                    } catch {
+                        refuse(error, nil, &summary)
+                    }
+                }
                 continue
             }
             if let record = records.values.first(where: { $0.source == path }), record.identity == identity { continue }
@@ -132,24 +141,6 @@ extension Daemon {
             }
         }
         return summary
-    }
-
-    /// Why a listed candidate that `stat` fails on cannot be examined: a dangling symlink
-    /// (named with its target) or a file that cannot be reached; nil if it is simply gone
-    /// (removed since the directory was listed).
-    static func unreadableCandidate(_ path: String) -> LoadFailure? {
-        let reason = String(cString: strerror(errno))
-        var info = stat()
-        guard lstat(path, &info) == 0 else { return nil }
-        var buffer = [CChar](repeating: 0, count: Int(PATH_MAX) + 1)
-        let length = readlink(path, &buffer, buffer.count - 1)
-        if length >= 0 {
-            let target = String(decoding: buffer[..<length].map { UInt8(bitPattern: $0) }, as: UTF8.self)
-            return LoadFailure(file: path, check: .fileType, problem: "it is a dangling symbolic link to \(target) (\(reason))",
-                               fix: "point the link at an existing plugin file or remove it")
-        }
-        return LoadFailure(file: path, check: .fileType, problem: "it cannot be examined (\(reason))",
-                           fix: "check the file and its directory's permissions")
     }
 
     /// Plugins (by path) refused by `order` only because a dependency is neither loaded nor

@@ -49,7 +49,8 @@ public struct Validator: Sendable {
         var opened = OpenedFile.read(path, followSymlinks: false)
         if case .failure(.cannotRead(_, ELOOP)) = opened {
             guard let target = realPath(path) else {
-                throw fail(.location, "symlink leads nowhere", "point the symlink at an existing plugin file or remove it")
+                let target = symlinkTarget(path).map { " (to \($0))" } ?? ""
+                throw fail(.location, "symlink leads nowhere\(target)", "point the symlink at an existing plugin file or remove it")
             }
             resolved = target
             if let directory, let base = realPath(directory), !target.hasPrefix(base + "/") {
