@@ -234,6 +234,49 @@ struct DirectoryWatcherTests {
         }
     }
 
+    @Test func aFollowedDirectoryIsWatchedOnceCreatedAndAgainWhenRecreated() async throws {
+        let parent = try TemporaryDirectory()
+        defer { parent.remove() }
+        let watcher = try DirectoryWatcher()
+        let batches = Collector<[DirectoryChange]>()
+        let changes = watcher.changes
+        let consumer = Task { for await batch in changes { batches.append(batch) } }
+        func seen(_ change: DirectoryChange) async -> Bool { await batches.waitFor { $0.flatMap { $0 }.contains(change) } }
+
+        // Missing, two levels deep: followed without an error, watched once created.
+        let directory = parent.file("a/b")
+        try watcher.follow(directory)
+        #expect(watcher.directories.isEmpty)
+        #expect(mkdir(parent.file("a"), 0o755) == 0)
+        #expect(mkdir(directory, 0o755) == 0)
+        #expect(await seen(DirectoryChange(kind: .directoryAppeared, path: directory, directory: directory)))
+        #expect(watcher.directories == [directory])
+        try writeFile(directory + "/one.so", "x")
+        #expect(await seen(DirectoryChange(kind: .ready, path: directory + "/one.so", directory: directory)))
+
+        // rm -rf; mkdir at once: reported gone, then back, and followed again.
+        try FileManager.default.removeItem(atPath: directory)
+        #expect(mkdir(directory, 0o755) == 0)
+        #expect(await seen(DirectoryChange(kind: .directoryRemoved, path: directory, directory: directory)))
+        #expect(await seen(DirectoryChange(kind: .directoryAppeared, path: directory, directory: directory)))
+        try writeFile(directory + "/two.so", "x")
+        #expect(await seen(DirectoryChange(kind: .ready, path: directory + "/two.so", directory: directory)))
+
+        // A symlink is complete when created: reported at once.
+        #expect(symlink("/nowhere/x.so", directory + "/link.so") == 0)
+        #expect(await seen(DirectoryChange(kind: .ready, path: directory + "/link.so", directory: directory)))
+
+        // Unwatched: no longer followed.
+        watcher.unwatch(directory)
+        try FileManager.default.removeItem(atPath: directory)
+        #expect(mkdir(directory, 0o755) == 0)
+        try writeFile(directory + "/three.so", "x")
+        try await Task.sleep(for: .milliseconds(300))
+        #expect(!batches.all.flatMap { $0 }.contains { $0.name == "three.so" })
+        watcher.stop()
+        await consumer.value
+    }
+
     @Test func stopFinishesTheStream() async throws {
         let fixture = try Fixture()
         fixture.watcher.stop()
