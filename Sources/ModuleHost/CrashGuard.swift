@@ -1,6 +1,7 @@
 import Foundation
 import Glibc
 import ModuleKit
+import PluginFormat
 import Synchronization
 
 /// Keeps one bad plugin from crash-looping the daemon.
@@ -90,12 +91,15 @@ public final class CrashGuard: Sendable {
     }
 }
 
-/// A short content fingerprint of a file's bytes (FNV-1a, 64 bits, hex).
-func contentHash(_ bytes: [UInt8]) -> String {
+/// A short content fingerprint of a file's bytes (FNV-1a, 64 bits, hex), read in bounded
+/// chunks from the open file.
+func contentHash(of file: ReadOnlyFile) throws(ELFError) -> String {
     var hash: UInt64 = 0xcbf2_9ce4_8422_2325
-    for byte in bytes {
-        hash ^= UInt64(byte)
-        hash &*= 0x0000_0100_0000_01b3
+    try file.forEachChunk { chunk in
+        for byte in chunk {
+            hash ^= UInt64(byte)
+            hash &*= 0x0000_0100_0000_01b3
+        }
     }
     let hex = String(hash, radix: 16)
     return String(repeating: "0", count: 16 - hex.count) + hex

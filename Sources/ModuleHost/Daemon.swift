@@ -448,6 +448,10 @@ struct FileIdentity: Equatable, Sendable {
     init?(path: String) {
         var status = stat()
         guard stat(path, &status) == 0 else { return nil }
+        self.init(status: status)
+    }
+
+    init(status: stat) {
         device = UInt64(status.st_dev)
         inode = UInt64(status.st_ino)
         size = Int64(status.st_size)

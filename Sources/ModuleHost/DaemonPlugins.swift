@@ -36,10 +36,10 @@ extension Daemon {
 
         // New and changed files.
         var fresh: [PluginFile] = []
-        var replacements: [(file: PluginFile, bytes: [UInt8], hash: String, identity: FileIdentity)] = []
+        var replacements: [(file: PluginFile, version: FileIdentity, hash: String, identity: FileIdentity)] = []
         var directoryStatus: [String: stat] = [:]
         for directory in directories { directoryStatus[directory] = Validator.status(of: directory) }
-        var hashes: [String: (String, FileIdentity, [UInt8])] = [:]
+        var hashes: [String: (String, FileIdentity, FileIdentity)] = [:]
         // Candidates refused before their manifest was read (e.g. still being copied): one
         // of them may be a dependency that is on its way.
         var unidentified = 0
@@ -59,17 +59,20 @@ extension Daemon {
             }
             if let record = records.values.first(where: { $0.source == path }), record.identity == identity { continue }
             if let entry = refused[path], entry.identity == identity, entry.failure.check != .dependency { continue }
-            // One read: the checks' bytes are also what is hashed and copied.
+            // The file the checks read is the one hashed, in chunks; its version (inode, size,
+            // modification time) is what the private copy is made from later, or refused.
             let file: PluginFile
-            let bytes: [UInt8]
+            let version: FileIdentity
+            let hash: String
             do {
-                (file, bytes) = try validator.validateReading(path, in: directory, directoryStatus: directoryStatus[directory])
+                let (checked, contents) = try validator.validateReading(path, in: directory, directoryStatus: directoryStatus[directory])
+                (file, version) = (checked, FileIdentity(status: contents.status))
+                hash = try hashContents(contents, of: path)
             } catch {
                 refuse(error, identity, &summary)
                 unidentified += 1
                 continue
             }
-            let hash = contentHash(bytes)
             if let record = records.values.first(where: { $0.source == path }), record.hash == hash {
                 records[record.loaded.name]?.identity = identity  // touched, same content
                 continue
@@ -92,14 +95,14 @@ extension Daemon {
                                    fix: "rename the module or remove one of the two plugins"), identity, &summary)
                 continue
             }
-            hashes[path] = (hash, identity, bytes)
+            hashes[path] = (hash, identity, version)
             if let existing = records[file.name] {
                 guard existing.source == path || present[existing.source] == nil else {
                     refuse(LoadFailure(file: path, check: .duplicate, problem: "plugin name \(file.name) is already used by \(existing.source)",
                                        fix: "remove one of the two files or rename one plugin"), identity, &summary)
                     continue
                 }
-                replacements.append((file, bytes, hash, identity))
+                replacements.append((file, version, hash, identity))
             } else {
                 fresh.append(file)
             }
@@ -120,13 +123,13 @@ extension Daemon {
         defer { loading = [] }
         for file in order.ordered {
             defer { loading.remove(file.path) }
-            guard let (hash, identity, bytes) = hashes[file.path] else { continue }
+            guard let (hash, identity, version) = hashes[file.path] else { continue }
             if let dependency = file.manifest.dependencies.first(where: { records[$0] == nil }) {
                 refuse(LoadFailure(file: file.path, check: .dependency, problem: "plugin \(file.name) needs \(dependency), which is not loaded",
                                    fix: "fix plugin \(dependency) first"), identity, &summary)
                 continue
             }
-            if await add(file, bytes: bytes, hash: hash, identity: identity, trial: !initial) {
+            if await add(file, version: version, hash: hash, identity: identity, trial: !initial) {
                 summary.added.append(file.name)
             } else {
                 summary.refused.append(file.path)
@@ -134,7 +137,7 @@ extension Daemon {
         }
 
         for replacement in replacements {
-            if await replace(with: replacement.file, bytes: replacement.bytes, hash: replacement.hash, identity: replacement.identity) {
+            if await replace(with: replacement.file, version: replacement.version, hash: replacement.hash, identity: replacement.identity) {
                 summary.replaced.append(replacement.file.name)
             } else {
                 summary.refused.append(replacement.file.path)
@@ -193,12 +196,12 @@ extension Daemon {
 
     /// Loads a new plugin from a private copy and registers, initializes (and, once the
     /// daemon has started, starts) its modules. `trial` first loads it in a child process.
-    func add(_ file: PluginFile, bytes: [UInt8], hash: String, identity: FileIdentity, trial: Bool) async -> Bool {
+    func add(_ file: PluginFile, version: FileIdentity, hash: String, identity: FileIdentity, trial: Bool) async -> Bool {
         var none = ReloadSummary()
         let generation = (generations[file.name] ?? 0) + 1
         let image: PrivateImage
         do {
-            image = try privateImage(of: file, sourceBytes: bytes, generation: generation, hash: hash)
+            image = try privateImage(of: file, version: version, generation: generation, hash: hash)
             if trial { try await trialLoad(image.file) }
         } catch {
             refuse(error, identity, &none)
@@ -282,7 +285,7 @@ extension Daemon {
     /// again against it; then in one update the old modules get willUnload and hand their
     /// state to the new ones, which get init, restore(state:) and start; the old ones get
     /// deinit. If anything fails before that update, the old version keeps running.
-    func replace(with file: PluginFile, bytes newBytes: [UInt8], hash: String, identity: FileIdentity) async -> Bool {
+    func replace(with file: PluginFile, version newVersion: FileIdentity, hash: String, identity: FileIdentity) async -> Bool {
         var none = ReloadSummary()
         guard let old = records[file.name] else { return false }
         let chain = [file.name] + dependents(of: file.name)
@@ -299,16 +302,16 @@ extension Daemon {
                 }
                 renames[record.soname] = next
                 let source: PluginFile
-                let bytes: [UInt8]?
+                let version: FileIdentity?
                 if name == file.name {
                     source = file
-                    bytes = newBytes
+                    version = newVersion
                 } else {
                     // A dependent is reloaded from its current image, renamed once more.
                     source = record.loaded.file
-                    bytes = (try? Data(contentsOf: URL(fileURLWithPath: record.loaded.file.resolvedPath))).map(Array.init)
+                    version = nil
                 }
-                let image = try privateImage(of: source, sourceBytes: bytes, generation: generation,
+                let image = try privateImage(of: source, version: version, generation: generation,
                                              hash: name == file.name ? hash : record.hash, renames: renames)
                 try await trialLoad(image.file, preloading: chain.prefix { $0 != name }.compactMap { images[$0]?.file.resolvedPath })
                 images[name] = image
@@ -366,18 +369,36 @@ extension Daemon {
         var size: Int64
     }
 
+    /// Hashes `contents` (the file at `path`) in bounded chunks.
+    func hashContents(_ contents: ReadOnlyFile, of path: String) throws(LoadFailure) -> String {
+        do {
+            return try contentHash(of: contents)
+        } catch {
+            throw LoadFailure(file: path, check: .fileType, problem: "cannot read the file to fingerprint it: \(error)",
+                              fix: "check the file is readable and not being rewritten in place")
+        }
+    }
+
     /// Copies a plugin into the state directory under a path no other version uses (glibc
     /// returns the old image for a path it has loaded, and a file overwritten in place
     /// crashes the code mapped from it). From generation 2 on, its SONAME and its NEEDED
     /// entries for replaced plugins are renamed (`renames`) so dependents bind to the new
-    /// version.
-    func privateImage(of file: PluginFile, sourceBytes: [UInt8]?, generation: Int, hash: String,
+    /// version. The copy is made in bounded chunks from `file`'s image, which must still be
+    /// `version` (the file validation read and hashed; nil: any), then the renamed strings
+    /// are written at their offsets in the copy.
+    func privateImage(of file: PluginFile, version: FileIdentity?, generation: Int, hash: String,
                       renames extra: [String: String] = [:]) throws(LoadFailure) -> PrivateImage {
         func fail(_ problem: String) -> LoadFailure {
             LoadFailure(file: file.path, check: .fileType, problem: problem, fix: "check the state directory \(stateDirectory) is writable")
         }
-        guard let bytes = sourceBytes ?? (try? Data(contentsOf: URL(fileURLWithPath: file.resolvedPath))).map(Array.init) else {
-            throw fail("cannot read the file to make a private copy")
+        let source: ReadOnlyFile
+        switch ReadOnlyFile.open(file.resolvedPath, followSymlinks: true) {
+        case .success(let opened): source = opened
+        case .failure(let error): throw fail("cannot read the file to make a private copy: \(error)")
+        }
+        if let version, FileIdentity(status: source.status) != version {
+            throw LoadFailure(file: file.path, check: .fileType, problem: "the file changed while it was being loaded",
+                              fix: "deploy by writing to a temporary name and renaming it; the new version is tried now")
         }
         let original = file.dynamic.soname ?? "lib\(file.name).so"
         guard let soname = DynamicStringPatch.generationName(original, generation: generation) else {
@@ -401,11 +422,10 @@ extension Daemon {
                 }
             }
         }
-        var output = bytes
+        var patches: [DynamicStringPatch.Patch] = []
         if !renames.isEmpty {
             do {
-                let image = try ELFImage(path: file.resolvedPath, contents: bytes)
-                output = try DynamicStringPatch.apply(renames, to: bytes, image: image)
+                patches = try DynamicStringPatch.patches(renames, image: ELFImage(file: source))
             } catch {
                 throw LoadFailure(file: file.path, check: .elf, problem: "cannot give the private copy its own names: \(error)",
                                   fix: "rebuild the plugin with plugin.mk")
@@ -416,14 +436,25 @@ extension Daemon {
         let temporary = target + ".tmp"
         let fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644)
         guard fd >= 0 else { throw fail("cannot write \(temporary): \(String(cString: strerror(errno)))") }
-        let written = output.withUnsafeBytes { Glibc.write(fd, $0.baseAddress, $0.count) }
+        var failure: String?
+        do {
+            try source.forEachChunk { chunk in
+                if failure == nil, !writeAll(fd, chunk, at: nil) { failure = String(cString: strerror(errno)) }
+            }
+        } catch {
+            failure = "\(error)"
+        }
+        for patch in patches where failure == nil {
+            if !patch.bytes.withUnsafeBytes({ writeAll(fd, $0, at: patch.fileOffset) }) { failure = String(cString: strerror(errno)) }
+        }
         close(fd)
-        guard written == output.count, rename(temporary, target) == 0 else {
+        guard failure == nil, rename(temporary, target) == 0 else {
+            let reason = failure ?? String(cString: strerror(errno))
             unlink(temporary)
-            throw fail("cannot write \(target): \(String(cString: strerror(errno)))")
+            throw fail("cannot write \(target): \(reason)")
         }
         let copy = PluginFile(path: file.path, resolvedPath: target, manifest: file.manifest, dynamic: file.dynamic, warnings: [])
-        return PrivateImage(file: copy, generation: generation, soname: soname, originalSoname: original, size: Int64(output.count))
+        return PrivateImage(file: copy, generation: generation, soname: soname, originalSoname: original, size: Int64(source.size))
     }
 
     /// Loads the plugin in a short-lived child process first: a plugin that crashes when
@@ -511,4 +542,18 @@ extension LoadFailure {
         copy.file = path
         return copy
     }
+}
+
+/// Writes all of `bytes` to `fd`, at `offset` (pwrite) or at the current position; false
+/// with errno set when the system refuses.
+private func writeAll(_ fd: Int32, _ bytes: UnsafeRawBufferPointer, at offset: UInt64?) -> Bool {
+    var done = 0
+    while done < bytes.count {
+        let n = offset.map { pwrite(fd, bytes.baseAddress! + done, bytes.count - done, off_t($0) + off_t(done)) }
+            ?? write(fd, bytes.baseAddress! + done, bytes.count - done)
+        if n < 0 && errno == EINTR { continue }
+        guard n > 0 else { return false }
+        done += n
+    }
+    return true
 }

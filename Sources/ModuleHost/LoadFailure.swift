@@ -6,9 +6,11 @@ public struct LoadFailure: Error, Sendable, Equatable, CustomStringConvertible {
         case fileType = "file type"
         case location
         case permissions
+        case fileSize = "file size"
         case elf = "ELF format"
         case machine
         case segments = "loadable segments"
+        case manifestSize = "manifest size"
         case manifest
         case abi = "ABI version"
         case toolchain = "Swift toolchain"

@@ -36,9 +36,10 @@ public struct Validator: Sendable {
         try validateReading(path, in: directory, directoryStatus: directoryStatus).file
     }
 
-    /// `validate`, also returning the bytes the checks read, for callers that need the
-    /// file's contents (the daemon hashes and copies them) without reading it again.
-    func validateReading(_ path: String, in directory: String?, directoryStatus: stat?) throws(LoadFailure) -> (file: PluginFile, bytes: [UInt8]) {
+    /// `validate`, also returning the open file the checks read, for callers that need the
+    /// file's contents (the daemon hashes and copies them) from the very file validated.
+    /// The checks read only the headers and tables they need, never the whole file.
+    func validateReading(_ path: String, in directory: String?, directoryStatus: stat?) throws(LoadFailure) -> (file: PluginFile, contents: ReadOnlyFile) {
         var warnings: [String] = []
         func fail(_ check: LoadFailure.Check, _ problem: String, _ fix: String) -> LoadFailure {
             LoadFailure(file: path, check: check, problem: problem, fix: fix)
@@ -46,7 +47,7 @@ public struct Validator: Sendable {
 
         // File type and location: one open that does not follow a symlink answers both.
         var resolved = path
-        var opened = OpenedFile.read(path, followSymlinks: false)
+        var opened = ReadOnlyFile.open(path, followSymlinks: false)
         if case .failure(.cannotRead(_, ELOOP)) = opened {
             guard let target = realPath(path) else {
                 let target = symlinkTarget(path).map { " (to \($0))" } ?? ""
@@ -57,9 +58,9 @@ public struct Validator: Sendable {
                 throw fail(.location, "symlink leads out of the plugin directory \(base) to \(target)",
                            "copy the plugin into the directory instead of linking to it")
             }
-            opened = OpenedFile.read(target, followSymlinks: true)
+            opened = ReadOnlyFile.open(target, followSymlinks: true)
         }
-        let contents: OpenedFile
+        let contents: ReadOnlyFile
         switch opened {
         case .success(let value): contents = value
         case .failure(let error):
@@ -91,10 +92,13 @@ public struct Validator: Sendable {
             warnings.append("insecure plugin accepted because of --allow-insecure-plugins: \(problem)")
         }
 
-        // ELF structure.
+        // Size, then ELF structure.
         let image: ELFImage
         do {
-            image = try ELFImage(path: resolved, contents: contents.bytes)
+            image = try ELFImage(file: contents)
+        } catch .tooLarge(_, let size, let limit) {
+            throw fail(.fileSize, "the file is \(size) bytes, plugins may be at most \(limit) bytes",
+                       "check this is a plugin built with plugin.mk; plugin files are a few MiB at most")
         } catch {
             throw fail(.elf, error.description, "deploy a shared object built with plugin.mk; a half-copied file is retried when it changes")
         }
@@ -113,17 +117,23 @@ public struct Validator: Sendable {
             throw fail(.segments, "loadable segment \(index) ends at byte \(end) but the file has \(image.fileSize) bytes (truncated copy)",
                        "copy the complete file again, by writing to a temporary name and renaming it")
         }
+        if let error = image.sectionError {
+            throw fail(.elf, error.description, "rebuild the plugin with plugin.mk; a half-copied file is retried when it changes")
+        }
 
         // Manifest.
         let manifest: Manifest
         do {
-            guard let bytes = try image.sectionContents(named: MODHOST_MANIFEST_SECTION) else {
+            guard let bytes = try image.manifestContents() else {
                 throw fail(.manifest, "no \(MODHOST_MANIFEST_SECTION) section",
                            "build the plugin with plugin.mk, which embeds the manifest")
             }
             manifest = try Manifest.parse(bytes)
         } catch let error as LoadFailure {
             throw error
+        } catch ELFError.tooLarge(let what, let size, let limit) {
+            throw fail(.manifestSize, "the \(what) is \(size) bytes, manifests may be at most \(limit) bytes",
+                       "keep plugin.json small (long texts belong in the plugin's documentation) and rebuild with plugin.mk")
         } catch let error as ManifestError {
             throw fail(.manifest, "manifest is garbled: \(error.reason)", "correct plugin.json and rebuild with plugin.mk")
         } catch {
@@ -169,7 +179,7 @@ public struct Validator: Sendable {
                            "rebuild the plugin with this host's plugin.mk (Swift has no stable ABI between SDK builds)")
             }
         }
-        return (PluginFile(path: path, resolvedPath: resolved, manifest: manifest, dynamic: dynamic, warnings: warnings), contents.bytes)
+        return (PluginFile(path: path, resolvedPath: resolved, manifest: manifest, dynamic: dynamic, warnings: warnings), contents)
     }
 }
 

@@ -7,37 +7,37 @@
 /// name only the new A has. The new names have the same length as the old ones, so the
 /// string table is patched where it is and nothing else in the file moves.
 public enum DynamicStringPatch {
-    /// `bytes` (the contents of `image`'s file) with every DT_SONAME / DT_NEEDED string
-    /// equal to a key of `renames` replaced by its value.
-    /// - Throws: when a new name's length differs, or when another reference shares the
-    ///   bytes of a string to patch (the linker merged it with a symbol name).
-    public static func apply(_ renames: [String: String], to bytes: [UInt8], image: ELFImage) throws(ELFError) -> [UInt8] {
+    /// New bytes for one place of the file.
+    public struct Patch: Sendable, Equatable {
+        /// Where in the file the bytes go.
+        public var fileOffset: UInt64
+        public var bytes: [UInt8]
+    }
+
+    /// Where and what to write in `image`'s file so that every DT_SONAME / DT_NEEDED string
+    /// equal to a key of `renames` reads as its value. Only the dynamic string table
+    /// changes, so a copy of the file can be streamed and then patched at these offsets.
+    /// - Throws: when a new name's length differs, when another reference shares the
+    ///   bytes of a string to patch (the linker merged it with a symbol name), or when the
+    ///   file's dynamic entries or symbols point outside the string table.
+    public static func patches(_ renames: [String: String], image: ELFImage) throws(ELFError) -> [Patch] {
         for (old, new) in renames where old.utf8.count != new.utf8.count {
             throw .malformed("cannot rename \(old) to \(new): the names differ in length")
         }
-        guard let dynamic = image.sections.first(where: { $0.name == ".dynamic" }),
-              Int(dynamic.link) < image.sections.count else { return bytes }
-        let strings = image.sections[Int(dynamic.link)]
-        let table = try image.contents(of: dynamic)
-        let stringBytes = try image.contents(of: strings)
-        let reader = FileBytes(buffer: table)
+        guard let (entries, strings, link, stringBytes) = try image.dynamicEntries() else { return [] }
         let names = FileBytes(buffer: stringBytes)
 
         // Every offset into the string table anything refers to, and the ones to patch.
+        // dynamicEntries() checked each string offset lies inside the table.
         var patches: [(offset: Int, new: [UInt8])] = []
         var references: [Int] = []
-        var base = 0
-        while base + 16 <= table.count {
-            let tag = reader.u64(base), value = Int(reader.u64(base + 8))
-            if tag == 0 { break }
-            if tag == 1 || tag == 14 || tag == 15 || tag == 29 {  // NEEDED, SONAME, RPATH, RUNPATH
-                references.append(value)
-                let name = names.cString(at: UInt64(value), limit: UInt64(stringBytes.count))
-                if (tag == 1 || tag == 14), let new = renames[name] { patches.append((value, Array(new.utf8))) }
-            }
-            base += 16
+        for (tag, value) in entries where ELFImage.stringTags[tag] != nil {
+            references.append(Int(value))
+            let name = names.cString(at: value)
+            if (tag == 1 || tag == 14), let new = renames[name] { patches.append((Int(value), Array(new.utf8))) }
         }
-        if let symbols = image.sections.first(where: { $0.name == ".dynsym" }), symbols.link == dynamic.link {
+        if let symbols = image.sections.first(where: { $0.name == ".dynsym" }),
+           symbols.link == link {
             let entries = FileBytes(buffer: try image.contents(of: symbols))
             var symbol = 24
             while symbol + 24 <= entries.count {
@@ -45,14 +45,27 @@ public enum DynamicStringPatch {
                 symbol += 24
             }
         }
-        var output = bytes
+        var result: [Patch] = []
         for patch in patches {
             let range = patch.offset..<patch.offset + patch.new.count
             if references.contains(where: { $0 != patch.offset && range.contains($0) }) {
                 throw .malformed("the name at string offset \(patch.offset) shares bytes with another name")
             }
-            let fileOffset = Int(strings.offset) + patch.offset
-            output.replaceSubrange(fileOffset..<fileOffset + patch.new.count, with: patch.new)
+            // The old name (same length) was read inside the table, so this stays inside it.
+            _ = try FileArithmetic.range("renamed string", offset: UInt64(patch.offset), size: UInt64(patch.new.count),
+                                         within: UInt64(stringBytes.count))
+            result.append(Patch(fileOffset: strings.offset + UInt64(patch.offset), bytes: patch.new))
+        }
+        return result
+    }
+
+    /// `bytes` (the contents of `image`'s file) with `patches(renames, image:)` applied.
+    public static func apply(_ renames: [String: String], to bytes: [UInt8], image: ELFImage) throws(ELFError) -> [UInt8] {
+        var output = bytes
+        for patch in try patches(renames, image: image) {
+            let range = try FileArithmetic.range("renamed string", offset: patch.fileOffset, size: UInt64(patch.bytes.count),
+                                                 within: UInt64(bytes.count))
+            output.replaceSubrange(FileArithmetic.indices(range), with: patch.bytes)
         }
         return output
     }

@@ -5,8 +5,11 @@ import Glibc
 /// The parts of an ELF file the host checks before it lets `dlopen` near the file:
 /// identification, program headers, section headers and the dynamic section.
 ///
-/// Reading never maps the file and never runs code: every offset is checked against the
-/// file size first, so a truncated or garbled file gives an `ELFError`, not a crash.
+/// Reading never maps the file and never runs code. It reads only the ranges asked for
+/// (headers, tables, sections), never the whole file, and every offset, size and count
+/// taken from the file is checked before any arithmetic on it: a truncated, garbled or
+/// hostile file gives an `ELFError`, never a crash, and files larger than
+/// `PluginLimits.maximumFileSize` are refused before anything is read.
 public struct ELFImage: Sendable {
     public let path: String
     public let fileSize: UInt64
@@ -14,7 +17,9 @@ public struct ELFImage: Sendable {
     public let machine: UInt16
     public let programHeaders: [ProgramHeader]
     public let sections: [Section]
-    private let bytes: FileBytes
+    /// Why the section headers could not be read (they are then empty), nil when they were.
+    public let sectionError: ELFError?
+    private let source: ByteSource
 
     public struct ProgramHeader: Sendable, Equatable {
         public var type: UInt32
@@ -37,6 +42,8 @@ public struct ELFImage: Sendable {
     public static let typeSharedObject: UInt16 = 3
     public static let machineX86_64: UInt16 = 62
     public static let machineAArch64: UInt16 = 183
+    /// The section `plugin.mk` embeds the manifest in.
+    public static let manifestSection = ".modhost.manifest"
 
     /// The ELF machine of the running host.
     public static var hostMachine: UInt16 {
@@ -49,74 +56,87 @@ public struct ELFImage: Sendable {
         #endif
     }
 
-    /// Reads and checks the structure of the file at `path`.
-    /// Throws when it is not a 64-bit little-endian ELF file or a header lies outside it.
+    /// Opens the file at `path` and checks its structure, reading only its headers.
+    /// Throws when it is not a 64-bit little-endian ELF file, is too large, or a header
+    /// lies outside it.
     public init(path: String) throws(ELFError) {
-        let bytes = try FileBytes(path: path)
-        try self.init(path: path, bytes: bytes)
+        switch ReadOnlyFile.open(path, followSymlinks: true) {
+        case .success(let file): try self.init(file: file)
+        case .failure(let error): throw error
+        }
+    }
+
+    /// Checks the structure of the open file `file`; later reads use the same file.
+    public init(file: ReadOnlyFile) throws(ELFError) {
+        try self.init(path: file.path, source: .file(file))
     }
 
     /// Checks the structure of `contents`, the bytes of the file at `path` read already.
     public init(path: String, contents: [UInt8]) throws(ELFError) {
-        try self.init(path: path, bytes: FileBytes(buffer: contents))
+        try self.init(path: path, source: .memory(contents))
     }
 
-    init(path: String, bytes: FileBytes) throws(ELFError) {
+    private init(path: String, source: ByteSource) throws(ELFError) {
         self.path = path
-        self.bytes = bytes
-        fileSize = UInt64(bytes.count)
-        guard bytes.count >= 4, bytes[0] == 0x7f, bytes[1] == 0x45, bytes[2] == 0x4c, bytes[3] == 0x46 else {
-            throw .notELF(firstBytes: Array(bytes.prefix(4)))
+        self.source = source
+        fileSize = source.size
+        guard fileSize <= PluginLimits.maximumFileSize else {
+            throw .tooLarge(what: "file", size: fileSize, limit: PluginLimits.maximumFileSize)
         }
-        guard bytes.count >= 64 else { throw .truncated(what: "ELF header", needed: 64, fileSize: fileSize) }
-        guard bytes[4] == 2 else { throw .wrongClass(found: bytes[4]) }
-        guard bytes[5] == 1 else { throw .wrongByteOrder(found: bytes[5]) }
-        fileType = bytes.u16(16)
-        machine = bytes.u16(18)
+        let header = FileBytes(buffer: try source.read(0..<min(fileSize, 64)))
+        guard header.count >= 4, header[0] == 0x7f, header[1] == 0x45, header[2] == 0x4c, header[3] == 0x46 else {
+            throw .notELF(firstBytes: Array(header.prefix(4)))
+        }
+        guard header.count >= 64 else { throw .truncated(what: "ELF header", needed: 64, fileSize: fileSize) }
+        guard header[4] == 2 else { throw .wrongClass(found: header[4]) }
+        guard header[5] == 1 else { throw .wrongByteOrder(found: header[5]) }
+        fileType = header.u16(16)
+        machine = header.u16(18)
 
-        let phoff = bytes.u64(32), phentsize = UInt64(bytes.u16(54)), phnum = UInt64(bytes.u16(56))
-        guard phnum == 0 || phentsize >= 56 else { throw .malformed("program header entry size \(phentsize) < 56") }
-        guard phoff.addingReportingOverflow(phentsize * phnum).partialValue <= fileSize, phoff <= fileSize else {
-            throw .truncated(what: "program headers", needed: phoff + phentsize * phnum, fileSize: fileSize)
-        }
-        programHeaders = (0..<phnum).map { index in
-            let base = Int(phoff + index * phentsize)
-            return ProgramHeader(type: bytes.u32(base), offset: bytes.u64(base + 8), fileSize: bytes.u64(base + 32))
+        let phoff = header.u64(32), phentsize = UInt64(header.u16(54)), phnum = UInt64(header.u16(56))
+        guard phnum == 0 || phentsize == 56 else { throw .malformed("program header entry size \(phentsize), expected 56") }
+        let table = FileBytes(buffer: try source.read(FileArithmetic.range(
+            "program headers", offset: phoff, size: phnum * 56, within: fileSize)))
+        programHeaders = (0..<Int(phnum)).map { index in
+            let base = index * 56
+            return ProgramHeader(type: table.u32(base), offset: table.u64(base + 8), fileSize: table.u64(base + 32))
         }
 
         // Section headers sit at the end of the file: a truncated copy loses them first.
         // They are not needed to judge the segments, so their absence is recorded rather
         // than thrown, and the segment check reports the truncation.
-        self.sections = (try? Self.readSections(bytes, fileSize: fileSize)) ?? []
+        do {
+            sections = try Self.readSections(header, source)
+            sectionError = nil
+        } catch {
+            sections = []
+            sectionError = error
+        }
     }
 
-    private static func readSections(_ bytes: FileBytes, fileSize: UInt64) throws(ELFError) -> [Section] {
-        let shoff = bytes.u64(40), shentsize = UInt64(bytes.u16(58)), shnum = UInt64(bytes.u16(60))
-        let shstrndx = Int(bytes.u16(62))
+    private static func readSections(_ header: FileBytes, _ source: ByteSource) throws(ELFError) -> [Section] {
+        let shoff = header.u64(40), shentsize = UInt64(header.u16(58)), shnum = UInt64(header.u16(60))
+        let shstrndx = Int(header.u16(62))
         guard shoff != 0 && shnum != 0 else { return [] }
-        guard shentsize >= 64 else { throw .malformed("section header entry size \(shentsize) < 64") }
-        guard shoff <= fileSize, shoff + shentsize * shnum <= fileSize else {
-            throw .truncated(what: "section headers", needed: shoff + shentsize * shnum, fileSize: fileSize)
-        }
+        guard shentsize == 64 else { throw .malformed("section header entry size \(shentsize), expected 64") }
+        let table = FileBytes(buffer: try source.read(FileArithmetic.range(
+            "section headers", offset: shoff, size: shnum * 64, within: source.size)))
         var raw: [(nameOffset: UInt32, section: Section)] = []
-        for index in 0..<shnum {
-            let base = Int(shoff + index * shentsize)
-            raw.append((bytes.u32(base), Section(
-                name: "", type: bytes.u32(base + 4), offset: bytes.u64(base + 24),
-                size: bytes.u64(base + 32), link: bytes.u32(base + 40))))
+        for index in 0..<Int(shnum) {
+            let base = index * 64
+            raw.append((table.u32(base), Section(
+                name: "", type: table.u32(base + 4), offset: table.u64(base + 24),
+                size: table.u64(base + 32), link: table.u32(base + 40))))
         }
         guard shstrndx < raw.count else { throw .malformed("section name table index \(shstrndx) out of range") }
         let names = raw[shstrndx].section
-        guard names.offset + names.size <= fileSize else {
-            throw .truncated(what: "section name table", needed: names.offset + names.size, fileSize: fileSize)
-        }
-        var sections: [Section] = []
-        for entry in raw {
+        let nameBytes = FileBytes(buffer: try source.read(FileArithmetic.range(
+            "section name table", offset: names.offset, size: names.size, within: source.size)))
+        return raw.map { entry in
             var section = entry.section
-            section.name = bytes.cString(at: names.offset + UInt64(entry.nameOffset), limit: names.offset + names.size)
-            sections.append(section)
+            section.name = nameBytes.cString(at: UInt64(entry.nameOffset))
+            return section
         }
-        return sections
     }
 
     /// True for a position-independent executable (ET_DYN with a program interpreter),
@@ -140,37 +160,68 @@ public struct ELFImage: Sendable {
         return try contents(of: section)
     }
 
+    /// The embedded manifest's bytes, nil when the file has no manifest section. Throws
+    /// `tooLarge` past `PluginLimits.maximumManifestSize`, before reading it.
+    public func manifestContents() throws(ELFError) -> [UInt8]? {
+        guard let section = sections.first(where: { $0.name == Self.manifestSection }) else { return nil }
+        guard section.size <= PluginLimits.maximumManifestSize else {
+            throw .tooLarge(what: "manifest section \(Self.manifestSection)", size: section.size, limit: PluginLimits.maximumManifestSize)
+        }
+        return try contents(of: section)
+    }
+
+    /// The bytes of `section`, read from the file; throws when they lie outside it.
     public func contents(of section: Section) throws(ELFError) -> [UInt8] {
         if section.type == Section.noBits { return [] }
-        let (end, overflow) = section.offset.addingReportingOverflow(section.size)
-        guard !overflow, end <= fileSize else {
-            throw .truncated(what: "section \(section.name)", needed: end, fileSize: fileSize)
-        }
-        return Array(bytes.slice(Int(section.offset)..<Int(end)))
+        return try source.read(FileArithmetic.range(
+            "section \(section.name)", offset: section.offset, size: section.size, within: fileSize))
     }
+
+    /// The string table `section` links to (its `sh_link`).
+    func linkedSection(of section: Section) throws(ELFError) -> Section {
+        guard Int(section.link) < sections.count else {
+            throw .malformed("\(section.name) links to section \(section.link), the file has \(sections.count)")
+        }
+        return sections[Int(section.link)]
+    }
+
+    /// The entries of the dynamic section as (tag, value) pairs up to DT_NULL, with its
+    /// string table (section, index and bytes). Throws when an entry that names a string
+    /// points outside the table.
+    func dynamicEntries() throws(ELFError) -> (entries: [(tag: UInt64, value: UInt64)], strings: Section, link: UInt32, stringBytes: [UInt8])? {
+        guard let dynamic = sections.first(where: { $0.name == ".dynamic" }) else { return nil }
+        let table = FileBytes(buffer: try contents(of: dynamic))
+        let strings = try linkedSection(of: dynamic)
+        let stringBytes = try contents(of: strings)
+        var entries: [(tag: UInt64, value: UInt64)] = []
+        var base = 0
+        while base + 16 <= table.count {
+            let tag = table.u64(base), value = table.u64(base + 8)
+            if tag == 0 { break }
+            if Self.stringTags[tag] != nil, value >= UInt64(stringBytes.count) {
+                throw .malformed("\(Self.stringTags[tag]!) entry names string offset \(value), the string table has \(stringBytes.count) bytes")
+            }
+            entries.append((tag, value))
+            base += 16
+        }
+        return (entries, strings, dynamic.link, stringBytes)
+    }
+
+    /// The dynamic entry tags whose value is an offset in the string table.
+    static let stringTags: [UInt64: String] = [1: "DT_NEEDED", 14: "DT_SONAME", 15: "DT_RPATH", 29: "DT_RUNPATH"]
 
     /// NEEDED, SONAME and RUNPATH/RPATH entries of the dynamic section.
     public func dynamicInfo() throws(ELFError) -> DynamicInfo {
         var info = DynamicInfo()
-        guard let dynamic = sections.first(where: { $0.name == ".dynamic" }) else { return info }
-        let table = try contents(of: dynamic)
-        guard Int(dynamic.link) < sections.count else { throw .malformed(".dynamic links to a missing string table") }
-        let strings = try contents(of: sections[Int(dynamic.link)])
-        func string(_ offset: UInt64) -> String {
-            FileBytes(buffer: strings).cString(at: offset, limit: UInt64(strings.count))
-        }
-        let entries = FileBytes(buffer: table)
-        var base = 0
-        while base + 16 <= table.count {
-            let tag = entries.u64(base), value = entries.u64(base + 8)
+        guard let (entries, _, _, stringBytes) = try dynamicEntries() else { return info }
+        let strings = FileBytes(buffer: stringBytes)
+        for (tag, value) in entries {
             switch tag {
-            case 0: return info
-            case 1: info.needed.append(string(value))
-            case 14: info.soname = string(value)
-            case 15, 29: info.runpath.append(string(value))
+            case 1: info.needed.append(strings.cString(at: value))
+            case 14: info.soname = strings.cString(at: value)
+            case 15, 29: info.runpath.append(strings.cString(at: value))
             default: break
             }
-            base += 16
         }
         return info
     }
@@ -178,38 +229,44 @@ public struct ELFImage: Sendable {
     /// Names of the symbols the file defines in its dynamic symbol table (what other
     /// objects can bind to). With `prefixes`, only names starting with one of them, which
     /// is compared on the raw bytes, so scanning a large Swift table costs no strings.
+    /// Throws when a symbol's name lies outside the string table.
     public func definedDynamicSymbols(withPrefixes prefixes: [String]? = nil) throws(ELFError) -> [String] {
         guard let symbols = sections.first(where: { $0.name == ".dynsym" }) else { return [] }
-        let table = try contents(of: symbols)
-        guard Int(symbols.link) < sections.count else { throw .malformed(".dynsym links to a missing string table") }
-        let stringBytes = try contents(of: sections[Int(symbols.link)])
+        let entries = FileBytes(buffer: try contents(of: symbols))
+        let stringBytes = try contents(of: linkedSection(of: symbols))
         let strings = FileBytes(buffer: stringBytes)
-        let entries = FileBytes(buffer: table)
         let wanted = prefixes?.map { Array($0.utf8) }
         var names: [String] = []
         var base = 24  // entry 0 is the null symbol
-        while base + 24 <= table.count {
+        while base + 24 <= entries.count {
             defer { base += 24 }
-            guard entries.u16(base + 6) != 0 else { continue }  // SHN_UNDEF: imported, not defined
             let offset = Int(entries.u32(base))
+            guard offset < stringBytes.count else {
+                throw .malformed("dynamic symbol \(base / 24) names string offset \(offset), the string table has \(stringBytes.count) bytes")
+            }
+            guard entries.u16(base + 6) != 0 else { continue }  // SHN_UNDEF: imported, not defined
             if let wanted, !wanted.contains(where: { prefix in
                 offset + prefix.count <= stringBytes.count && stringBytes[offset..<offset + prefix.count].elementsEqual(prefix)
             }) {
                 continue
             }
-            names.append(strings.cString(at: UInt64(offset), limit: UInt64(stringBytes.count)))
+            names.append(strings.cString(at: UInt64(offset)))
         }
         return names
     }
 
-    /// The GNU build id (lowercase hex) from `.note.gnu.build-id`, nil when absent.
+    /// The GNU build id (lowercase hex) from `.note.gnu.build-id`, nil when absent or when
+    /// the note's sizes do not fit in it.
     public func buildID() throws(ELFError) -> String? {
         guard let note = try sectionContents(named: ".note.gnu.build-id"), note.count >= 16 else { return nil }
         let reader = FileBytes(buffer: note)
-        let nameSize = Int(reader.u32(0)), descSize = Int(reader.u32(4))
-        let descStart = 12 + ((nameSize + 3) & ~3)
-        guard descStart + descSize <= note.count else { return nil }
-        return note[descStart..<descStart + descSize].map { byte in
+        let nameSize = UInt64(reader.u32(0)), descSize = UInt64(reader.u32(4))
+        // Both sizes are 32-bit: the sums below cannot overflow 64 bits.
+        let descStart = 12 + (nameSize + 3) / 4 * 4
+        guard let range = try? FileArithmetic.range("build-id note", offset: descStart, size: descSize, within: UInt64(note.count)) else {
+            return nil
+        }
+        return note[FileArithmetic.indices(range)].map { byte in
             let hex = String(byte, radix: 16)
             return byte < 16 ? "0" + hex : hex
         }.joined()
@@ -237,6 +294,8 @@ public enum ELFError: Error, Sendable, Equatable, CustomStringConvertible {
     case wrongByteOrder(found: UInt8)
     case truncated(what: String, needed: UInt64, fileSize: UInt64)
     case malformed(String)
+    /// The file, or a part of it, is larger than the host reads (`PluginLimits`).
+    case tooLarge(what: String, size: UInt64, limit: UInt64)
 
     public var description: String {
         switch self {
@@ -253,71 +312,55 @@ public enum ELFError: Error, Sendable, Equatable, CustomStringConvertible {
             return "truncated: \(what) end at byte \(needed) but the file has \(size) bytes"
         case .malformed(let what):
             return "malformed ELF: \(what)"
+        case .tooLarge(let what, let size, let limit):
+            return "the \(what) is \(size) bytes, more than the \(limit) bytes the host reads"
         }
     }
 }
 
-/// The bytes of a file read in one go, with bounds-checked little-endian accessors.
+/// Where an image's bytes come from: an open file read with `pread` at the ranges asked
+/// for, or bytes already in memory.
+enum ByteSource: Sendable {
+    case file(ReadOnlyFile)
+    case memory([UInt8])
+
+    var size: UInt64 {
+        switch self {
+        case .file(let file): file.size
+        case .memory(let bytes): UInt64(bytes.count)
+        }
+    }
+
+    /// The bytes of `range`, checked by the caller to lie within `size`.
+    func read(_ range: Range<UInt64>) throws(ELFError) -> [UInt8] {
+        switch self {
+        case .file(let file): return try file.read(range)
+        case .memory(let bytes): return Array(bytes[FileArithmetic.indices(range)])
+        }
+    }
+}
+
+/// Bytes read from a file (a header, a table), with little-endian accessors at offsets the
+/// caller keeps within `count`.
 struct FileBytes: Sendable {
     private let buffer: [UInt8]
     var count: Int { buffer.count }
 
     init(buffer: [UInt8]) { self.buffer = buffer }
 
-    init(path: String) throws(ELFError) {
-        switch OpenedFile.read(path, followSymlinks: true) {
-        case .success(let file): buffer = file.bytes
-        case .failure(let error): throw error
-        }
-    }
-
     subscript(index: Int) -> UInt8 { buffer[index] }
     func prefix(_ n: Int) -> ArraySlice<UInt8> { buffer.prefix(n) }
-    func slice(_ range: Range<Int>) -> ArraySlice<UInt8> { buffer[range] }
 
     func u16(_ at: Int) -> UInt16 { UInt16(buffer[at]) | UInt16(buffer[at + 1]) << 8 }
     func u32(_ at: Int) -> UInt32 { UInt32(u16(at)) | UInt32(u16(at + 2)) << 16 }
     func u64(_ at: Int) -> UInt64 { UInt64(u32(at)) | UInt64(u32(at + 4)) << 32 }
 
-    /// The NUL-terminated string at `offset`, stopping at `limit` or the end of the buffer.
-    func cString(at offset: UInt64, limit: UInt64) -> String {
-        let end = Int(min(limit, UInt64(buffer.count)))
-        guard offset < UInt64(end) else { return "" }
-        var stop = Int(offset)
-        while stop < end && buffer[stop] != 0 { stop += 1 }
-        return String(decoding: buffer[Int(offset)..<stop], as: UTF8.self)
-    }
-}
-
-/// A file opened once: its status and, for a regular file, all its bytes. Opening with
-/// `O_NONBLOCK` makes a FIFO harmless, and without following a symlink makes a symlink
-/// visible (`ELOOP`), so one open answers what lstat, stat and read would.
-public struct OpenedFile: Sendable {
-    public let status: stat
-    /// The contents; empty unless the file is a regular file.
-    public let bytes: [UInt8]
-
-    /// Opens `path`; the error carries the errno (`ELOOP` for a symlink when not following).
-    public static func read(_ path: String, followSymlinks: Bool) -> Result<OpenedFile, ELFError> {
-        let flags = O_RDONLY | O_CLOEXEC | O_NONBLOCK | (followSymlinks ? 0 : O_NOFOLLOW)
-        let fd = open(path, flags)
-        guard fd >= 0 else { return .failure(.cannotRead(path: path, errno: errno)) }
-        defer { close(fd) }
-        var status = stat()
-        guard fstat(fd, &status) == 0 else { return .failure(.cannotRead(path: path, errno: errno)) }
-        guard status.st_mode & S_IFMT == S_IFREG else { return .success(OpenedFile(status: status, bytes: [])) }
-        let size = Int(status.st_size)
-        var buffer = [UInt8](repeating: 0, count: size)
-        var done = 0
-        while done < size {
-            let n = buffer.withUnsafeMutableBytes { pread(fd, $0.baseAddress! + done, size - done, off_t(done)) }
-            if n < 0 && errno == EINTR { continue }
-            guard n > 0 else {
-                if n == 0 { break }
-                return .failure(.cannotRead(path: path, errno: errno))
-            }
-            done += n
-        }
-        return .success(OpenedFile(status: status, bytes: done == size ? buffer : Array(buffer.prefix(done))))
+    /// The NUL-terminated string at `offset`, stopping at the end of the buffer; "" when
+    /// `offset` lies outside it.
+    func cString(at offset: UInt64) -> String {
+        guard offset < UInt64(buffer.count) else { return "" }
+        let start = Int(offset)
+        let stop = buffer[start...].firstIndex(of: 0) ?? buffer.count
+        return String(decoding: buffer[start..<stop], as: UTF8.self)
     }
 }

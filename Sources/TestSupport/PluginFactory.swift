@@ -93,7 +93,7 @@ public struct PluginFactory: Sendable {
 
     /// The manifest embedded in `file`, as text ("" when it has none).
     public static func embeddedManifest(_ file: String) throws -> String {
-        let bytes = try ELFImage(path: file).sectionContents(named: ".modhost.manifest") ?? []
+        let bytes = try ELFImage(path: file).manifestContents() ?? []
         return String(decoding: bytes, as: UTF8.self)
     }
 }

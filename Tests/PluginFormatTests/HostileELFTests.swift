@@ -1,0 +1,124 @@
+import Foundation
+@testable import PluginFormat
+import Testing
+import TestSupport
+
+/// Offsets, sizes and counts read from a file are checked before any arithmetic: a hostile
+/// value gives an `ELFError` naming the problem, never a trap.
+@Suite struct HostileELFTests {
+    static let dir = TemporaryDirectory("hostile-elf")
+    /// One real C plugin with a manifest, a SONAME, a NEEDED entry and a build id.
+    static let good: String = {
+        let factory = PluginFactory(directory: dir.path)
+        return try! factory.buildC("Hostile", source: PluginFactory.cSource(plugin: "Hostile", modules: ["hostile"]),
+                                   manifest: PluginFactory.manifest(plugin: "Hostile", modules: ["hostile"]),
+                                   flags: "-Wl,--build-id")
+    }()
+
+    /// Runs every reader of the image; each either answers or throws an ELFError.
+    func readEverything(_ path: String) -> [ELFError] {
+        var errors: [ELFError] = []
+        func attempt(_ body: () throws -> Void) {
+            do {
+                try body()
+            } catch let error as ELFError {
+                errors.append(error)
+            } catch {
+                Issue.record("not an ELFError: \(error)")
+            }
+        }
+        let image: ELFImage
+        do {
+            image = try ELFImage(path: path)
+        } catch {
+            return [error]
+        }
+        if let error = image.sectionError { errors.append(error) }
+        attempt { _ = try image.manifestContents() }
+        attempt { _ = try image.dynamicInfo() }
+        attempt { _ = try image.definedDynamicSymbols(withPrefixes: ["$s9ModuleKit"]) }
+        attempt { _ = try image.definedDynamicSymbols() }
+        attempt { _ = try image.buildID() }
+        attempt { _ = try DynamicStringPatch.patches(["libHostile.so": "libHostile.02", "libc.so.6": "libc.so.7"], image: image) }
+        _ = image.loadSegmentPastEnd
+        return errors
+    }
+
+    @Test(arguments: ELFMutation.all)
+    func aHostileValueIsAnErrorNotATrap(mutation: ELFMutation) throws {
+        let path = try mutation.apply(to: Self.good, writingTo: Self.dir.file(mutation.fileName))
+        let errors = readEverything(path)
+        if mutation.refused {
+            #expect(!errors.isEmpty, "\(mutation) read without error")
+        }
+        for error in errors {
+            #expect(!error.description.contains("\n"), "\(error)")
+        }
+    }
+
+    @Test func theUnchangedFileReadsCleanly() throws {
+        #expect(readEverything(Self.good).isEmpty)
+        let image = try ELFImage(path: Self.good)
+        #expect(try image.dynamicInfo().soname == "libHostile.so")
+        #expect(try image.buildID()?.count == 40)
+    }
+
+    @Test func programHeadersNear2To64AreReportedAsOutsideTheFile() throws {
+        let path = try ELFMutation.all[0].apply(to: Self.good, writingTo: Self.dir.file("phoff.so"))
+        #expect {
+            try ELFImage(path: path)
+        } throws: { error in
+            "\(error)".contains("program headers") && "\(error)".contains("18446744073709551600")
+        }
+    }
+
+    @Test func aHugeBuildIDNoteHasNoBuildID() throws {
+        let path = try ELFMutation.all.last!.apply(to: Self.good, writingTo: Self.dir.file("note.so"))
+        #expect(try ELFImage(path: path).buildID() == nil)
+    }
+
+    @Test func patchingAFileWithAHugeStringOffsetIsRefused() throws {
+        let mutation = ELFMutation.all.first { $0.description.hasPrefix("DT_NEEDED") }!
+        let path = try mutation.apply(to: Self.good, writingTo: Self.dir.file("needed.so"))
+        #expect(throws: ELFError.self) {
+            try DynamicStringPatch.patches(["libHostile.so": "libHostile.02"], image: try ELFImage(path: path))
+        }
+    }
+}
+
+/// Reading is bounded: only the ranges the checks need are read, and sizes past the limits
+/// are refused by name before anything is read.
+@Suite struct BoundedReadTests {
+    @Test func aHugeManifestSectionIsRefusedBySize() throws {
+        let dir = TemporaryDirectory("bounded-manifest")
+        let good = try PluginFactory(directory: dir.path).buildC(
+            "Big", source: PluginFactory.cSource(plugin: "Big", modules: ["big"]),
+            manifest: PluginFactory.manifest(plugin: "Big", modules: ["big"]))
+        let size: UInt64 = 100 << 20
+        let path = try CraftedELF.withHugeManifest(good, size: size, writingTo: dir.file("big.so"))
+        #expect {
+            try ELFImage(path: path).manifestContents()
+        } throws: { error in
+            error as? ELFError == .tooLarge(what: "manifest section .modhost.manifest", size: size, limit: UInt64(PluginLimits.maximumManifestSize))
+        }
+    }
+
+    @Test func aFileOverTheMaximumSizeIsRefusedBeforeReadingIt() throws {
+        let dir = TemporaryDirectory("bounded-sparse")
+        let good = try PluginFactory(directory: dir.path).buildC(
+            "Sparse", source: PluginFactory.cSource(plugin: "Sparse", modules: ["sparse"]),
+            manifest: PluginFactory.manifest(plugin: "Sparse", modules: ["sparse"]))
+        // Just under the limit: only headers and tables are read, the manifest is found.
+        try extendSparse(good, to: Int64(PluginLimits.maximumFileSize))
+        let image = try ELFImage(path: good)
+        #expect(image.fileSize == PluginLimits.maximumFileSize)
+        #expect(try image.manifestContents()?.isEmpty == false)
+        // One byte more, or 8 GB: refused by size.
+        for size in [PluginLimits.maximumFileSize + 1, 8 << 30] {
+            try extendSparse(good, to: Int64(size))
+            #expect(throws: ELFError.tooLarge(what: "file", size: size, limit: PluginLimits.maximumFileSize)) {
+                try ELFImage(path: good)
+            }
+        }
+    }
+}
