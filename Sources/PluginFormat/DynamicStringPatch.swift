@@ -24,8 +24,7 @@ public enum DynamicStringPatch {
         for (old, new) in renames where old.utf8.count != new.utf8.count {
             throw .malformed("cannot rename \(old) to \(new): the names differ in length")
         }
-        guard let (entries, strings, link, stringBytes) = try image.dynamicEntries() else { return [] }
-        let names = FileBytes(buffer: stringBytes)
+        guard let (entries, strings, link, names) = try image.dynamicEntries() else { return [] }
 
         // Every offset into the string table anything refers to, and the ones to patch.
         // dynamicEntries() checked each string offset lies inside the table.
@@ -38,7 +37,7 @@ public enum DynamicStringPatch {
         }
         if let symbols = image.sections.first(where: { $0.name == ".dynsym" }),
            symbols.link == link {
-            let entries = FileBytes(buffer: try image.contents(of: symbols))
+            let entries = FileBytes(try image.bytes(of: symbols))
             var symbol = 24
             while symbol + 24 <= entries.count {
                 references.append(Int(entries.u32(symbol)))
@@ -53,7 +52,7 @@ public enum DynamicStringPatch {
             }
             // The old name (same length) was read inside the table, so this stays inside it.
             _ = try FileArithmetic.range("renamed string", offset: UInt64(patch.offset), size: UInt64(patch.new.count),
-                                         within: UInt64(stringBytes.count))
+                                         within: UInt64(names.count))
             result.append(Patch(fileOffset: strings.offset + UInt64(patch.offset), bytes: patch.new))
         }
         return result

@@ -68,7 +68,7 @@ public struct ELFImage: Sendable {
 
     /// Checks the structure of the open file `file`; later reads use the same file.
     public init(file: ReadOnlyFile) throws(ELFError) {
-        try self.init(path: file.path, source: .file(file))
+        try self.init(path: file.path, source: ByteSource(file))
     }
 
     /// Checks the structure of `contents`, the bytes of the file at `path` read already.
@@ -83,7 +83,7 @@ public struct ELFImage: Sendable {
         guard fileSize <= PluginLimits.maximumFileSize else {
             throw .tooLarge(what: "file", size: fileSize, limit: PluginLimits.maximumFileSize)
         }
-        let header = FileBytes(buffer: try source.read(0..<min(fileSize, 64)))
+        let header = FileBytes(try source.read(0..<min(fileSize, 64)))
         guard header.count >= 4, header[0] == 0x7f, header[1] == 0x45, header[2] == 0x4c, header[3] == 0x46 else {
             throw .notELF(firstBytes: Array(header.prefix(4)))
         }
@@ -95,7 +95,7 @@ public struct ELFImage: Sendable {
 
         let phoff = header.u64(32), phentsize = UInt64(header.u16(54)), phnum = UInt64(header.u16(56))
         guard phnum == 0 || phentsize == 56 else { throw .malformed("program header entry size \(phentsize), expected 56") }
-        let table = FileBytes(buffer: try source.read(FileArithmetic.range(
+        let table = FileBytes(try source.read(FileArithmetic.range(
             "program headers", offset: phoff, size: phnum * 56, within: fileSize)))
         programHeaders = (0..<Int(phnum)).map { index in
             let base = index * 56
@@ -119,24 +119,21 @@ public struct ELFImage: Sendable {
         let shstrndx = Int(header.u16(62))
         guard shoff != 0 && shnum != 0 else { return [] }
         guard shentsize == 64 else { throw .malformed("section header entry size \(shentsize), expected 64") }
-        let table = FileBytes(buffer: try source.read(FileArithmetic.range(
+        let table = FileBytes(try source.read(FileArithmetic.range(
             "section headers", offset: shoff, size: shnum * 64, within: source.size)))
-        var raw: [(nameOffset: UInt32, section: Section)] = []
+        guard shstrndx < Int(shnum) else { throw .malformed("section name table index \(shstrndx) out of range") }
+        let namesHeader = shstrndx * 64
+        let nameBytes = FileBytes(try source.read(FileArithmetic.range(
+            "section name table", offset: table.u64(namesHeader + 24), size: table.u64(namesHeader + 32), within: source.size)))
+        var sections: [Section] = []
+        sections.reserveCapacity(Int(shnum))
         for index in 0..<Int(shnum) {
             let base = index * 64
-            raw.append((table.u32(base), Section(
-                name: "", type: table.u32(base + 4), offset: table.u64(base + 24),
-                size: table.u64(base + 32), link: table.u32(base + 40))))
+            sections.append(Section(
+                name: nameBytes.cString(at: UInt64(table.u32(base))), type: table.u32(base + 4), offset: table.u64(base + 24),
+                size: table.u64(base + 32), link: table.u32(base + 40)))
         }
-        guard shstrndx < raw.count else { throw .malformed("section name table index \(shstrndx) out of range") }
-        let names = raw[shstrndx].section
-        let nameBytes = FileBytes(buffer: try source.read(FileArithmetic.range(
-            "section name table", offset: names.offset, size: names.size, within: source.size)))
-        return raw.map { entry in
-            var section = entry.section
-            section.name = nameBytes.cString(at: UInt64(entry.nameOffset))
-            return section
-        }
+        return sections
     }
 
     /// True for a position-independent executable (ET_DYN with a program interpreter),
@@ -172,6 +169,10 @@ public struct ELFImage: Sendable {
 
     /// The bytes of `section`, read from the file; throws when they lie outside it.
     public func contents(of section: Section) throws(ELFError) -> [UInt8] {
+        Array(try bytes(of: section))
+    }
+
+    func bytes(of section: Section) throws(ELFError) -> ArraySlice<UInt8> {
         if section.type == Section.noBits { return [] }
         return try source.read(FileArithmetic.range(
             "section \(section.name)", offset: section.offset, size: section.size, within: fileSize))
@@ -188,11 +189,11 @@ public struct ELFImage: Sendable {
     /// The entries of the dynamic section as (tag, value) pairs up to DT_NULL, with its
     /// string table (section, index and bytes). Throws when an entry that names a string
     /// points outside the table.
-    func dynamicEntries() throws(ELFError) -> (entries: [(tag: UInt64, value: UInt64)], strings: Section, link: UInt32, stringBytes: [UInt8])? {
+    func dynamicEntries() throws(ELFError) -> (entries: [(tag: UInt64, value: UInt64)], strings: Section, link: UInt32, stringBytes: FileBytes)? {
         guard let dynamic = sections.first(where: { $0.name == ".dynamic" }) else { return nil }
-        let table = FileBytes(buffer: try contents(of: dynamic))
+        let table = FileBytes(try bytes(of: dynamic))
         let strings = try linkedSection(of: dynamic)
-        let stringBytes = try contents(of: strings)
+        let stringBytes = FileBytes(try bytes(of: strings))
         var entries: [(tag: UInt64, value: UInt64)] = []
         var base = 0
         while base + 16 <= table.count {
@@ -213,8 +214,7 @@ public struct ELFImage: Sendable {
     /// NEEDED, SONAME and RUNPATH/RPATH entries of the dynamic section.
     public func dynamicInfo() throws(ELFError) -> DynamicInfo {
         var info = DynamicInfo()
-        guard let (entries, _, _, stringBytes) = try dynamicEntries() else { return info }
-        let strings = FileBytes(buffer: stringBytes)
+        guard let (entries, _, _, strings) = try dynamicEntries() else { return info }
         for (tag, value) in entries {
             switch tag {
             case 1: info.needed.append(strings.cString(at: value))
@@ -232,22 +232,19 @@ public struct ELFImage: Sendable {
     /// Throws when a symbol's name lies outside the string table.
     public func definedDynamicSymbols(withPrefixes prefixes: [String]? = nil) throws(ELFError) -> [String] {
         guard let symbols = sections.first(where: { $0.name == ".dynsym" }) else { return [] }
-        let entries = FileBytes(buffer: try contents(of: symbols))
-        let stringBytes = try contents(of: linkedSection(of: symbols))
-        let strings = FileBytes(buffer: stringBytes)
+        let entries = FileBytes(try bytes(of: symbols))
+        let strings = FileBytes(try bytes(of: linkedSection(of: symbols)))
         let wanted = prefixes?.map { Array($0.utf8) }
         var names: [String] = []
         var base = 24  // entry 0 is the null symbol
         while base + 24 <= entries.count {
             defer { base += 24 }
             let offset = Int(entries.u32(base))
-            guard offset < stringBytes.count else {
-                throw .malformed("dynamic symbol \(base / 24) names string offset \(offset), the string table has \(stringBytes.count) bytes")
+            guard offset < strings.count else {
+                throw .malformed("dynamic symbol \(base / 24) names string offset \(offset), the string table has \(strings.count) bytes")
             }
             guard entries.u16(base + 6) != 0 else { continue }  // SHN_UNDEF: imported, not defined
-            if let wanted, !wanted.contains(where: { prefix in
-                offset + prefix.count <= stringBytes.count && stringBytes[offset..<offset + prefix.count].elementsEqual(prefix)
-            }) {
+            if let wanted, !wanted.contains(where: { strings.has($0, at: offset) }) {
                 continue
             }
             names.append(strings.cString(at: UInt64(offset)))
@@ -259,7 +256,7 @@ public struct ELFImage: Sendable {
     /// the note's sizes do not fit in it.
     public func buildID() throws(ELFError) -> String? {
         guard let note = try sectionContents(named: ".note.gnu.build-id"), note.count >= 16 else { return nil }
-        let reader = FileBytes(buffer: note)
+        let reader = FileBytes(note[...])
         let nameSize = UInt64(reader.u32(0)), descSize = UInt64(reader.u32(4))
         // Both sizes are 32-bit: the sums below cannot overflow 64 bits.
         let descStart = 12 + (nameSize + 3) / 4 * 4
@@ -318,49 +315,90 @@ public enum ELFError: Error, Sendable, Equatable, CustomStringConvertible {
     }
 }
 
-/// Where an image's bytes come from: an open file read with `pread` at the ranges asked
-/// for, or bytes already in memory.
-enum ByteSource: Sendable {
-    case file(ReadOnlyFile)
-    case memory([UInt8])
+/// Where an image's bytes come from: an open file, or bytes already in memory.
+///
+/// For a file, its first and last `windowSize` bytes are read in (at most) two calls when
+/// it is opened: the first hold the ELF and program headers and the dynamic symbols of a
+/// typical plugin, the last its section headers, section names, manifest and often its
+/// dynamic section, so the checks cost two system calls. Any other range is read with
+/// `pread` when asked for. Memory stays bounded by the two windows and the ranges asked
+/// for, whatever the file's size.
+struct ByteSource: Sendable {
+    /// How much of each end of a file is read when it is opened.
+    static let windowSize: UInt64 = 4 << 10
+    private let file: ReadOnlyFile?
+    private let head: [UInt8]
+    private let tail: [UInt8]
+    let size: UInt64
 
-    var size: UInt64 {
-        switch self {
-        case .file(let file): file.size
-        case .memory(let bytes): UInt64(bytes.count)
+    init(_ file: ReadOnlyFile) throws(ELFError) {
+        self.file = file
+        size = file.size
+        guard size <= PluginLimits.maximumFileSize else {
+            (head, tail) = ([], [])
+            return
+        }
+        if size <= 2 * Self.windowSize {
+            head = try file.read(0..<size)
+            tail = []
+        } else {
+            head = try file.read(0..<Self.windowSize)
+            tail = try file.read(size - Self.windowSize..<size)
         }
     }
 
+    static func memory(_ bytes: [UInt8]) -> ByteSource { ByteSource(bytes) }
+
+    private init(_ bytes: [UInt8]) {
+        file = nil
+        head = bytes
+        tail = []
+        size = UInt64(bytes.count)
+    }
+
     /// The bytes of `range`, checked by the caller to lie within `size`.
-    func read(_ range: Range<UInt64>) throws(ELFError) -> [UInt8] {
-        switch self {
-        case .file(let file): return try file.read(range)
-        case .memory(let bytes): return Array(bytes[FileArithmetic.indices(range)])
+    func read(_ range: Range<UInt64>) throws(ELFError) -> ArraySlice<UInt8> {
+        if range.upperBound <= UInt64(head.count) { return head[FileArithmetic.indices(range)] }
+        let tailStart = size - UInt64(tail.count)
+        if !tail.isEmpty, range.lowerBound >= tailStart {
+            return tail[FileArithmetic.indices(range.lowerBound - tailStart..<range.upperBound - tailStart)]
         }
+        guard let file else { throw .truncated(what: "range", needed: range.upperBound, fileSize: size) }
+        return try file.read(range)[...]
     }
 }
 
 /// Bytes read from a file (a header, a table), with little-endian accessors at offsets the
-/// caller keeps within `count`.
+/// caller keeps within `count` (counted from 0 whatever the slice's indices).
 struct FileBytes: Sendable {
-    private let buffer: [UInt8]
+    private let buffer: ArraySlice<UInt8>
     var count: Int { buffer.count }
 
-    init(buffer: [UInt8]) { self.buffer = buffer }
+    init(_ buffer: ArraySlice<UInt8>) { self.buffer = buffer }
 
-    subscript(index: Int) -> UInt8 { buffer[index] }
+    @inline(__always)
+    subscript(index: Int) -> UInt8 { buffer[buffer.startIndex + index] }
     func prefix(_ n: Int) -> ArraySlice<UInt8> { buffer.prefix(n) }
 
-    func u16(_ at: Int) -> UInt16 { UInt16(buffer[at]) | UInt16(buffer[at + 1]) << 8 }
+    @inline(__always)
+    func u16(_ at: Int) -> UInt16 { UInt16(self[at]) | UInt16(self[at + 1]) << 8 }
+    @inline(__always)
     func u32(_ at: Int) -> UInt32 { UInt32(u16(at)) | UInt32(u16(at + 2)) << 16 }
+    @inline(__always)
     func u64(_ at: Int) -> UInt64 { UInt64(u32(at)) | UInt64(u32(at + 4)) << 32 }
+
+    /// True when the bytes at `offset` start with `prefix`.
+    func has(_ prefix: [UInt8], at offset: Int) -> Bool {
+        offset >= 0 && offset <= count - prefix.count
+            && buffer[(buffer.startIndex + offset)...].starts(with: prefix)
+    }
 
     /// The NUL-terminated string at `offset`, stopping at the end of the buffer; "" when
     /// `offset` lies outside it.
     func cString(at offset: UInt64) -> String {
-        guard offset < UInt64(buffer.count) else { return "" }
-        let start = Int(offset)
-        let stop = buffer[start...].firstIndex(of: 0) ?? buffer.count
+        guard offset < UInt64(count) else { return "" }
+        let start = buffer.startIndex + Int(offset)
+        let stop = buffer[start...].firstIndex(of: 0) ?? buffer.endIndex
         return String(decoding: buffer[start..<stop], as: UTF8.self)
     }
 }

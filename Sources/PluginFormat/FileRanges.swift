@@ -86,8 +86,11 @@ public final class ReadOnlyFile: Sendable {
     /// The bytes of `range`, which must lie within `size`.
     public func read(_ range: Range<UInt64>) throws(ELFError) -> [UInt8] {
         let count = Int(range.count)
-        var buffer = [UInt8](repeating: 0, count: count)
-        let done = buffer.withUnsafeMutableBytes { readFully(into: $0, at: range.lowerBound) }
+        var done = 0
+        let buffer = [UInt8](unsafeUninitializedCapacity: count) { storage, initialized in
+            done = readFully(into: UnsafeMutableRawBufferPointer(storage), at: range.lowerBound)
+            initialized = max(done, 0)
+        }
         guard done == count else {
             if done < 0 { throw .cannotRead(path: path, errno: errno) }
             throw .truncated(what: "the file (it shrank while being read)", needed: range.upperBound, fileSize: range.lowerBound + UInt64(done))
