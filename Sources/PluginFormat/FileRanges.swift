@@ -101,11 +101,11 @@ public final class ReadOnlyFile: Sendable {
     /// Calls `body` with the file's first `size` bytes in order, in chunks of at most
     /// `chunkSize` bytes: memory stays bounded whatever the file's size.
     public func forEachChunk(chunkSize: Int = 1 << 20, _ body: (UnsafeRawBufferPointer) -> Void) throws(ELFError) {
-        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: chunkSize, alignment: 16)
+        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: Int(min(UInt64(chunkSize), max(size, 1))), alignment: 16)
         defer { buffer.deallocate() }
         var offset: UInt64 = 0
         while offset < size {
-            let wanted = Int(min(UInt64(chunkSize), size - offset))
+            let wanted = Int(min(UInt64(buffer.count), size - offset))
             let done = readFully(into: UnsafeMutableRawBufferPointer(rebasing: buffer[0..<wanted]), at: offset)
             guard done == wanted else {
                 if done < 0 { throw .cannotRead(path: path, errno: errno) }
