@@ -3,7 +3,9 @@
 #include <elf.h>
 #include <link.h>
 #include <stddef.h>
+#include <fcntl.h>
 #include <string.h>
+#include <unistd.h>
 #include "dynamic_loader.h"
 
 const char *modhost_object_containing(const void *address) {
@@ -70,3 +72,5 @@ int modhost_address_in_object(const void *address, void *handle) {
     /* In glibc a dlopen handle is the object's link_map. */
     return found.dlfo_link_map == (struct link_map *)handle ? 1 : 0;
 }
+
+int modhost_pipe_cloexec(int fds[2]) { return pipe2(fds, O_CLOEXEC); }

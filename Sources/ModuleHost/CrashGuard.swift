@@ -6,27 +6,63 @@ import Synchronization
 
 /// Keeps one bad plugin from crash-looping the daemon.
 ///
-/// Before the daemon runs a plugin's code for the first time (its entry point, its
-/// modules' init), it writes what it is about to do to `inflight.json` in the state
-/// directory and removes it afterwards. If the daemon dies in between,
-/// the next start finds the file, records the plugin (by content hash) in `crashed.json`
-/// and refuses that exact file, saying why, until a different file is deployed.
+/// From the first read of a candidate file to the return of its modules' start, the
+/// daemon keeps a record of which file it is working on, and in what phase, in
+/// `inflight.json` in the state directory (validation and hashing, the private copy and
+/// the trial load, the entry point, init, start). A fatal signal raised in a loaded
+/// plugin's code at any later time (a thread it started, a timer, an event handler) is
+/// attributed to that plugin by `FatalSignalRecorder` and written to `fatal.json`, and a
+/// call of `exit()` from plugin code by `ExitGuard`. The next start reads what the
+/// previous run left (the signal or exit record first, else the in-flight one), records
+/// the file (by content hash, or by path and identity when it died before the hash was
+/// known) in `crashed.json`, logs why, and refuses that exact file until a different file
+/// is deployed.
 public final class CrashGuard: Sendable {
     /// One plugin that crashed the daemon.
     public struct Crash: Codable, Sendable, Equatable {
         public var file: String
+        /// The plugin's name; "" when it died before the file was read far enough to know.
         public var plugin: String
+        /// The file's content hash; "" when it died before the file was hashed.
         public var hash: String
-        /// "entry" or "init".
+        /// "validation", "copy", "entry", "init", "start", or "run" (after start).
         public var phase: String
-        /// When the daemon was about to run it (ISO 8601).
+        /// When the daemon was about to run it, or died (ISO 8601).
         public var time: String
+        /// What ended the daemon when known: a signal name ("SIGSEGV") or "exit(STATUS)".
+        public var cause: String?
+        /// The file's identity (device, inode, size, modification time) when `hash` is "".
+        public var identity: String?
+
+        /// What the file did, e.g. "crashed the daemon during init",
+        /// "crashed the daemon with SIGSEGV in its code", "ended the daemon by calling exit(0)".
+        public var what: String {
+            switch cause {
+            case let cause? where cause.hasPrefix("exit("): return "ended the daemon by calling \(cause)"
+            case let cause?: return "crashed the daemon with \(cause) in its code"
+            case nil: return "crashed the daemon during \(phase)"
+            }
+        }
+
+        /// "plugin NAME", or "file PATH" when the plugin's name was not known yet.
+        public var subject: String { plugin.isEmpty ? "file \(file)" : "plugin \(plugin)" }
+
+        var key: String { hash.isEmpty ? "\(file)@\(identity ?? "")" : hash }
     }
 
     public let directory: String
     private var inflightPath: String { directory + "/inflight.json" }
     private var crashedPath: String { directory + "/crashed.json" }
+    var fatalPath: String { directory + "/fatal.json" }
     private let crashes: Mutex<[String: Crash]>
+
+    /// The open in-flight file and whether it holds a record.
+    private struct InFlight {
+        var fd: Int32 = -1
+        var holdsRecord = false
+        var current: Crash?
+    }
+    private let inflight = Mutex(InFlight())
 
     /// Opens the guard in `directory` (created if needed). A crash recorded by the previous
     /// run is returned by `recovered` and remembered from then on.
@@ -40,37 +76,87 @@ public final class CrashGuard: Sendable {
         var known: [String: Crash] = [:]
         if let data = FileManager.default.contents(atPath: directory + "/crashed.json"),
            let list = try? JSONDecoder().decode([Crash].self, from: data) {
-            for crash in list { known[crash.hash] = crash }
+            for crash in list { known[crash.key] = crash }
         }
         crashes = Mutex(known)
     }
 
-    /// Reads the in-flight record a crashed run left, records it as a crash and returns it.
+    deinit {
+        inflight.withLock { if $0.fd >= 0 { close($0.fd) } }
+    }
+
+    /// Reads what a crashed run left (the fatal-signal or exit record first: it names the
+    /// code that failed; else the in-flight record), records it as a crash and returns it.
     public func recoverFromPreviousRun() -> Crash? {
-        guard let data = FileManager.default.contents(atPath: inflightPath),
-              let crash = try? JSONDecoder().decode(Crash.self, from: data) else { return nil }
-        crashes.withLock { $0[crash.hash] = crash }
-        persist()
+        func read(_ path: String) -> Crash? {
+            guard let data = FileManager.default.contents(atPath: path), !data.isEmpty else { return nil }
+            return try? JSONDecoder().decode(Crash.self, from: data)
+        }
+        let found = read(fatalPath) ?? read(inflightPath)
+        unlink(fatalPath)
         unlink(inflightPath)
+        guard let crash = found else { return nil }
+        crashes.withLock { $0[crash.key] = crash }
+        persist()
         return crash
     }
 
     /// The recorded crash of a file with this content hash, if any.
     public func crash(forHash hash: String) -> Crash? { crashes.withLock { $0[hash] } }
 
+    /// The recorded crash of the file at `path` with this identity, for a file that
+    /// crashed the daemon before it was hashed.
+    func crash(forFile path: String, identity: String) -> Crash? {
+        crashes.withLock { $0["\(path)@\(identity)"] }
+    }
+
     public var count: Int { crashes.withLock { $0.count } }
 
-    /// Records on disk that the daemon is about to run `plugin`'s code in
-    /// `phase`. Call `end()` when that code has returned; only a process death leaves the
-    /// record behind.
-    public func begin(file: String, plugin: String, hash: String, phase: String) {
-        let record: JSONValue = ["file": .string(file), "plugin": .string(plugin), "hash": .string(hash),
-                                 "phase": .string(phase), "time": .string(utcTimestamp())]
-        write(Data(record.jsonText.utf8), to: inflightPath)
+    /// What the daemon is working on now, if anything.
+    var current: Crash? { inflight.withLock { $0.current } }
+
+    /// Records on disk that the daemon is about to work on `file` (`plugin`'s code, or the
+    /// file's bytes) in `phase`. Call `end()` when that is over; only a process death
+    /// leaves the record behind. Two system calls on a file kept open: one write (after a
+    /// truncation when a record is still there) here, one truncation in `end`.
+    public func begin(file: String, plugin: String, hash: String, phase: String, identity: String? = nil) {
+        let crash = Crash(file: file, plugin: plugin, hash: hash, phase: phase, time: utcTimestamp(), identity: identity)
+        var fields: [String: JSONValue] = ["file": .string(file), "plugin": .string(plugin), "hash": .string(hash),
+                                           "phase": .string(phase), "time": .string(crash.time)]
+        if let identity { fields["identity"] = .string(identity) }
+        let text = JSONValue.object(fields).jsonText
+        inflight.withLock { state in
+            if state.fd < 0 { state.fd = open(inflightPath, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600) }
+            guard state.fd >= 0 else { return }
+            if state.holdsRecord { _ = ftruncate(state.fd, 0) }
+            _ = text.withCString { pwrite(state.fd, $0, strlen($0), 0) }
+            state.holdsRecord = true
+            state.current = crash
+        }
+    }
+
+    /// Runs `body` between `begin` and `end`.
+    func during<T, E: Error>(file: String, plugin: String, hash: String, phase: String,
+                             _ body: () throws(E) -> T) throws(E) -> T {
+        begin(file: file, plugin: plugin, hash: hash, phase: phase)
+        defer { end() }
+        return try body()
     }
 
     /// Clears the record `begin` wrote.
-    public func end() { unlink(inflightPath) }
+    public func end() {
+        inflight.withLock { state in
+            if state.holdsRecord { _ = ftruncate(state.fd, 0) }
+            state.holdsRecord = false
+            state.current = nil
+        }
+    }
+
+    /// Writes `crash` as the record the next start reads first (for an exit from plugin
+    /// code; a fatal signal is written by `FatalSignalRecorder`'s handler).
+    func recordFatal(_ crash: Crash) {
+        write(try? JSONEncoder().encode(crash), to: fatalPath)
+    }
 
     private func persist() {
         let list = crashes.withLock { Array($0.values) }.sorted { $0.time < $1.time }
@@ -113,4 +199,25 @@ func utcTimestamp() -> String {
     gmtime_r(&now, &parts)
     func two(_ value: Int32) -> String { value < 10 ? "0\(value)" : "\(value)" }
     return "\(parts.tm_year + 1900)-\(two(parts.tm_mon + 1))-\(two(parts.tm_mday))T\(two(parts.tm_hour)):\(two(parts.tm_min)):\(two(parts.tm_sec))Z"
+}
+
+extension Daemon {
+    /// Sends `.start` to every module (once, at daemon start), each inside an in-flight
+    /// record naming its plugin, so that a plugin that kills the process in its start is
+    /// quarantined at the next start.
+    func startModules() async {
+        let origins = records.mapValues { (file: $0.source, hash: $0.hash) }
+        let crashGuard = self.crashGuard
+        await host.start { plugin, deliver in
+            guard let origin = origins[plugin] else { return deliver() }
+            crashGuard.begin(file: origin.file, plugin: plugin, hash: origin.hash, phase: "start")
+            deliver()
+            crashGuard.end()
+        }
+    }
+}
+
+extension FileIdentity {
+    /// The identity as text: device, inode, size and modification time.
+    var key: String { "\(device):\(inode):\(size):\(modified)" }
 }

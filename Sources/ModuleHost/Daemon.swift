@@ -119,6 +119,7 @@ public actor Daemon: DaemonControl {
 
     /// Runs until SIGTERM or SIGINT; returns the exit code.
     public func run() async -> ExitCode {
+        ExitGuard.install(crashGuard, logger: logger)
         let signals: UnixSignals
         do {
             signals = try UnixSignals(.terminate, .interrupt, .hangup)
@@ -146,7 +147,7 @@ public actor Daemon: DaemonControl {
             guard let again = try? UnixSignals(.terminate, .interrupt) else { return }
             for await signal in again {
                 logger.warning("\(signal) received again during shutdown, exiting now")
-                exit(ExitCode.failure.rawValue)
+                ExitGuard.exit(ExitCode.failure.rawValue)
             }
         }
         signals.cancel()
@@ -168,14 +169,17 @@ public actor Daemon: DaemonControl {
     public func start() async throws(DaemonError) {
         try takeOwnership()
         if let crash = crashGuard.recoverFromPreviousRun() {
-            logger.error("plugin \(crash.plugin) crashed the daemon during \(crash.phase) at \(crash.time); that file is refused until it changes",
+            logger.error("\(crash.subject) \(crash.what) at \(crash.time); that file is refused until it changes",
                          [("plugin", crash.plugin), ("file", crash.file)])
+        }
+        if let problem = FatalSignalRecorder.install(crashGuard) {
+            logger.warning("\(problem); a crash in a plugin's own threads cannot be attributed to it")
         }
         notify { try $0.status("loading plugins") }
         // Watch first, then scan, so nothing that arrives in between is missed.
         startWatching()
         _ = await changes.run { await self.reconcile(initial: true) }
-        await host.start()
+        await changes.run { await self.startModules() }
         ready = true
         for waiter in readyWaiters { waiter.resume() }
         readyWaiters = []

@@ -33,6 +33,7 @@ public struct DaemonCommand: Sendable {
 
         EXIT CODES:
           0 clean shutdown, 1 failure, 64 usage error, 65 invalid configuration,
+          70 plugin code called exit() (quarantined at the next start),
           71 operating-system error (socket, state directory), or another modhostd
              already uses the state directory or the socket (it exits before loading plugins)
 

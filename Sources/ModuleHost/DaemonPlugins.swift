@@ -59,6 +59,15 @@ extension Daemon {
             }
             if let record = records.values.first(where: { $0.source == path }), record.identity == identity { continue }
             if let entry = refused[path], entry.identity == identity, entry.failure.check != .dependency { continue }
+            if let crash = crashGuard.crash(forFile: path, identity: identity.key) {
+                refuse(LoadFailure(file: path, check: .crashGuard, problem: "this file \(crash.what) at \(crash.time)",
+                                   fix: "replace or remove the file; a changed file is tried again"), identity, &summary)
+                continue
+            }
+            // From the first read on, a crash is attributed to this file (by path and identity
+            // until it is hashed).
+            crashGuard.begin(file: path, plugin: "", hash: "", phase: "validation", identity: identity.key)
+            defer { crashGuard.end() }
             // The file the checks read is the one hashed, in chunks; its version (inode, size,
             // modification time) is what the private copy is made from later, or refused.
             let file: PluginFile
@@ -73,13 +82,14 @@ extension Daemon {
                 unidentified += 1
                 continue
             }
+            crashGuard.end()
             if let record = records.values.first(where: { $0.source == path }), record.hash == hash {
                 records[record.loaded.name]?.identity = identity  // touched, same content
                 continue
             }
             if let crash = crashGuard.crash(forHash: hash) {
                 refuse(LoadFailure(file: path, check: .crashGuard,
-                                   problem: "this file crashed the daemon during \(crash.phase) at \(crash.time)",
+                                   problem: "this file \(crash.what) at \(crash.time)",
                                    fix: "fix the plugin and deploy a new build; a changed file is tried again"), identity, &summary)
                 continue
             }
@@ -201,7 +211,10 @@ extension Daemon {
         let generation = (generations[file.name] ?? 0) + 1
         let image: PrivateImage
         do {
-            image = try privateImage(of: file, version: version, generation: generation, hash: hash)
+            // The trial runs in a child process: only the copy is the daemon's own work.
+            image = try crashGuard.during(file: file.path, plugin: file.name, hash: hash, phase: "copy") { () throws(LoadFailure) in
+                try privateImage(of: file, version: version, generation: generation, hash: hash)
+            }
             if trial { try await trialLoad(image.file) }
         } catch {
             refuse(error, identity, &none)
@@ -212,6 +225,7 @@ extension Daemon {
             crashGuard.begin(file: file.path, plugin: file.name, hash: hash, phase: "entry")
             defer { crashGuard.end() }
             loaded = try PluginLoader(validator: validator, registry: registry).open(image.file)
+            FatalSignalRecorder.track(loaded, file: file.path, hash: hash)
             try registry.register(loaded)
         } catch {
             refuse(error.relocated(to: file.path), identity, &none)
@@ -311,8 +325,10 @@ extension Daemon {
                     source = record.loaded.file
                     version = nil
                 }
-                let image = try privateImage(of: source, version: version, generation: generation,
-                                             hash: name == file.name ? hash : record.hash, renames: renames)
+                let image = try crashGuard.during(file: record.source, plugin: name, hash: name == file.name ? hash : record.hash, phase: "copy") { () throws(LoadFailure) in
+                    try privateImage(of: source, version: version, generation: generation,
+                                     hash: name == file.name ? hash : record.hash, renames: renames)
+                }
                 try await trialLoad(image.file, preloading: chain.prefix { $0 != name }.compactMap { images[$0]?.file.resolvedPath })
                 images[name] = image
             }
@@ -327,7 +343,9 @@ extension Daemon {
             crashGuard.begin(file: file.path, plugin: file.name, hash: hash, phase: "entry")
             defer { crashGuard.end() }
             for name in chain {
-                loaded[name] = try PluginLoader(validator: validator, registry: registry).open(images[name]!.file)
+                let opened = try PluginLoader(validator: validator, registry: registry).open(images[name]!.file)
+                FatalSignalRecorder.track(opened, file: records[name]?.source ?? file.path, hash: name == file.name ? hash : records[name]?.hash ?? hash)
+                loaded[name] = opened
             }
         } catch {
             refuse(error.relocated(to: file.path), identity, &none)
@@ -456,76 +474,6 @@ extension Daemon {
         let copy = PluginFile(path: file.path, resolvedPath: target, manifest: file.manifest, dynamic: file.dynamic, warnings: [])
         return PrivateImage(file: copy, generation: generation, soname: soname, originalSoname: original, size: Int64(source.size))
     }
-
-    /// Loads the plugin in a short-lived child process first: a plugin that crashes when
-    /// loaded takes the child down, not the daemon.
-    ///
-    /// The child is awaited off the daemon's actor, so control requests are answered while
-    /// it runs; changes to the plugins wait their turn in the serial change queue.
-    func trialLoad(_ file: PluginFile, preloading extra: [String] = []) async throws(LoadFailure) {
-        let trial = options.trialLoader ?? Self.trialLoaderPath
-        // A Swift plugin needs the host's ModuleKit (and with it the Swift runtime), which it
-        // names `libModuleKit.so` (the library has no SONAME, so a preloaded copy would not
-        // match that name): the child finds it on its library path. A C plugin needs
-        // nothing, and its trial starts in about a millisecond.
-        var environment = ProcessInfo.processInfo.environment
-        if file.manifest.language == .swift, !HostSDK.current.libraryPath.isEmpty {
-            let directory = (HostSDK.current.libraryPath as NSString).deletingLastPathComponent
-            environment["LD_LIBRARY_PATH"] = [directory, environment["LD_LIBRARY_PATH"]].compactMap { $0 }.joined(separator: ":")
-        }
-        var preloads: [String] = []
-        for dependency in file.manifest.dependencies {
-            if let record = records[dependency] { preloads.append(record.loaded.file.resolvedPath) }
-        }
-        preloads += extra
-        var arguments: [String] = []
-        for library in preloads { arguments += ["--preload", library] }
-        arguments += [file.resolvedPath, file.name]
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: trial)
-        process.arguments = arguments
-        process.environment = environment
-        let pipe = Pipe()
-        process.standardOutput = pipe
-        process.standardError = pipe
-        do {
-            try process.run()
-        } catch {
-            throw LoadFailure(file: file.path, check: .crashGuard, problem: "cannot start the trial loader \(trial): \(error.localizedDescription)",
-                              fix: "install modhost-trial next to modhostd")
-        }
-        // A plugin whose load-time code never returns must not hang the daemon either.
-        let watchdog = DispatchWorkItem { [process] in
-            if process.isRunning { kill(process.processIdentifier, SIGKILL) }
-        }
-        DispatchQueue.global().asyncAfter(deadline: .now() + Self.trialTimeout, execute: watchdog)
-        let output = await withCheckedContinuation { (continuation: CheckedContinuation<String, Never>) in
-            DispatchQueue.global().async { [process] in
-                let text = String(decoding: pipe.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-                process.waitUntilExit()
-                continuation.resume(returning: text.trimmingCharacters(in: .whitespacesAndNewlines))
-            }
-        }
-        watchdog.cancel()
-        if process.terminationReason == .uncaughtSignal, process.terminationStatus == SIGKILL {
-            throw LoadFailure(file: file.path, check: .crashGuard,
-                              problem: "a trial load in a child process did not finish within \(Int(Self.trialTimeout)) s",
-                              fix: "fix the plugin's load-time code (its entry point must return promptly)")
-        }
-        if process.terminationReason == .uncaughtSignal {
-            let signal = process.terminationStatus
-            throw LoadFailure(file: file.path, check: .crashGuard,
-                              problem: "the plugin crashed a trial load in a child process (signal \(signal), \(String(cString: strsignal(signal))))",
-                              fix: "fix the plugin's load-time code; the daemon was not affected")
-        }
-        guard process.terminationStatus == 0 else {
-            throw LoadFailure(file: file.path, check: .dlopen, problem: "trial load refused it: \(output)",
-                              fix: "rebuild the plugin with plugin.mk against this host")
-        }
-    }
-
-    /// How long a trial load may take.
-    static let trialTimeout: Double = 10
 
     /// `modhost-trial` next to the running executable.
     static var trialLoaderPath: String {

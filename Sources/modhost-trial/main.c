@@ -9,20 +9,95 @@
  * RTLD_NOW, finds the entry symbol in FILE itself, calls it and checks the descriptor's ABI
  * and plugin name. Exit 0: it loaded (prints "ok MODULES"). Exit 1: it was refused (prints
  * one line saying why). Death by a signal: it crashed. Exit 64: usage error.
+ *
+ * The verdict goes to standard output and nothing else does: what the plugin's load-time
+ * code prints to standard output goes to standard error. The loader leads its own
+ * process group and is the subreaper of everything the plugin's load-time code forks: a
+ * process still alive after the load (even one in a new session) is killed, and the
+ * plugin refused, since loading it into the daemon would leave such a process there.
  */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include "modulehost.h"
 
+static int reply_fd = 1;
+static char verdict[1024];
+
 static int refuse(const char *what, const char *detail) {
-    printf("%s%s%s\n", what, detail ? ": " : "", detail ? detail : "");
+    snprintf(verdict, sizeof verdict, "%s%s%s", what, detail ? ": " : "", detail ? detail : "");
     return 1;
 }
 
+/* Kills every process left under this one (children, and orphans adopted as subreaper);
+ * returns the first one's pid, or 0 when there was none. */
+static pid_t kill_descendants(void) {
+    pid_t first = 0, self = getpid();
+    for (int round = 0; round < 100; round++) {
+        while (waitpid(-1, NULL, WNOHANG) > 0) {}
+        int found = 0;
+        DIR *proc = opendir("/proc");
+        if (proc == NULL) return first;
+        struct dirent *entry;
+        while ((entry = readdir(proc)) != NULL) {
+            char *end;
+            long pid = strtol(entry->d_name, &end, 10);
+            if (*end != '\0' || pid <= 0 || pid == self) continue;
+            char path[64], text[512];
+            snprintf(path, sizeof path, "/proc/%ld/stat", pid);
+            int fd = open(path, O_RDONLY | O_CLOEXEC);
+            if (fd < 0) continue;
+            ssize_t length = read(fd, text, sizeof text - 1);
+            close(fd);
+            if (length <= 0) continue;
+            text[length] = '\0';
+            char *close_paren = strrchr(text, ')'), state;
+            long parent;
+            if (close_paren == NULL || sscanf(close_paren + 1, " %c %ld", &state, &parent) != 2 || parent != self) continue;
+            if (state == 'Z') continue;
+            if (first == 0) first = (pid_t)pid;
+            kill((pid_t)pid, SIGKILL);
+            found = 1;
+        }
+        closedir(proc);
+        if (!found) break;
+        while (waitpid(-1, NULL, 0) > 0) {}  /* the killed ones; their children come to us */
+    }
+    return first;
+}
+
+static int load(int argc, char **argv);
+
 int main(int argc, char **argv) {
+    /* The daemon starts it as a group leader already; this covers a manual run. */
+    setpgid(0, 0);
+    prctl(PR_SET_CHILD_SUBREAPER, 1);
+    reply_fd = fcntl(1, F_DUPFD_CLOEXEC, 3);
+    if (reply_fd < 0) reply_fd = 1;
+    else dup2(2, 1);
+    int status = load(argc, argv);
+    if (status == 64) return status;
+    pid_t leftover = kill_descendants();
+    if (leftover != 0) {
+        snprintf(verdict, sizeof verdict,
+                 "its load-time code started a process that outlived the load (pid %d, killed): a plugin must not start processes when it is loaded",
+                 (int)leftover);
+        status = 1;
+    }
+    dprintf(reply_fd, "%s\n", verdict);
+    return status;
+}
+
+static int load(int argc, char **argv) {
     int index = 1;
     while (index + 1 < argc && strcmp(argv[index], "--preload") == 0) {
         if (dlopen(argv[index + 1], RTLD_NOW | RTLD_GLOBAL) == NULL) return refuse("cannot preload a dependency", dlerror());
@@ -44,6 +119,6 @@ int main(int argc, char **argv) {
     if (plugin == NULL) return refuse(MODHOST_ENTRY_SYMBOL " returned NULL", NULL);
     if (plugin->abi_major != MODHOST_ABI_MAJOR) return refuse("the descriptor has another ABI major version", NULL);
     if (plugin->name == NULL || strcmp(plugin->name, name) != 0) return refuse("the descriptor names another plugin", plugin->name);
-    printf("ok %u\n", plugin->module_count);
+    snprintf(verdict, sizeof verdict, "ok %u", plugin->module_count);
     return 0;
 }

@@ -24,4 +24,10 @@ const char *modhost_fast_object_containing(const void *address);
  * another object, -1 when no loaded object contains it. */
 int modhost_address_in_object(const void *address, void *handle);
 
+/* pipe2(fds, O_CLOEXEC), which Swift's Glibc module does not declare: a pipe no child
+ * started by another thread inherits. */
+int modhost_pipe_cloexec(int fds[2]);
+
+#include "crash_recorder.h"
+
 #endif

@@ -137,7 +137,11 @@ public actor HostInstance {
     /// initial configuration has been added (and so initialized); modules added later are
     /// started as they are added. Marks the modules ready if no update did yet. Calling it
     /// again, or after shutdown, does nothing.
-    public func start() {
+    ///
+    /// `around`, when given, is called once per module with the module's plugin name and
+    /// a closure that delivers `.start` to it, which it must call exactly once, at once
+    /// (a daemon uses it to record which plugin's code is running).
+    public func start(around: (@Sendable (_ plugin: String, _ deliver: () -> Void) -> Void)? = nil) {
         guard phase == .idle else { return }
         phase = .started
         if !moduleManager.hasBeenReady {
@@ -146,7 +150,11 @@ public actor HostInstance {
         }
         for slot in moduleManager.slots {
             guard moduleManager.index(ofSerial: slot.serial) != nil else { continue }
-            slot.module.handle(.start, host: self)
+            if let around {
+                around(slot.factory.plugin) { slot.module.handle(.start, host: self) }
+            } else {
+                slot.module.handle(.start, host: self)
+            }
         }
     }
 

@@ -1,0 +1,40 @@
+#ifndef MODHOST_CRASH_RECORDER_H
+#define MODHOST_CRASH_RECORDER_H
+/* Attributing a fatal signal, or a call of exit(), to the plugin whose code was running.
+ *
+ * The daemon tells the recorder about every plugin image it loads, with the record text
+ * to write if that plugin brings the process down (prepared in advance, so that nothing
+ * has to be allocated or formatted after the crash). The signal handler finds the plugin
+ * from the interrupted instruction, or else from the nearest return address on the
+ * crashing thread's stack that lies in a plugin's code, writes that plugin's record to a
+ * file opened in advance, puts back the handler that was there before (the Swift
+ * runtime's backtracer, or the default action) and lets the signal kill the process.
+ * Everything the handler does is async-signal-safe: reads of memory the recorder owns,
+ * process_vm_readv, clock_gettime, pwrite, sigaction. */
+
+#include <stddef.h>
+
+/* Installs the handler for SIGSEGV, SIGBUS, SIGILL, SIGFPE and SIGABRT, writing to `fd`
+ * (kept open; the record is written at offset 0). Gives the calling thread an alternate
+ * signal stack when it has none, so a stack overflow can be recorded too. Returns 0, or
+ * -1 with errno set. Calling it again only replaces the file. */
+int modhost_crash_recorder_install(int fd);
+
+/* Remembers a loaded plugin image: `handle` from dlopen, and the record text for it: a
+ * JSON object without its closing brace (the recorder adds the phase, the cause and the
+ * time). The text is copied. Images are never forgotten (they are never unmapped, and a
+ * retired plugin's threads may still run). Returns 0, or -1 when the image is unknown to
+ * the dynamic loader or memory is short. */
+int modhost_crash_recorder_add(void *handle, const char *record);
+
+/* The plugin whose code called exit(): the nearest frame of the calling thread's stack
+ * that lies in a plugin's code. Returns an opaque token for modhost_crash_recorder_write
+ * and the record text in `*record`, or NULL when no plugin code is on the stack. Not
+ * async-signal-safe (it uses backtrace); call it from an exit handler. */
+const void *modhost_crash_recorder_caller(const char **record);
+
+/* Writes `plugin`'s record (a token from modhost_crash_recorder_caller) with `phase` and
+ * `cause` (plain ASCII without quotes or backslashes) to the recorder's file. */
+void modhost_crash_recorder_write(const void *plugin, const char *phase, const char *cause);
+
+#endif

@@ -1,0 +1,92 @@
+import CDynamicLoader
+import Foundation
+import Glibc
+import ModuleKit
+import Synchronization
+
+/// Attributes a fatal signal raised in a loaded plugin's code, at any time (a thread the
+/// plugin started, a timer, an event handler), to that plugin, so that the next start
+/// quarantines it.
+///
+/// A handler for SIGSEGV, SIGBUS, SIGILL, SIGFPE and SIGABRT finds the plugin image that
+/// holds the interrupted instruction, or else the nearest return address on the crashing
+/// thread's stack (so `abort()` called by a plugin counts too), and writes that plugin's
+/// record, prepared when the plugin was loaded, to `fatal.json` in the state directory
+/// with async-signal-safe calls only. It then hands the signal to the handler that was
+/// installed before (the Swift runtime's backtracer, or the default action): the process
+/// still dies by the signal. A crash the handler cannot attribute to a plugin leaves no
+/// record; the in-flight record (see `CrashGuard`) still names the file the daemon was
+/// working on, if any.
+enum FatalSignalRecorder {
+    /// Installs the handler, writing to `guard`'s `fatal.json` (emptied). Call it after
+    /// `recoverFromPreviousRun()`. Returns why it could not, or nil.
+    static func install(_ guard: CrashGuard) -> String? {
+        let fd = open(`guard`.fatalPath, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
+        guard fd >= 0 else { return "cannot open \(`guard`.fatalPath): \(String(cString: strerror(errno)))" }
+        guard modhost_crash_recorder_install(fd) == 0 else {
+            return "cannot install the fatal-signal handler: \(String(cString: strerror(errno)))"
+        }
+        return nil
+    }
+
+    /// Remembers `loaded` (from `file`, with content `hash`) as a plugin a crash can be
+    /// attributed to.
+    static func track(_ loaded: LoadedPlugin, file: String, hash: String) {
+        let record = JSONValue.object(["file": .string(file), "plugin": .string(loaded.name), "hash": .string(hash)]).jsonText
+        _ = String(record.dropLast()).withCString { modhost_crash_recorder_add(loaded.library.handle, $0) }
+    }
+}
+
+/// Turns a call of `exit()` from plugin code into a failure that systemd restarts.
+///
+/// An exit handler checks that the daemon itself asked to end (`ExitGuard.exit`). If not,
+/// some other code called `exit()`: the plugin whose code is on the calling stack (else
+/// the one the in-flight record names) is logged and recorded in `fatal.json` (so the next
+/// start quarantines it, as after a crash), and the process ends at once with
+/// `pluginExitStatus` instead of the status the plugin chose.
+public enum ExitGuard {
+    /// The exit status when code other than the daemon's called `exit()` (EX_SOFTWARE).
+    public static let pluginExitStatus: Int32 = 70
+
+    private static let daemonExiting = Atomic<Bool>(false)
+    private static let installed = Mutex<(crashGuard: CrashGuard, logger: Logger)?>(nil)
+
+    /// Installs the check (once per process; a later call changes the guard and logger).
+    static func install(_ crashGuard: CrashGuard, logger: Logger) {
+        let first = installed.withLock { state in
+            defer { state = (crashGuard, logger) }
+            return state == nil
+        }
+        if first { on_exit({ status, _ in ExitGuard.unexpectedExit(status) }, nil) }
+    }
+
+    /// Ends the process with `status`, as the daemon's own decision.
+    public static func exit(_ status: Int32) -> Never {
+        daemonExiting.store(true, ordering: .sequentiallyConsistent)
+        Glibc.exit(status)
+    }
+
+    private static func unexpectedExit(_ status: Int32) {
+        guard !daemonExiting.load(ordering: .sequentiallyConsistent),
+              let (crashGuard, logger) = installed.withLock({ $0 }) else { return }
+        let cause = "exit(\(status))"
+        var record: UnsafePointer<CChar>?
+        var crash: CrashGuard.Crash?
+        if modhost_crash_recorder_caller(&record) != nil, let record {
+            crash = try? JSONDecoder().decode(CrashGuard.Crash.self, from: Data((String(cString: record) + #","phase":"run","time":""}"#).utf8))
+        }
+        let current = crashGuard.current
+        if crash == nil, let current, !current.plugin.isEmpty { crash = current }
+        if var crash {
+            if let current, current.plugin == crash.plugin { crash.phase = current.phase }
+            crash.cause = cause
+            crash.time = utcTimestamp()
+            crashGuard.recordFatal(crash)
+            logger.error("plugin \(crash.plugin) called \(cause) (during \(crash.phase)); modhostd exits with status \(pluginExitStatus) so that it is restarted, and quarantines the plugin at the next start",
+                         [("plugin", crash.plugin), ("file", crash.file)])
+        } else {
+            logger.error("code that is not modhostd's (no plugin found on the calling stack) called \(cause); modhostd exits with status \(pluginExitStatus) so that it is restarted")
+        }
+        _exit(pluginExitStatus)
+    }
+}

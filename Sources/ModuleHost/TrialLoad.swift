@@ -1,0 +1,202 @@
+import CDynamicLoader
+import Dispatch
+import Foundation
+import Glibc
+import Synchronization
+
+extension Daemon {
+    /// Loads the plugin in a short-lived child process first: a plugin that crashes when
+    /// loaded takes the child down, not the daemon.
+    ///
+    /// The trial is bounded by time, not by its output: it runs in a process group of its
+    /// own, which is killed whole at the deadline (`trialTimeout`) and once the trial has
+    /// ended (so nothing a plugin's load-time code forked survives it); its verdict is read
+    /// from what it wrote before it ended, at most `TrialProcess.maximumReply` bytes, never
+    /// by waiting for the end of a pipe that a forked process may hold open. The trial
+    /// loader itself refuses a plugin whose load left a process behind.
+    ///
+    /// The child is awaited off the daemon's actor, so control requests are answered while
+    /// it runs; changes to the plugins wait their turn in the serial change queue.
+    func trialLoad(_ file: PluginFile, preloading extra: [String] = []) async throws(LoadFailure) {
+        let trial = options.trialLoader ?? Self.trialLoaderPath
+        // A Swift plugin needs the host's ModuleKit (and with it the Swift runtime), which it
+        // names `libModuleKit.so` (the library has no SONAME, so a preloaded copy would not
+        // match that name): the child finds it on its library path. A C plugin needs
+        // nothing, and its trial starts in about a millisecond.
+        var environment = ProcessInfo.processInfo.environment
+        if file.manifest.language == .swift, !HostSDK.current.libraryPath.isEmpty {
+            let directory = (HostSDK.current.libraryPath as NSString).deletingLastPathComponent
+            environment["LD_LIBRARY_PATH"] = [directory, environment["LD_LIBRARY_PATH"]].compactMap { $0 }.joined(separator: ":")
+        }
+        var preloads: [String] = []
+        for dependency in file.manifest.dependencies {
+            if let record = records[dependency] { preloads.append(record.loaded.file.resolvedPath) }
+        }
+        preloads += extra
+        var arguments: [String] = []
+        for library in preloads { arguments += ["--preload", library] }
+        arguments += [file.resolvedPath, file.name]
+
+        let result: TrialProcess.Result
+        do {
+            result = try await TrialProcess.run(trial, arguments: arguments, environment: environment, timeout: Self.trialTimeout)
+        } catch {
+            throw LoadFailure(file: file.path, check: .crashGuard, problem: "cannot start the trial loader \(trial): \(error)",
+                              fix: "install modhost-trial next to modhostd")
+        }
+        switch result.ending {
+        case .timedOut:
+            throw LoadFailure(file: file.path, check: .crashGuard,
+                              problem: "a trial load in a child process did not finish within \(Int(Self.trialTimeout)) s",
+                              fix: "fix the plugin's load-time code (its entry point must return promptly)")
+        case .signalled(let signal):
+            throw LoadFailure(file: file.path, check: .crashGuard,
+                              problem: "the plugin crashed a trial load in a child process (signal \(signal), \(String(cString: strsignal(signal))))",
+                              fix: "fix the plugin's load-time code; the daemon was not affected")
+        case .exited(0):
+            return
+        case .exited:
+            throw LoadFailure(file: file.path, check: .dlopen, problem: "trial load refused it: \(result.reply)",
+                              fix: "rebuild the plugin with plugin.mk against this host")
+        }
+    }
+
+    /// How long a trial load may take.
+    static let trialTimeout: Double = 10
+}
+
+/// One run of the trial loader: spawned in a new process group, killed with its whole group
+/// at the deadline, its reply read without waiting for the end of the pipe.
+enum TrialProcess {
+    enum Ending: Equatable {
+        case exited(Int32)
+        case signalled(Int32)
+        case timedOut
+    }
+
+    struct Result {
+        var ending: Ending
+        /// What the loader wrote to its standard output (at most `maximumReply` bytes),
+        /// trimmed.
+        var reply: String
+    }
+
+    /// The most of a trial's reply the daemon reads.
+    static let maximumReply = 4096
+
+    struct SpawnError: Error, CustomStringConvertible {
+        var description: String
+    }
+
+    /// Whether the trial has been reaped, and whether the watchdog killed it first; the
+    /// lock keeps the watchdog from signalling a process group whose leader was reaped
+    /// (its id could then be reused).
+    private final class State: Sendable {
+        let value = Mutex((ended: false, timedOut: false))
+    }
+
+    /// Runs `executable` with `arguments`; standard input is /dev/null, standard output a
+    /// pipe for the reply, standard error the daemon's (a plugin's load-time messages reach
+    /// the log).
+    static func run(_ executable: String, arguments: [String], environment: [String: String],
+                    timeout: Double) async throws(SpawnError) -> Result {
+        var pipe: [Int32] = [-1, -1]
+        guard modhost_pipe_cloexec(&pipe) == 0 else { throw SpawnError(description: "pipe: \(String(cString: strerror(errno)))") }
+        let pid: pid_t
+        do {
+            pid = try spawn(executable, arguments: arguments, environment: environment, output: pipe[1])
+        } catch {
+            close(pipe[0])
+            close(pipe[1])
+            throw error
+        }
+        close(pipe[1])
+        let state = State()
+        let watchdog = DispatchWorkItem {
+            state.value.withLock { value in
+                guard !value.ended else { return }
+                value.timedOut = true
+                kill(-pid, SIGKILL)
+                kill(pid, SIGKILL)
+            }
+        }
+        DispatchQueue.global().asyncAfter(deadline: .now() + timeout, execute: watchdog)
+        let status = await withCheckedContinuation { (continuation: CheckedContinuation<Int32, Never>) in
+            DispatchQueue.global().async {
+                // Wait for the end without reaping, so the group cannot be reused while it is
+                // killed; whatever the trial forked into its group dies with it.
+                var info = siginfo_t()
+                while waitid(P_PID, id_t(pid), &info, WEXITED | WNOWAIT) != 0 && errno == EINTR {}
+                state.value.withLock { value in
+                    value.ended = true
+                    kill(-pid, SIGKILL)
+                }
+                var status: Int32 = 0
+                while waitpid(pid, &status, 0) < 0 && errno == EINTR {}
+                continuation.resume(returning: status)
+            }
+        }
+        watchdog.cancel()
+        let reply = readAvailable(pipe[0], limit: maximumReply)
+        close(pipe[0])
+        let ending: Ending
+        if state.value.withLock({ $0.timedOut }) {
+            ending = .timedOut
+        } else if status & 0x7f == 0 {
+            ending = .exited((status >> 8) & 0xff)
+        } else {
+            ending = .signalled(status & 0x7f)
+        }
+        return Result(ending: ending, reply: String(decoding: reply, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines))
+    }
+
+    private static func spawn(_ executable: String, arguments: [String], environment: [String: String],
+                              output: Int32) throws(SpawnError) -> pid_t {
+        var actions = posix_spawn_file_actions_t()
+        posix_spawn_file_actions_init(&actions)
+        defer { posix_spawn_file_actions_destroy(&actions) }
+        posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
+        posix_spawn_file_actions_adddup2(&actions, output, 1)
+        var attributes = posix_spawnattr_t()
+        posix_spawnattr_init(&attributes)
+        defer { posix_spawnattr_destroy(&attributes) }
+        // Its own process group; no signal blocked or ignored because the daemon does.
+        posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF))
+        posix_spawnattr_setpgroup(&attributes, 0)
+        var none = sigset_t()
+        sigemptyset(&none)
+        posix_spawnattr_setsigmask(&attributes, &none)
+        var all = sigset_t()
+        sigfillset(&all)
+        posix_spawnattr_setsigdefault(&attributes, &all)
+
+        let argv = ([executable] + arguments).map { strdup($0) } + [nil]
+        let envp = environment.map { strdup("\($0.key)=\($0.value)") } + [nil]
+        defer {
+            for pointer in argv { free(pointer) }
+            for pointer in envp { free(pointer) }
+        }
+        var pid: pid_t = 0
+        let code = posix_spawn(&pid, executable, &actions, &attributes, argv, envp)
+        guard code == 0 else { throw SpawnError(description: String(cString: strerror(code))) }
+        return pid
+    }
+
+    /// Reads what `fd` holds now, up to `limit` bytes, without waiting for more.
+    private static func readAvailable(_ fd: Int32, limit: Int) -> [UInt8] {
+        _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK)
+        var bytes = [UInt8](repeating: 0, count: limit)
+        var count = 0
+        while count < limit {
+            let got = bytes.withUnsafeMutableBytes { read(fd, $0.baseAddress! + count, limit - count) }
+            if got > 0 {
+                count += got
+            } else if got < 0 && errno == EINTR {
+                continue
+            } else {
+                break
+            }
+        }
+        return Array(bytes.prefix(count))
+    }
+}

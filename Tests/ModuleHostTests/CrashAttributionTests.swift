@@ -1,0 +1,238 @@
+import Foundation
+import Glibc
+import Testing
+import TestSupport
+
+/// Plugins that misbehave outside the calls the daemon makes: they fork when loaded, call
+/// exit(), crash in a thread of their own, or kill the process outright. Each test checks
+/// what an operator sees: the daemon's exit status, the log line naming the plugin, the
+/// quarantine at the next start, and the other plugins still running.
+@Suite(.serialized) struct CrashAttributionTests {
+    /// A C plugin with one module named like the plugin in lower case; `handleBody` is the
+    /// body of `handle_event(void *raw, const char *event, const char *payload)` (it may use
+    /// `self->host`), `extra` goes before it (includes, statics, constructors).
+    static func plugin(_ name: String, in directory: String, handleBody: String = "", extra: String = "") throws -> String {
+        let module = name.lowercased()
+        let source = """
+            #define _GNU_SOURCE
+            #include <modulehost.h>
+            #include <pthread.h>
+            #include <signal.h>
+            #include <stdio.h>
+            #include <stdlib.h>
+            #include <string.h>
+            #include <unistd.h>
+            typedef struct { const modhost_host_api *host; } instance;
+            \(extra)
+            static void *create(const modhost_host_api *host, const char *config) {
+                (void)config; instance *self = malloc(sizeof *self); self->host = host; return self;
+            }
+            static void handle(void *raw, const char *event, const char *payload) {
+                instance *self = raw; (void)self; (void)payload;
+                \(handleBody)
+            }
+            static void destroy(void *raw) { free(raw); }
+            static const modhost_module modules[] = {
+                {.struct_size = sizeof(modhost_module), .kind = MODHOST_MODULE_C, .name = "\(module)", .version = "1.0",
+                 .create = create, .handle_event = handle, .destroy = destroy},
+            };
+            static const modhost_plugin plugin = {sizeof(modhost_plugin), MODHOST_ABI_MAJOR, MODHOST_ABI_MINOR, 1, "\(name)", modules};
+            MODHOST_PLUGIN_ENTRY { return &plugin; }
+            """
+        return try PluginFactory(directory: directory).buildC(
+            name, source: source, manifest: PluginFactory.manifest(plugin: name, modules: [module]), flags: "-pthread")
+    }
+
+    /// A daemon run on fixed directories, so that a second start sees what the first left.
+    struct Setup {
+        let scratch = TemporaryDirectory("crash-attr")
+        var plugins: String { scratch.file("plugins") }
+        var state: String { scratch.file("state") }
+        var socket: String { scratch.file("sock") }
+        var arguments: [String] { ["--plugins", plugins, "--state-dir", state, "--socket", socket] }
+
+        init(_ examples: [String] = ["Counter"]) throws {
+            _ = scratch.directory("plugins")
+            for name in examples { try scratch.copy(BuildProducts.plugin(name), as: "plugins/lib\(name).so") }
+        }
+
+        func start() throws -> RunningProcess { try RunningProcess(BuildProducts.modhostd, arguments) }
+
+        func ctl(_ arguments: String...) throws -> ProcessResult {
+            try run(BuildProducts.modhostctl, ["--socket", socket] + arguments)
+        }
+
+        /// The row `modhostctl list --json` shows for the file `lib<name>.so`.
+        func row(ofFile name: String) throws -> [String: Any]? {
+            let reply = try JSONSerialization.jsonObject(with: Data(try ctl("list", "--json").standardOutput.utf8)) as? [String: Any]
+            return (reply?["modules"] as? [[String: Any]])?.first { $0["file"] as? String == plugins + "/lib\(name).so" }
+        }
+
+        /// Starts again after a death attributed to `plugin`: it must be quarantined with
+        /// `reason` in the log and the list, and Counter must run.
+        func restartQuarantining(_ plugin: String, reason: String) async throws {
+            let again = try start()
+            #expect(await again.waitFor("control socket ready", timeout: .seconds(60)))
+            #expect(again.text.contains("plugin \(plugin) \(reason)"), "log: \(again.text)")
+            let row = try self.row(ofFile: plugin)
+            #expect(row?["state"] as? String == "quarantined")
+            let lastError = row?["lastError"] as? String ?? ""
+            #expect(lastError.contains(reason), "row: \(String(describing: row))")
+            let listed = try ctl("list").standardOutput
+            let counterRuns = listed.split(separator: "\n").contains { $0.contains("counter") && $0.contains("running") }
+            #expect(counterRuns, "list: \(listed)")
+            again.send(SIGTERM)
+            #expect(await again.wait() == 0)
+        }
+    }
+
+    /// True once no process has `pid` (or it is a zombie waiting for its parent).
+    static func isGone(_ pid: pid_t) -> Bool {
+        if kill(pid, 0) != 0 { return true }
+        guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
+              let close = stat.lastIndex(of: ")") else { return true }
+        return stat[stat.index(close, offsetBy: 2)] == "Z"
+    }
+
+    func eventually(_ condition: () throws -> Bool) async rethrows -> Bool {
+        for _ in 0..<600 {
+            if try condition() { return true }
+            try? await Task.sleep(for: .milliseconds(50))
+        }
+        return false
+    }
+
+    // MARK: - Finding 6: trial loads bounded by time, not by a pipe
+
+    /// A constructor that starts a process which outlives the load (`daemonize`: in a new
+    /// session, as daemons detach), which writes its pid to `pidFile`; the constructor
+    /// returns once that file exists.
+    static func forker(_ name: String, in directory: String, pidFile: String, daemonize: Bool) throws -> String {
+        let detach = daemonize ? "if (setsid() < 0 || fork() != 0) _exit(0);" : ""
+        return try plugin(name, in: directory, extra: """
+            __attribute__((constructor)) static void spawn(void) {
+                if (fork() == 0) {
+                    \(detach)
+                    FILE *out = fopen("\(pidFile).tmp", "w");
+                    if (out) { fprintf(out, "%d", (int)getpid()); fclose(out); rename("\(pidFile).tmp", "\(pidFile)"); }
+                    sleep(3600);
+                    _exit(0);
+                }
+                for (int i = 0; i < 20000 && access("\(pidFile)", F_OK) != 0; i++) usleep(1000);
+            }
+            """)
+    }
+
+    @Test(arguments: [false, true])
+    func aPluginThatForksWhenLoadedIsRefusedAndBlocksNothing(daemonize: Bool) async throws {
+        let h = try DaemonLifecycleTests.Harness(["Counter"])
+        #expect(await h.waitFor("control socket ready"))
+        let scratch = TemporaryDirectory("forker")
+        let pidFile = scratch.file("grandchild.pid")
+        try h.drop(try Self.forker("Forker", in: scratch.path, pidFile: pidFile, daemonize: daemonize), as: "libForker.so")
+        try h.drop(BuildProducts.plugin("Calculator"), as: "libCalculator.so")
+        // Refused, saying why, well before the 10 s trial deadline; the next file loads.
+        #expect(await h.daemon.waitFor("refused \(h.plugins)/libForker.so", timeout: .seconds(9)))
+        #expect(h.daemon.text.contains("started a process that outlived the load"), "log: \(h.daemon.text)")
+        #expect(await h.waitFor("loaded plugin Calculator"))
+        // No process is left behind.
+        #expect(await eventually { FileManager.default.fileExists(atPath: pidFile) })
+        let pid = pid_t(try String(contentsOfFile: pidFile, encoding: .utf8)) ?? 0
+        #expect(pid > 0)
+        #expect(await eventually { Self.isGone(pid) })
+        if !Self.isGone(pid) { kill(pid, SIGKILL) }
+        #expect(try h.modules()["calculator"]?["state"] as? String == "running")
+        #expect(await h.stop() == 0)
+    }
+
+    // MARK: - Finding 9: exit() from plugin code
+
+    @Test func aPluginCallingExitInInitEndsTheDaemonWithAFailureAndIsQuarantined() async throws {
+        let setup = try Setup()
+        _ = try Self.plugin("Quitter", in: setup.plugins, handleBody: #"if (strcmp(event, "init") == 0) exit(0);"#)
+        let first = try setup.start()
+        #expect(await first.wait(timeout: .seconds(60)) == 70)
+        #expect(first.text.contains("plugin Quitter called exit(0)"), "log: \(first.text)")
+        try await setup.restartQuarantining("Quitter", reason: "ended the daemon by calling exit(0)")
+    }
+
+    @Test func aPluginCallingExitInAnEventHandlerEndsTheDaemonWithAFailureAndIsQuarantined() async throws {
+        let setup = try Setup()
+        _ = try Self.plugin("Leaver", in: setup.plugins, handleBody: #"if (strcmp(event, "leave") == 0) exit(0);"#)
+        let first = try setup.start()
+        #expect(await first.waitFor("control socket ready", timeout: .seconds(60)))
+        _ = try setup.ctl("send", "leave", "--to", "leaver")
+        #expect(await first.wait(timeout: .seconds(60)) == 70)
+        #expect(first.text.contains("plugin Leaver called exit(0)"), "log: \(first.text)")
+        try await setup.restartQuarantining("Leaver", reason: "ended the daemon by calling exit(0)")
+    }
+
+    // MARK: - Finding 10: a crash in a thread a plugin started
+
+    /// A plugin whose module starts a thread at create that waits for the event `detonate`,
+    /// then runs `crash`.
+    static func timeBomb(_ name: String, in directory: String, crash: String) throws -> String {
+        try plugin(name, in: directory, handleBody: """
+            if (strcmp(event, "detonate") == 0) { pthread_mutex_lock(&lock); armed = 1; pthread_cond_signal(&wake); pthread_mutex_unlock(&lock); }
+            if (strcmp(event, "init") == 0) { pthread_t thread; pthread_create(&thread, NULL, bomb, NULL); pthread_detach(thread); }
+            """, extra: """
+            static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+            static pthread_cond_t wake = PTHREAD_COND_INITIALIZER;
+            static int armed;
+            __attribute__((noinline)) static void explode(void) { \(crash) }
+            static void *bomb(void *unused) {
+                (void)unused;
+                pthread_mutex_lock(&lock);
+                while (!armed) pthread_cond_wait(&wake, &lock);
+                pthread_mutex_unlock(&lock);
+                explode();
+                return NULL;
+            }
+            """)
+    }
+
+    @Test(arguments: [("NullBomb", "volatile int *nowhere = 0; *nowhere = 1;", SIGSEGV, "SIGSEGV"),
+                      ("AbortBomb", "abort();", SIGABRT, "SIGABRT")])
+    func aCrashInAPluginsOwnThreadIsAttributedAndQuarantined(name: String, crash: String, signal: Int32, signalName: String) async throws {
+        let setup = try Setup()
+        _ = try Self.timeBomb(name, in: setup.plugins, crash: crash)
+        let first = try setup.start()
+        #expect(await first.waitFor("control socket ready", timeout: .seconds(60)))
+        _ = try setup.ctl("send", "detonate", "--to", name.lowercased())
+        #expect(await first.wait(timeout: .seconds(60)) == 128 + signal)
+        let record = (try? String(contentsOfFile: setup.state + "/fatal.json", encoding: .utf8)) ?? ""
+        #expect(record.contains("\"plugin\":\"\(name)\""), "record: \(record)")
+        try await setup.restartQuarantining(name, reason: "crashed the daemon with \(signalName) in its code")
+    }
+
+    // MARK: - The in-flight record covers start, and validation
+
+    @Test func aPluginThatKillsTheDaemonDuringStartIsQuarantined() async throws {
+        let setup = try Setup()
+        _ = try Self.plugin("Killer", in: setup.plugins, handleBody: #"if (strcmp(event, "start") == 0) kill(getpid(), SIGKILL);"#)
+        let first = try setup.start()
+        #expect(await first.wait(timeout: .seconds(60)) == 128 + SIGKILL)
+        try await setup.restartQuarantining("Killer", reason: "crashed the daemon during start")
+    }
+
+    /// A file whose program-header offset is near 2^64 (finding 1): validation must refuse
+    /// it, and if a bug still crashes the daemon on it, the next start is not killed again.
+    @Test func aFileThatCrashesValidationDoesNotCrashLoopTheDaemon() async throws {
+        let setup = try Setup()
+        var bytes = Array(try Data(contentsOf: URL(fileURLWithPath: BuildProducts.plugin("Calculator"))))
+        for index in 0..<8 { bytes[32 + index] = index == 0 ? 0xf0 : 0xff }
+        try setup.scratch.write("plugins/libOverflow.so", bytes)
+        for _ in 0..<2 {
+            let daemon = try setup.start()
+            let ready = await daemon.waitFor("control socket ready", timeout: .seconds(60))
+            guard ready else { continue }  // at most one start may die
+            let row = try setup.row(ofFile: "Overflow")
+            #expect(["refused", "quarantined"].contains(row?["state"] as? String ?? ""), "row: \(String(describing: row))")
+            #expect(try setup.ctl("list").standardOutput.contains("counter"))
+            daemon.send(SIGTERM)
+            #expect(await daemon.wait() == 0)
+            return
+        }
+        Issue.record("the daemon died at two starts in a row on a file that crashes validation")
+    }
+}
