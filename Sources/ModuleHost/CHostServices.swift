@@ -26,7 +26,7 @@ public final class CHostServices {
             postNotification: { name, payloadJSON in
                 var payload = JSONValue.null
                 if let payloadJSON {
-                    if let value = try? JSONValue.parse(Array(payloadJSON.utf8)) {
+                    if let value = try? JSONValue(strict: Array(payloadJSON.utf8)) {
                         payload = value
                     } else {
                         logger.warning("post_notification payload for \(name) is not JSON; delivered as a string")

@@ -16,6 +16,9 @@ extension ControlCommand {
     /// The commands handled here.
     static let daemonCommands: Set<String> = ["list", "status", "info", "enable", "disable", "reload", "send", "call"]
 
+    /// The allowed `--timeout`, in seconds.
+    static let timeoutRange = 0.001...86400.0
+
     /// Options every daemon command takes; `send` also takes `payload`, `to` and `await`.
     private static let commonOptions: Set<String> = ["json", "socket", "timeout", "help"]
 
@@ -140,7 +143,7 @@ extension ControlCommand {
             fields["event"] = .string(operands[0])
             if let text = parsed.value("payload") {
                 do {
-                    fields["payload"] = try JSONValue(controlTree: JSONTree.parse(Array(text.utf8)))
+                    fields["payload"] = try JSONValue(strict: Array(text.utf8))
                 } catch {
                     throw UsageError("--payload is \(error)")
                 }
@@ -158,10 +161,10 @@ extension ControlCommand {
         }
         var timeout = Duration.seconds(30)
         if let text = parsed.value("timeout") {
-            guard let seconds = Double(text), seconds > 0, seconds.isFinite else {
-                throw UsageError("--timeout must be a positive number of seconds, not '\(text)'")
+            guard let checked = CheckedNumber.duration(secondsText: text, in: Self.timeoutRange) else {
+                throw UsageError("--timeout must be a number of seconds \(CheckedNumber.describe(Self.timeoutRange)), not '\(text)'")
             }
-            timeout = .milliseconds(Int64(seconds * 1000))
+            timeout = checked
         }
         let socketPath = parsed.value("socket") ?? RuntimePaths().socketPath
         fields["cmd"] = .string(command)
@@ -324,7 +327,7 @@ extension ControlCommand {
         } catch {
             return .unreachable(unreachableMessage(error, socketPath: socketPath, timeout: timeout))
         }
-        guard case .object(let members) = try? JSONValue(controlTree: JSONTree.parse(Array(reply.utf8))),
+        guard case .object(let members) = try? JSONValue(strict: Array(reply.utf8)),
               let ok = members["ok"]?.boolValue
         else {
             return .invalidReply("not a JSON object with \"ok\": \(reply.prefix(200))")

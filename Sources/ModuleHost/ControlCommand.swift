@@ -197,7 +197,14 @@ public struct ControlCommand: Sendable {
             output.err("Error: cannot read \(path)")
             return .dataError
         }
-        guard case .object(var fields) = try? JSONDecoder().decode(JSONValue.self, from: data) else {
+        let document: JSONValue
+        do {
+            document = try JSONValue(strict: Array(data))
+        } catch {
+            output.err("Error: \(path): \(error). Fix: correct \(path)")
+            return .dataError
+        }
+        guard case .object(var fields) = document else {
             output.err("Error: \(path): not a JSON object. Fix: write the manifest as {\"name\": ..., \"version\": ..., \"modules\": [...]}")
             return .dataError
         }

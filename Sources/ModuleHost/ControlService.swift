@@ -91,7 +91,7 @@ public struct ControlService: Sendable {
         case "info":
             return await daemon.infoPayload().jsonText
         case "enable", "disable":
-            let module = try request.name("module")
+            let module = try request.moduleName("module")
             let enabled = request.command == "enable"
             audit("\(request.command) \(module)", peer)
             try await daemon.setEnabled(enabled, module: module)
@@ -102,7 +102,7 @@ public struct ControlService: Sendable {
         case "send":
             let event = try request.name("event")
             let payload = request.fields["payload"].map(JSONValue.init(controlTree:)) ?? .null
-            let target = try request.optionalName("to")
+            let target = try request.optionalModuleName("to")
             let awaited = try request.optionalBool("await") ?? false
             audit("send \(event)\(target.map { " to \($0)" } ?? "")\(awaited ? " (awaited)" : "")", peer)
             try await daemon.send(event: event, payload: payload, to: target, awaited: awaited)
@@ -110,7 +110,7 @@ public struct ControlService: Sendable {
                 "awaited": .bool(awaited), "event": .string(event), "to": target.map(JSONValue.string) ?? .null,
             ]).jsonText
         case "call":
-            let plugin = try request.name("plugin")
+            let plugin = try request.moduleName("plugin")
             let function = try request.name("function")
             let arguments = try request.callArguments()
             audit("call \(plugin).\(function)", peer)
@@ -181,8 +181,14 @@ private struct Request {
         command = ""
         switch fields["id"] {
         case nil, .null?: break
-        case .number?, .string?: idText = JSONValue(controlTree: fields["id"]!).jsonText
-        case let other?: throw Self.invalid("\"id\" must be a number or a string, not \(other.kind)")
+        case .string(let text)?: idText = JSONValue.string(text).jsonText
+        case .number(let number)?:
+            // Only integers a double holds exactly come back exactly as sent.
+            guard let integer = CheckedNumber.integer(number, in: Self.idRange) else {
+                throw Self.invalid("\"id\" must be a string or an integer between -2^53 and 2^53, not \(JSONValue.number(number).jsonText)")
+            }
+            idText = String(integer)
+        case let other?: throw Self.invalid("\"id\" must be a string or an integer, not \(other.kind)")
         }
         switch fields["v"] {
         case nil: break  // version 1 is assumed
@@ -210,6 +216,22 @@ private struct Request {
     }
 
     static func invalid(_ message: String) -> DaemonError { DaemonError(code: "invalid_request", message: message) }
+
+    /// The numeric ids served: integers of magnitude at most 2^53.
+    static let idRange = -(1 << 53)...(1 << 53)
+
+    /// A required field naming a module or plugin: a string following the name grammar.
+    func moduleName(_ field: String) throws(DaemonError) -> String {
+        guard let value = try optionalModuleName(field) else { throw Self.invalid("\(command) needs \"\(field)\" (a string)") }
+        return value
+    }
+
+    /// An optional field naming a module or plugin (absent or null: nil).
+    func optionalModuleName(_ field: String) throws(DaemonError) -> String? {
+        guard let value = try optionalName(field) else { return nil }
+        if let problem = PluginName.problem(value) { throw Self.invalid("\"\(field)\" is \(problem)") }
+        return value
+    }
 
     /// A required, non-empty string field.
     func name(_ field: String) throws(DaemonError) -> String {

@@ -1,6 +1,7 @@
 import DaemonKit
 import Foundation
 import ModuleKit
+import PluginFormat
 
 /// `modhostd`: the daemon's command line.
 public struct DaemonCommand: Sendable {
@@ -68,8 +69,11 @@ public struct DaemonCommand: Sendable {
                 options.logFormat = value
             }
             if let deadline = parsed.value("event-deadline") {
-                guard let seconds = Double(deadline), seconds > 0 else { throw UsageError("--event-deadline must be a positive number of seconds") }
-                options.eventDeadline = .milliseconds(Int64(seconds * 1000))
+                let range = DaemonConfiguration.eventDeadlineRange
+                guard let duration = CheckedNumber.duration(secondsText: deadline, in: range) else {
+                    throw UsageError("--event-deadline must be a number of seconds \(CheckedNumber.describe(range)), not '\(deadline)'")
+                }
+                options.eventDeadline = duration
             }
             options.stateDirectory = parsed.value("state-dir")
             options.socketPath = parsed.value("socket")

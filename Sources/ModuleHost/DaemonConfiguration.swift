@@ -1,5 +1,6 @@
 import Foundation
 import ModuleKit
+import PluginFormat
 
 /// The daemon's configuration file (JSON), e.g.:
 ///
@@ -20,6 +21,10 @@ public struct DaemonConfiguration: Sendable, Equatable {
     public var logLevel: LogLevel = .info
     public var allowInsecurePlugins = false
 
+    /// The allowed event deadlines, in seconds, in the file (`eventDeadlineSeconds`) and on
+    /// the command line (`--event-deadline`).
+    public static let eventDeadlineRange = 0.001...3600.0
+
     public init() {}
 
     /// Reads and checks the file at `path`; the error names the file, the field and the fix.
@@ -29,9 +34,9 @@ public struct DaemonConfiguration: Sendable, Equatable {
         }
         let value: JSONValue
         do {
-            value = try JSONValue.parse(Array(data))
+            value = try JSONValue(strict: Array(data))
         } catch {
-            throw invalid(path, "is not valid JSON", "correct the syntax (e.g. with `python3 -m json.tool \(path)`)")
+            throw invalid(path, "is \(error)", "correct the JSON there (names once per object, no leading zeros, UTF-8)")
         }
         guard case .object(let fields) = value else { throw invalid(path, "is not a JSON object", "wrap the settings in { }") }
         let known: Set<String> = ["pluginDirectories", "modules", "eventDeadlineSeconds", "logLevel", "allowInsecurePlugins"]
@@ -49,7 +54,10 @@ public struct DaemonConfiguration: Sendable, Equatable {
             guard case .object(let entries) = modules else {
                 throw invalid(path, "field \"modules\" is not an object", "map module names to {\"enabled\", \"order\", \"configuration\"}")
             }
-            for (name, entry) in entries {
+            for (name, entry) in entries.sorted(by: { $0.key < $1.key }) {
+                if let problem = PluginName.problem(name) {
+                    throw invalid(path, "field \"modules\" names \(problem)", "use the module names `modhostctl list` shows")
+                }
                 guard case .object(let settings) = entry else {
                     throw invalid(path, "field \"modules.\(name)\" is not an object", "write {\"enabled\": true, \"order\": 1, \"configuration\": {}}")
                 }
@@ -62,7 +70,11 @@ public struct DaemonConfiguration: Sendable, Equatable {
                     guard let number = order.numberValue, number == number.rounded() else {
                         throw invalid(path, "field \"modules.\(name).order\" is not an integer", "use a whole number")
                     }
-                    module.order = Int(number)
+                    guard let integer = CheckedNumber.integer(number, in: Manifest.orderRange) else {
+                        throw invalid(path, "field \"modules.\(name).order\" is \(order.jsonText), not an integer \(CheckedNumber.describe(Manifest.orderRange))",
+                                      "use a smaller order")
+                    }
+                    module.order = integer
                 }
                 if let value = settings["configuration"] { module.configuration = value }
                 if let extra = settings.keys.sorted().first(where: { !["enabled", "order", "configuration"].contains($0) }) {
@@ -72,10 +84,11 @@ public struct DaemonConfiguration: Sendable, Equatable {
             }
         }
         if let deadline = fields["eventDeadlineSeconds"] {
-            guard let seconds = deadline.numberValue, seconds > 0, seconds <= 3600 else {
-                throw invalid(path, "field \"eventDeadlineSeconds\" is not a number of seconds between 0 and 3600", "e.g. 5")
+            guard let duration = deadline.numberValue.flatMap({ CheckedNumber.duration(seconds: $0, in: eventDeadlineRange) }) else {
+                throw invalid(path, "field \"eventDeadlineSeconds\" is \(deadline.jsonText), not a number of seconds \(CheckedNumber.describe(eventDeadlineRange))",
+                              "e.g. 5")
             }
-            configuration.eventDeadline = .milliseconds(Int64(seconds * 1000))
+            configuration.eventDeadline = duration
         }
         if let level = fields["logLevel"] {
             guard let name = level.stringValue, let parsed = LogLevel(name: name) else {

@@ -449,7 +449,12 @@ extension Daemon {
                                   fix: "rebuild the plugin with plugin.mk")
             }
         }
-        // One flat directory; the name says which plugin, generation and content it is.
+        // One flat directory; the name says which plugin, generation and content it is. The
+        // manifest parser already refused names outside the grammar; checked again here
+        // because this is where a name becomes a path.
+        if let problem = PluginName.problem(file.name) {
+            throw LoadFailure(file: file.path, check: .manifest, problem: "plugin name \(problem)", fix: "correct plugin.json and rebuild")
+        }
         let target = imagesDirectory + "/\(file.name)-\(generation)-\(hash).so"
         let temporary = target + ".tmp"
         let fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644)

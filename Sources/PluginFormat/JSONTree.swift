@@ -1,5 +1,13 @@
-/// A parsed JSON document: a small, fast parser for manifests, which the host reads for
-/// every plugin file on every scan. Strict RFC 8259 JSON; numbers are kept as Double.
+/// A parsed JSON document: the one JSON parser for everything the project reads from outside
+/// (manifests, the configuration file, control requests and replies, payloads from C
+/// modules). A small, fast parser: the host reads a manifest for every plugin file on every
+/// scan.
+///
+/// Strict RFC 8259 JSON, and stricter where the RFC leaves a choice, so that one document
+/// never means two things: a duplicate member name in an object, a number with a leading
+/// zero (`0123`), a number beyond the range of a double (`1e400`), invalid UTF-8 and nesting
+/// deeper than 64 levels are errors with the byte offset where they occur. Nothing is
+/// replaced or guessed. Numbers are kept as Double.
 public enum JSONTree: Sendable, Equatable {
     case null
     case bool(Bool)
@@ -54,7 +62,11 @@ public enum JSONTree: Sendable, Equatable {
                 while true {
                     skipSpace()
                     guard index < bytes.count, bytes[index] == UInt8(ascii: "\"") else { throw error("expected a member name in quotes") }
+                    let keyOffset = index
                     let key = try string()
+                    guard members[key] == nil else {
+                        throw JSONSyntaxError(offset: keyOffset, message: "duplicate member name \(key.debugDescription)")
+                    }
                     skipSpace()
                     guard index < bytes.count, bytes[index] == UInt8(ascii: ":") else { throw error("expected ':' after a member name") }
                     index += 1
@@ -110,7 +122,12 @@ public enum JSONTree: Sendable, Equatable {
                 return index - from
             }
             if index < bytes.count, bytes[index] == UInt8(ascii: "-") { index += 1 }
-            guard digits() > 0 else { throw error("expected a value") }
+            let integerStart = index
+            let integerDigits = digits()
+            guard integerDigits > 0 else { throw error("expected a value") }
+            if integerDigits > 1, bytes[integerStart] == UInt8(ascii: "0") {
+                throw JSONSyntaxError(offset: integerStart, message: "leading zero in a number")
+            }
             if index < bytes.count, bytes[index] == UInt8(ascii: ".") {
                 index += 1
                 guard digits() > 0 else { throw error("expected digits after '.'") }
@@ -120,7 +137,11 @@ public enum JSONTree: Sendable, Equatable {
                 if index < bytes.count, bytes[index] == UInt8(ascii: "+") || bytes[index] == UInt8(ascii: "-") { index += 1 }
                 guard digits() > 0 else { throw error("expected digits in an exponent") }
             }
-            guard let value = Double(String(decoding: bytes[start..<index], as: UTF8.self)) else { throw error("invalid number") }
+            let text = String(decoding: bytes[start..<index], as: UTF8.self)
+            guard let value = Double(text) else { throw JSONSyntaxError(offset: start, message: "invalid number") }
+            guard value.isFinite else {
+                throw JSONSyntaxError(offset: start, message: "number \(text.prefix(40)) is out of range (beyond ±1.8e308)")
+            }
             return value
         }
 
@@ -132,22 +153,23 @@ public enum JSONTree: Sendable, Equatable {
                 end += 1
             }
             if end < bytes.count, bytes[end] == UInt8(ascii: "\"") {
-                defer { index = end + 1 }
-                return String(decoding: bytes[index..<end], as: UTF8.self)
+                let text = try utf8(index..<end)
+                index = end + 1
+                return text
             }
             var scalars = String.UnicodeScalarView()
             var runStart = index
-            func flush(_ end: Int) { scalars.append(contentsOf: String(decoding: bytes[runStart..<end], as: UTF8.self).unicodeScalars) }
+            func flush(_ end: Int) throws(JSONSyntaxError) { scalars.append(contentsOf: try utf8(runStart..<end).unicodeScalars) }
             while index < bytes.count {
                 let byte = bytes[index]
                 if byte == UInt8(ascii: "\"") {
-                    flush(index)
+                    try flush(index)
                     index += 1
                     return String(scalars)
                 }
                 if byte < 0x20 { throw error("control character in a string") }
                 if byte != UInt8(ascii: "\\") { index += 1; continue }
-                flush(index)
+                try flush(index)
                 index += 1
                 guard index < bytes.count else { break }
                 let escape = bytes[index]
@@ -178,6 +200,17 @@ public enum JSONTree: Sendable, Equatable {
                 runStart = index
             }
             throw error("unterminated string")
+        }
+
+        /// The bytes in `range` as a string; an error at the first byte that is not valid
+        /// UTF-8 (never a replacement character).
+        func utf8(_ range: Range<Int>) throws(JSONSyntaxError) -> String {
+            if let text = String(validating: bytes[range], as: UTF8.self) { return text }
+            var iterator = bytes[range].makeIterator()
+            var decoder = UTF8()
+            var offset = range.lowerBound
+            while case .scalarValue(let scalar) = decoder.decode(&iterator) { offset += UTF8.width(scalar) }
+            throw JSONSyntaxError(offset: offset, message: "invalid UTF-8 in a string")
         }
 
         mutating func hex4() throws(JSONSyntaxError) -> UInt32 {

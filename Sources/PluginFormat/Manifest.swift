@@ -4,7 +4,8 @@ import Foundation
 /// code. It is JSON, embedded by `plugin.mk` in the ELF section `.modhost.manifest`
 /// (see docs/abi.md), so `modhostctl inspect` and validation read it without `dlopen`.
 public struct Manifest: Codable, Sendable, Equatable {
-    /// The plugin's name: unique among loaded plugins, used by dependencies.
+    /// The plugin's name: unique among loaded plugins, used by dependencies. Follows the
+    /// grammar of `PluginName`, as do `modules` and `dependencies`.
     public var name: String
     public var version: String
     public var description: String
@@ -17,7 +18,11 @@ public struct Manifest: Codable, Sendable, Equatable {
     /// Names of plugins this one needs loaded first.
     public var dependencies: [String]
     /// Default position among plugins and modules (lower first); settings may override.
+    /// Within `Manifest.orderRange`.
     public var order: Int
+
+    /// The allowed orders, in manifests and in the daemon's configuration.
+    public static let orderRange = -1_000_000_000...1_000_000_000
     /// Names of the modules the entry symbol will describe, in order.
     public var modules: [String]
     /// Functions exported for calling by name, with their signatures.
@@ -85,7 +90,6 @@ public struct Manifest: Codable, Sendable, Equatable {
             throw ManifestError(reason: error.description)
         }
         let manifest = try Manifest(tree: tree)
-        if manifest.name.isEmpty { throw ManifestError(reason: "field \"name\" is empty") }
         if manifest.abiVersion == nil {
             throw ManifestError(reason: "field \"abi\" is \"\(manifest.abi)\", expected \"MAJOR.MINOR\" such as \"1.0\"")
         }
@@ -105,7 +109,7 @@ public struct Manifest: Codable, Sendable, Equatable {
             throw ManifestError(reason: "the top level is \(tree.kind), expected an object")
         }
         let reader = FieldReader(fields: fields, path: "")
-        name = try reader.string("name")
+        name = try reader.name("name")
         version = try reader.string("version")
         description = try reader.string("description", default: "")
         abi = try reader.string("abi")
@@ -120,9 +124,9 @@ public struct Manifest: Codable, Sendable, Equatable {
         } else {
             toolchain = nil
         }
-        dependencies = try reader.strings("dependencies", default: [])
-        order = try reader.integer("order", default: 0)
-        modules = try reader.strings("modules")
+        dependencies = try reader.names("dependencies", default: [])
+        order = try reader.integer("order", in: Self.orderRange, default: 0)
+        modules = try reader.names("modules")
         exports = try reader.objects("exports").enumerated().map { (index, fields) throws(ManifestError) in
             let inner = FieldReader(fields: fields, path: "exports[\(index)].")
             return Export(name: try inner.string("name"), signature: try inner.string("signature"))
@@ -171,12 +175,29 @@ struct FieldReader {
         return text
     }
 
-    func integer(_ key: String, default fallback: Int) throws(ManifestError) -> Int {
+    func integer(_ key: String, in range: ClosedRange<Int>, default fallback: Int) throws(ManifestError) -> Int {
         guard let value = fields[key] else { return fallback }
-        guard case .number(let number) = value, number == number.rounded(), abs(number) < 1e15 else {
-            throw wrong(key, value, "an integer")
+        guard case .number(let number) = value, number == number.rounded() else { throw wrong(key, value, "an integer") }
+        guard let integer = CheckedNumber.integer(number, in: range) else {
+            throw ManifestError(reason: "field \"\(path)\(key)\" is \(number), not an integer \(CheckedNumber.describe(range))")
         }
-        return Int(number)
+        return integer
+    }
+
+    /// A string that follows the name grammar (`PluginName`).
+    func name(_ key: String) throws(ManifestError) -> String {
+        let text = try string(key)
+        if let problem = PluginName.problem(text) { throw ManifestError(reason: "field \"\(path)\(key)\" is \(problem)") }
+        return text
+    }
+
+    /// An array of names.
+    func names(_ key: String, default fallback: [String]? = nil) throws(ManifestError) -> [String] {
+        let list = try strings(key, default: fallback)
+        for (index, text) in list.enumerated() {
+            if let problem = PluginName.problem(text) { throw ManifestError(reason: "field \"\(path)\(key)[\(index)]\" is \(problem)") }
+        }
+        return list
     }
 
     func strings(_ key: String, default fallback: [String]? = nil) throws(ManifestError) -> [String] {

@@ -186,7 +186,7 @@ import TestSupport
             "protocol version 2 is not supported; this daemon speaks version 1", 5),
         BadRequest(#"{"v":"1","cmd":"list"}"#, "invalid_request", #""v" must be an integer (the protocol version, 1), not a string"#, .null),
         BadRequest(#"{"v":1.5,"cmd":"list"}"#, "invalid_request", "not 1.5", .null),
-        BadRequest(#"{"id":{"n":1},"cmd":"list"}"#, "invalid_request", #""id" must be a number or a string, not an object"#, .null),
+        BadRequest(#"{"id":{"n":1},"cmd":"list"}"#, "invalid_request", #""id" must be a string or an integer, not an object"#, .null),
         BadRequest(#"{"id":6,"cmd":"enable"}"#, "invalid_request", #"enable needs "module" (a string)"#, 6),
         BadRequest(#"{"cmd":"enable","module":5}"#, "invalid_request", #""module" must be a string, not a number"#, .null),
         BadRequest(#"{"cmd":"disable","module":""}"#, "invalid_request", #""module" must not be empty"#, .null),

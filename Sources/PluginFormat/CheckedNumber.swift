@@ -1,0 +1,38 @@
+/// Conversions of numbers from outside (JSON documents, command-line flags) to the types
+/// the host computes with. Each checks the value against an allowed range before
+/// converting and returns nil when it is outside, so a hostile or careless number becomes a
+/// refusal with a message, never a trap.
+public enum CheckedNumber {
+    /// `value` as an `Int` when it is a whole number within `range`; nil for fractions,
+    /// NaN, infinities and anything outside `range`.
+    public static func integer(_ value: Double, in range: ClosedRange<Int>) -> Int? {
+        guard value.isFinite, value == value.rounded(), value >= Double(range.lowerBound), value <= Double(range.upperBound),
+              let result = Int(exactly: value), range.contains(result)
+        else { return nil }
+        return result
+    }
+
+    /// `seconds` as a `Duration` when it is a finite number of seconds within `range` (whose
+    /// bounds must lie within ±9e9 s); nil otherwise. Kept to the millisecond.
+    public static func duration(seconds: Double, in range: ClosedRange<Double>) -> Duration? {
+        guard seconds.isFinite, range.contains(seconds) else { return nil }
+        return .milliseconds(Int64((seconds * 1000).rounded()))
+    }
+
+    /// A number of seconds typed on a command line (`Double`'s text form), within `range`.
+    public static func duration(secondsText text: String, in range: ClosedRange<Double>) -> Duration? {
+        Double(text).flatMap { duration(seconds: $0, in: range) }
+    }
+
+    /// The range in words, for messages: "from -1000 to 1000".
+    public static func describe(_ range: ClosedRange<Int>) -> String { "from \(range.lowerBound) to \(range.upperBound)" }
+
+    /// The range in words, for messages: "from 0.001 to 3600" (whole numbers without ".0").
+    public static func describe(_ range: ClosedRange<Double>) -> String {
+        func text(_ value: Double) -> String {
+            if let whole = integer(value, in: -1_000_000_000_000...1_000_000_000_000) { return String(whole) }
+            return String(value)
+        }
+        return "from \(text(range.lowerBound)) to \(text(range.upperBound))"
+    }
+}

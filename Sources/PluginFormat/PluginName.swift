@@ -1,0 +1,43 @@
+/// The one grammar for plugin and module names (docs/plugins.md, "Names"): 1 to 64 bytes of
+/// ASCII letters, digits, `-`, `_` and `.`, the first being a letter, a digit or `_`.
+///
+/// Names end up in file names (the daemon's private copies), log lines, control requests
+/// and command lines, so the grammar excludes `/`, `..` as a whole name, white space,
+/// control characters and escape sequences, and a leading `.` (hidden files) or `-` (read
+/// as an option). Every place that takes a name from outside checks it here.
+public enum PluginName {
+    /// The longest name, in bytes.
+    public static let maximumLength = 64
+
+    /// The grammar in words, for error messages.
+    public static let grammar =
+        "names are 1 to \(maximumLength) ASCII letters, digits, '-', '_' or '.', starting with a letter, a digit or '_'"
+
+    /// Whether `name` follows the grammar.
+    public static func isValid(_ name: String) -> Bool {
+        let bytes = name.utf8
+        guard let first = bytes.first, bytes.count <= maximumLength, first != UInt8(ascii: "."), first != UInt8(ascii: "-")
+        else { return false }
+        return bytes.allSatisfy { byte in
+            switch byte {
+            case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "A")...UInt8(ascii: "Z"), UInt8(ascii: "0")...UInt8(ascii: "9"),
+                 UInt8(ascii: "-"), UInt8(ascii: "_"), UInt8(ascii: "."):
+                true
+            default:
+                false
+            }
+        }
+    }
+
+    /// nil when `name` follows the grammar, else one line saying so: `"a/b", not a name:
+    /// names are ...`. The name is shown escaped (no control characters) and shortened.
+    public static func problem(_ name: String) -> String? {
+        isValid(name) ? nil : "\(shown(name)), not a name: \(grammar)"
+    }
+
+    /// `text` quoted for a one-line message: control characters escaped, at most 80 characters.
+    public static func shown(_ text: String) -> String {
+        let prefix = text.unicodeScalars.count > 80 ? String(String.UnicodeScalarView(text.unicodeScalars.prefix(80))) + "…" : text
+        return prefix.debugDescription
+    }
+}

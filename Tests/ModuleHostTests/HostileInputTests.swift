@@ -1,0 +1,163 @@
+import DaemonKit
+import Foundation
+import Glibc
+import ModuleHost
+import ModuleKit
+import Testing
+import TestSupport
+
+/// Names, numbers and JSON from outside, at every entry point an operator or a plugin
+/// author reaches: control requests, the configuration file, command-line flags,
+/// manifests dropped into a running daemon, `modhostctl verify` and plugin.mk.
+@Suite(.serialized) struct HostileInputTests {
+    typealias BadRequest = ControlProtocolTests.BadRequest
+
+    static let badRequests: [BadRequest] = [
+        // Numbers a double cannot hold are not JSON this daemon reads: the error quotes them.
+        BadRequest(#"{"v":1e400,"id":1,"cmd":"list"}"#, "malformed_request", "at byte 5: number 1e400 is out of range", .null),
+        BadRequest(#"{"id":1e999,"cmd":"list"}"#, "malformed_request", "at byte 6: number 1e999 is out of range", .null),
+        // An id that would not come back as sent is refused, not rounded.
+        BadRequest(#"{"id":1e300,"cmd":"list"}"#, "invalid_request", #""id" must be a string or an integer between -2^53 and 2^53"#, .null),
+        BadRequest(#"{"id":12345678901234567890,"cmd":"list"}"#, "invalid_request", #""id" must be a string or an integer"#, .null),
+        BadRequest(#"{"id":0.5,"cmd":"list"}"#, "invalid_request", #""id" must be a string or an integer"#, .null),
+        // Strict JSON.
+        BadRequest(#"{"id":1,"cmd":"list","cmd":"reload"}"#, "malformed_request", #"at byte 21: duplicate member name "cmd""#, .null),
+        BadRequest(#"{"id":0123,"cmd":"list"}"#, "malformed_request", "at byte 6: leading zero", .null),
+        // Names follow the grammar.
+        BadRequest(#"{"id":7,"cmd":"enable","module":"../x"}"#, "invalid_request", #""module" is "../x", not a name: names are 1 to 64"#, 7),
+        BadRequest(#"{"cmd":"send","event":"x","to":"a\nb"}"#, "invalid_request", #""to" is "a\nb", not a name"#, .null),
+        BadRequest(#"{"cmd":"call","plugin":"a/b","function":"f"}"#, "invalid_request", #""plugin" is "a/b", not a name"#, .null),
+    ]
+
+    @Test(arguments: badRequests)
+    func aHostileRequestGetsAnErrorNamingTheProblem(request: BadRequest) async throws {
+        let daemon = ControlProtocolTests.RecordingDaemon()
+        let reply = try ControlProtocolTests.Reply(
+            await ControlService(daemon: daemon).handle(request.line, peer: PeerCredentials(pid: 1, uid: getuid(), gid: getgid())))
+        #expect(reply.ok == false)
+        #expect(reply.code == request.code, "\(reply.text)")
+        #expect(reply.message?.contains(request.message) == true, "\(reply.message ?? "no message")")
+        #expect(reply.id == request.id)
+        #expect(!reply.text.contains("\n"))
+        #expect(await daemon.calls.isEmpty)
+    }
+
+    // MARK: Command-line numbers
+
+    /// Runs modhostd expecting it to refuse to start; one that starts anyway is killed
+    /// after 30 s. Returns the exit status (128 + signal) and what it printed.
+    func refusedStart(_ arguments: [String]) async throws -> (status: Int32, output: String) {
+        let scratch = TemporaryDirectory("refused-start")
+        let daemon = try RunningProcess(BuildProducts.modhostd, arguments + ["--state-dir", scratch.file("state"), "--socket", scratch.file("sock")])
+        let status = await daemon.wait(timeout: .seconds(30))
+        return (status, daemon.text)
+    }
+
+    @Test(arguments: ["inf", "1e300", "-1", "0", "nan", "-inf", "3601"])
+    func aDaemonDeadlineOutOfRangeIsAUsageError(value: String) async throws {
+        let (status, output) = try await refusedStart(["--plugins", "/nonexistent", "--event-deadline", value])
+        #expect(status == 64, "\(output)")
+        #expect(output.contains("--event-deadline must be a number of seconds from 0.001 to 3600, not '\(value)'"), "\(output)")
+    }
+
+    @Test(arguments: ["1e300", "inf", "-5", "0", "nan", "86401"])
+    func aClientTimeoutOutOfRangeIsAUsageError(value: String) throws {
+        let result = try run(BuildProducts.modhostctl, ["--socket", "/nonexistent/sock", "list", "--timeout", value])
+        #expect(!result.signalled)
+        #expect(result.status == 64, "\(result.standardError)")
+        #expect(result.standardError.contains("--timeout must be a number of seconds from 0.001 to 86400, not '\(value)'"),
+                "\(result.standardError)")
+    }
+
+    // MARK: The configuration file
+
+    static let badConfigurations: [(text: [UInt8], message: String)] = [
+        (Array(#"{"modules": {"counter": {"order": 1e300}}}"#.utf8),
+         #"field "modules.counter.order" is 1e+300, not an integer from -1000000000 to 1000000000"#),
+        (Array(#"{"modules": {"counter": {"order": -1e10}}}"#.utf8), #"field "modules.counter.order" is -10000000000"#),
+        (Array(#"{"eventDeadlineSeconds": 1e400}"#.utf8), "is not valid JSON at byte 25: number 1e400 is out of range"),
+        (Array(#"{"eventDeadlineSeconds": 1e-9}"#.utf8), #"field "eventDeadlineSeconds" is 1e-09, not a number of seconds from 0.001 to 3600"#),
+        (Array(#"{"logLevel": "info", "logLevel": "debug"}"#.utf8), #"is not valid JSON at byte 21: duplicate member name "logLevel""#),
+        (Array(#"{"eventDeadlineSeconds": 05}"#.utf8), "is not valid JSON at byte 25: leading zero"),
+        (Array(#"{"pluginDirectories": [""#.utf8) + [0xFF, 0xFE] + Array(#""]}"#.utf8), "is not valid JSON at byte 24: invalid UTF-8"),
+        (Array(#"{"modules": {"../x": {"enabled": false}}}"#.utf8), #"field "modules" names "../x", not a name: names are 1 to 64"#),
+    ]
+
+    @Test(arguments: badConfigurations.indices)
+    func anInvalidConfigurationIsRefusedAtStartNamingTheFileAndField(index: Int) async throws {
+        let (text, message) = Self.badConfigurations[index]
+        let dir = TemporaryDirectory("bad-config")
+        let path = try dir.write("modhostd.json", text)
+        let (status, output) = try await refusedStart(["--config", path, "--plugins", dir.directory("plugins")])
+        #expect(status == 65, "\(output)")
+        #expect(output.contains("Error: \(path): configuration \(message)"), "\(output)")
+        #expect(output.split(separator: "\n").count == 1, "\(output)")
+    }
+
+    @Test func anOutOfRangeOrderOnSIGHUPKeepsTheRunningConfiguration() async throws {
+        let h = try DaemonLifecycleTests.Harness(["Greeting", "Counter"], config: #"{"modules": {"counter": {"order": 1}}}"#)
+        #expect(await h.waitFor("started 2 modules: counter, greeting"))
+        try h.root.write("modhostd.json", text: #"{"modules": {"counter": {"order": 1e300}}}"#)
+        h.daemon.send(SIGHUP)
+        let file = h.root.file("modhostd.json")
+        #expect(await h.waitFor(#"reload: \#(file): configuration field "modules.counter.order" is 1e+300, not an integer from -1000000000 to 1000000000"#))
+        #expect(await h.waitFor("keeping the running configuration"))
+        let rows = try h.modules()
+        #expect(rows["counter"]?["state"] as? String == "running")
+        #expect(rows["greeting"]?["state"] as? String == "running")
+        #expect(await h.stop() == 0)
+    }
+
+    // MARK: Names from plugin files
+
+    /// A valid C plugin whose manifest claims `name`.
+    static func plugin(named name: String, in directory: TemporaryDirectory) throws -> String {
+        let factory = PluginFactory(directory: directory.path)
+        let source = try factory.buildC("Plain", source: PluginFactory.cSource(plugin: "Plain", modules: ["plain"]),
+                                        manifest: PluginFactory.manifest(plugin: "Plain", modules: ["plain"]))
+        let quoted = JSONValue.string(name).jsonText
+        let manifest = PluginFactory.manifest(plugin: "Plain", modules: ["plain"])
+            .replacingOccurrences(of: #""name":"Plain""#, with: #""name":\#(quoted)"#)
+        return try factory.withManifest(source, manifest, as: "libNamed.so")
+    }
+
+    @Test(arguments: ["../../escaped", "a/b", "bad\nname", "esc\u{1B}[31mred", ".hidden", String(repeating: "n", count: 65)])
+    func aPluginWithABadNameIsRefusedAndNothingIsWrittenOutsideTheStateDirectory(name: String) async throws {
+        let h = try DaemonLifecycleTests.Harness(["Greeting"])
+        #expect(await h.waitFor("started 1 modules: greeting"))
+        let scratch = TemporaryDirectory("bad-name")
+        try h.drop(try Self.plugin(named: name, in: scratch), as: "libNamed.so")
+        #expect(await h.waitFor(#"refused \#(h.plugins)/libNamed.so: manifest check failed: manifest is garbled: field "name" is"#))
+        let line = h.daemon.text.split(separator: "\n").first { $0.contains("libNamed.so") } ?? ""
+        #expect(line.contains("not a name: names are 1 to 64"), "\(line)")
+        #expect(!h.daemon.text.contains("\u{1B}"))
+        // Nothing appeared next to the state directory or above it.
+        for directory in [h.root.path, URL(fileURLWithPath: h.root.path).deletingLastPathComponent().path] {
+            let entries = try FileManager.default.contentsOfDirectory(atPath: directory)
+            #expect(!entries.contains { $0.hasPrefix("escaped") }, "\(entries)")
+        }
+        let images = (try? FileManager.default.contentsOfDirectory(atPath: h.state + "/images")) ?? []
+        #expect(images.allSatisfy { $0.hasPrefix("Greeting-") }, "\(images)")
+        #expect(try h.modules()["greeting"]?["state"] as? String == "running")
+        #expect(await h.stop() == 0)
+
+        let verify = try run(BuildProducts.modhostctl, ["verify", scratch.file("libNamed.so")])
+        #expect(verify.status == 1)
+        #expect(verify.standardOutput.contains(#"manifest check failed: manifest is garbled: field "name" is"#), "\(verify.standardOutput)")
+        #expect(verify.standardOutput.split(separator: "\n").count == 2, "\(verify.standardOutput)")
+    }
+
+    @Test func pluginMkRefusesABadNameInPluginJSON() throws {
+        let dir = TemporaryDirectory("bad-plugin-mk")
+        try dir.write("plugin.json", text: #"{ "name": "../Hello", "version": "1.0.0", "modules": ["hello"] }"#)
+        try dir.write("Makefile", text: "PLUGIN = Hello\ninclude \(BuildProducts.directory)/share/modulehost/plugin.mk\n")
+        try dir.write("hello.c", text: PluginFactory.cSource(plugin: "Hello", modules: ["hello"]))
+        do {
+            _ = try shell("make 2>&1", directory: dir.path)
+            Issue.record("make succeeded")
+        } catch let error as ShellError {
+            #expect(error.output.contains(#"plugin.json: field "name" is "../Hello", not a name: names are 1 to 64"#), "\(error.output)")
+        }
+        #expect(!FileManager.default.fileExists(atPath: dir.file("build/libHello.so")))
+    }
+}
