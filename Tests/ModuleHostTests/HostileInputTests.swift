@@ -147,16 +147,22 @@ import TestSupport
         #expect(verify.standardOutput.split(separator: "\n").count == 2, "\(verify.standardOutput)")
     }
 
-    @Test func pluginMkRefusesABadNameInPluginJSON() throws {
+    @Test(arguments: [
+        (#"{ "name": "../Hello", "version": "1.0.0", "modules": ["hello"] }"#,
+         #"plugin.json: field "name" is "../Hello", not a name: names are 1 to 64"#),
+        (#"{ "name": "Hello", "version": "1.0.0", "modules": ["hello"], "name": "Other" }"#,
+         #"plugin.json: not valid JSON at byte 61: duplicate member name "name""#),
+    ])
+    func pluginMkRefusesABadPluginJSON(manifest: String, message: String) throws {
         let dir = TemporaryDirectory("bad-plugin-mk")
-        try dir.write("plugin.json", text: #"{ "name": "../Hello", "version": "1.0.0", "modules": ["hello"] }"#)
+        try dir.write("plugin.json", text: manifest)
         try dir.write("Makefile", text: "PLUGIN = Hello\ninclude \(BuildProducts.directory)/share/modulehost/plugin.mk\n")
         try dir.write("hello.c", text: PluginFactory.cSource(plugin: "Hello", modules: ["hello"]))
         do {
             _ = try shell("make 2>&1", directory: dir.path)
             Issue.record("make succeeded")
         } catch let error as ShellError {
-            #expect(error.output.contains(#"plugin.json: field "name" is "../Hello", not a name: names are 1 to 64"#), "\(error.output)")
+            #expect(error.output.contains(message), "\(error.output)")
         }
         #expect(!FileManager.default.fileExists(atPath: dir.file("build/libHello.so")))
     }

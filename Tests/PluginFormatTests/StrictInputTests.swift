@@ -40,6 +40,21 @@ import Testing
         #expect(try JSONTree.parse(Array(#"["é€😀\n"]"#.utf8)) == .array([.string("é€😀\n")]))
     }
 
+    @Test func aManifestBreakingAnyRuleIsRefusedWithTheOffset() {
+        let head = Array(#"{"name":"x","version":"1","abi":"1.0","language":"c","modules":["m"],"#.utf8)
+        for (tail, expected) in [(Array(#""name":"y"}"#.utf8), "at byte 69: duplicate member name \"name\""),
+                                 (Array(#""order":012}"#.utf8), "at byte 77: leading zero"),
+                                 (Array(#""order":1e999}"#.utf8), "at byte 77: number 1e999 is out of range"),
+                                 (Array(#""description":""#.utf8) + [0xC3, 0x28] + Array(#""}"#.utf8), "at byte 84: invalid UTF-8")] {
+            do {
+                let manifest = try Manifest.parse(head + tail)
+                Issue.record("accepted \(manifest)")
+            } catch {
+                #expect(error.reason.contains(expected), "\(error.reason)")
+            }
+        }
+    }
+
     @Test func aNumberBeyondTheRangeOfADoubleIsAnError() throws {
         Self.refused(Array(#"{"v":1e400}"#.utf8), offset: 5, "1e400 is out of range")
         Self.refused(Array("-1e999".utf8), offset: 0, "out of range")
