@@ -78,7 +78,7 @@ extension ControlCommand {
         OPTIONS:
           --json                    Print the reply's result as JSON
           --socket PATH             The daemon's control socket (default: \(RuntimePaths().socketPath))
-          --timeout SECONDS         How long to wait for the daemon's reply (default: 30)
+          --timeout SECONDS         How long to wait for the daemon's reply (0.001 to 86400; default: 30)
           -h, --help                Show help information
 
         EXIT CODES:

@@ -24,7 +24,8 @@ public struct DaemonCommand: Sendable {
                                     user, with a warning (development only)
           --log-level LEVEL         debug, info, warning or error (default: info)
           --log-format FORMAT       text or json (default: text)
-          --event-deadline SECONDS  How long an awaited event may take per module (default: 5)
+          --event-deadline SECONDS  How long an awaited event may take per module
+                                    (0.001 to 3600; default: 5)
           -h, --help                Show help information
 
         SIGNALS:
