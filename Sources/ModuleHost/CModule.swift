@@ -3,42 +3,90 @@ import ModuleKit
 /// A module written in C, seen by the host as a `Module`: each event becomes a call of the
 /// descriptor's `handle_event` with the event's name and JSON payload.
 ///
-/// It lives on its host instance's serial context like any module, so the C functions of
-/// one instance are never called concurrently.
+/// Every C function of one module instance (`create`, `handle_event`, `destroy`) runs on
+/// the module's own `PluginWorker`, one at a time and in order, never on the host
+/// instance's actor nor on a Swift concurrency thread. The host waits for each call up to
+/// its `eventDeadline`: a call still running then leaves the module *stuck* (logged,
+/// shown by `modhostctl list`), and the host goes on. A stuck module is given no more
+/// events until the call returns; its `deinit` and `destroy` are queued behind it, so its
+/// state is freed if it ever returns, and never used after.
+///
+/// Lifecycle names (`ModuleEvent.lifecycleNames`) arriving as custom events or
+/// notifications are never delivered: a C module sees them only from the host itself.
 final class CModule: Module {
     let descriptor: ModuleDescriptor
-    let instance: UnsafeMutableRawPointer?
-    /// Keeps the per-module host API table (and what its functions point into) alive until
-    /// `destroy` has returned.
-    let services: CHostServices
-    private var destroyed = false
+    /// The C instance and its services, touched only by jobs on `worker`.
+    private let instance: CModuleInstance
+    private let worker: PluginWorker
+    private let workers: PluginWorkers
+    private let deadline: Duration
+    private let log: Logger
+    private var destroyQueued = false
 
     let moduleName: String
     let notifications: Set<String>
     var info: ModuleInfo { ModuleInfo(name: moduleName, version: descriptor.version, metadata: ["language": "c"]) }
 
-    /// Creates the C instance; nil when `create` returns NULL.
-    init?(descriptor: ModuleDescriptor, configuration: JSONValue, services: CHostServices) {
+    /// Creates the C instance on the module's worker; nil when `create` returns NULL within
+    /// the deadline. A `create` still running then leaves the module stuck in "create" (it
+    /// gets events only if `create` returns an instance).
+    init?(descriptor: ModuleDescriptor, configuration: JSONValue, services: CHostServices, host: HostInstance,
+          workers: PluginWorkers) {
         self.descriptor = descriptor
-        self.services = services
         moduleName = descriptor.name
         notifications = Set(descriptor.notifications)
-        guard let create = descriptor.pointer.pointee.create,
-              let instance = configuration.jsonText.withCString({ create(services.table, $0) })
-        else { return nil }
+        deadline = host.eventDeadline
+        log = host.logger(for: descriptor.name)
+        self.workers = workers
+        let instance = CModuleInstance(descriptor: descriptor, services: services)
         self.instance = instance
-    }
-
-    func handle(_ event: ModuleEvent, host: isolated HostInstance) {
-        deliver(event.name, event.payload)
-        if case .deinitialize = event, !destroyed {
-            destroyed = true
-            descriptor.pointer.pointee.destroy?(instance)
+        worker = PluginWorker(label: "module." + descriptor.name)
+        let text = configuration.jsonText
+        let created = worker.run("create", deadline: deadline) { instance.create(configuration: text) }
+        if created == false { return nil }
+        workers.register(module: moduleName, worker)
+        if created == nil {
+            log.error("C module did not return from create within \(deadline.secondsText); it is stuck and gets no events until it returns",
+                      [("deadline", deadline.secondsText)])
         }
     }
 
+    deinit {
+        // A module dropped without deinitialize (e.g. refused by the host) still frees its instance.
+        if !destroyQueued { queueDestroy() }
+    }
+
+    func handle(_ event: ModuleEvent, host: isolated HostInstance) {
+        if case .deinitialize = event {
+            guard !destroyQueued else { return }
+            destroyQueued = true
+            if let stuck = worker.stuck {
+                log.warning("C module is stuck in \(stuck.what) for \(stuck.elapsed.secondsText); deinit and destroy run when it returns")
+                queueDeliver(event.name, event.payload)
+                queueDestroy()
+                return
+            }
+            let instance = instance
+            let name = event.name
+            let finished: Void? = worker.run(name, deadline: deadline) { instance.deliver(name, nil) }
+            queueDestroy()
+            if finished == nil { overran(name) }
+            return
+        }
+        guard admits(event.name, isHostsOwn: Self.isHostsOwn(event)) else { return }
+        let instance = instance
+        let name = event.name
+        let payload = event.payload
+        if worker.run(name, deadline: deadline, { instance.deliver(name, payload) }) == nil { overran(name) }
+    }
+
     func handle(_ event: AsyncModuleEvent, host: isolated HostInstance) async {
-        deliver(event.name, event.payload)
+        guard admits(event.name, isHostsOwn: !Self.isCustom(event)) else { return }
+        let instance = instance
+        let name = event.name
+        let payload = event.payload
+        // Awaited without holding a thread; the host's own deadline decides when it stops waiting.
+        await worker.run(name, deadline: deadline) { instance.deliver(name, payload) }
     }
 
     func updateConfiguration(_ configuration: JSONValue, host: isolated HostInstance) -> (any Module)? {
@@ -46,15 +94,97 @@ final class CModule: Module {
         self
     }
 
-    private func deliver(_ name: String, _ payload: JSONValue) {
-        guard !destroyed, let handle = descriptor.pointer.pointee.handle_event else { return }
+    /// Whether an event may be given to the module now: not while it is stuck, and never a
+    /// lifecycle name that does not come from the host itself.
+    private func admits(_ name: String, isHostsOwn: Bool) -> Bool {
+        if !isHostsOwn && ModuleEvent.lifecycleNames.contains(name) {
+            log.warning("event \(name) is a lifecycle name only the host sends; not delivered", [("event", name)])
+            return false
+        }
+        if let stuck = worker.stuck {
+            log.warning("C module is stuck in \(stuck.what) for \(stuck.elapsed.secondsText); \(name) not delivered",
+                        [("event", name), ("stuck_in", stuck.what)])
+            return false
+        }
+        return true
+    }
+
+    private static func isHostsOwn(_ event: ModuleEvent) -> Bool {
+        switch event {
+        case .custom, .notification: false
+        case .initialize, .start, .deinitialize, .configurationChanged: true
+        }
+    }
+
+    private static func isCustom(_ event: AsyncModuleEvent) -> Bool {
+        if case .custom = event { return true }
+        return false
+    }
+
+    private func overran(_ name: String) {
+        log.error("C module did not return from \(name) within \(deadline.secondsText); it is stuck and gets no more events until it returns",
+                  [("event", name), ("deadline", deadline.secondsText)])
+    }
+
+    private func queueDeliver(_ name: String, _ payload: JSONValue) {
+        let instance = instance
+        worker.submit(name, deadline: deadline) { instance.deliver(name, payload) }
+    }
+
+    /// `destroy` after everything queued, then the worker leaves the registry.
+    private func queueDestroy() {
+        destroyQueued = true
+        let instance = instance
+        let worker = worker
+        let workers = workers
+        let name = moduleName
+        worker.submit("destroy", deadline: deadline) {
+            instance.destroy()
+            workers.unregister(module: name, worker)
+        }
+    }
+}
+
+/// One C module instance: the pointer `create` returned and the host services it was
+/// given, which must outlive `destroy`.
+///
+/// `@unchecked Sendable`: it is handed to the module's `PluginWorker`, and every read and
+/// write of its mutable fields happens inside jobs of that one serial queue, so they are
+/// never touched concurrently.
+private final class CModuleInstance: @unchecked Sendable {
+    let descriptor: ModuleDescriptor
+    let services: CHostServices
+    private var pointer: UnsafeMutableRawPointer?
+    private var destroyed = false
+
+    init(descriptor: ModuleDescriptor, services: CHostServices) {
+        self.descriptor = descriptor
+        self.services = services
+    }
+
+    /// Calls `create`; false when it returned NULL (the module is refused).
+    func create(configuration: String) -> Bool {
+        guard let create = descriptor.pointer.pointee.create else { return false }
+        pointer = configuration.withCString { create(services.table, $0) }
+        return pointer != nil
+    }
+
+    func deliver(_ name: String, _ payload: JSONValue?) {
+        guard !destroyed, let pointer, let handle = descriptor.pointer.pointee.handle_event else { return }
         name.withCString { name in
-            if case .null = payload {
-                handle(instance, name, nil)
+            if let payload, payload != .null {
+                payload.jsonText.withCString { handle(pointer, name, $0) }
             } else {
-                payload.jsonText.withCString { handle(instance, name, $0) }
+                handle(pointer, name, nil)
             }
         }
+    }
+
+    func destroy() {
+        guard !destroyed else { return }
+        destroyed = true
+        if let pointer { descriptor.pointer.pointee.destroy?(pointer) }
+        pointer = nil
     }
 }
 

@@ -234,7 +234,7 @@ extension ControlCommand {
             return text.contains(where: \.isNewline) ? String(text.map { $0.isNewline ? " " : $0 }) : text
         }
         let cells = rows.map { row in
-            [cell(row.module), cell(row.plugin), cell(row.file), cell(row.version), cell(row.state),
+            [cell(row.module), cell(row.plugin), cell(row.file), cell(row.version), cell(stateText(row)),
              cell(row.order.map(String.init)), cell(row.generation.map(String.init)), cell(row.lastError)]
         }
         var widths = header.map(\.count)
@@ -263,6 +263,13 @@ extension ControlCommand {
         let counts = states.isEmpty ? "" : " (" + states.map { "\($0.1) \($0.0)" }.joined(separator: ", ") + ")"
         let summary = "\(rows.count) \(rows.count == 1 ? "entry" : "entries")\(counts)"
         return ([format(header)] + cells.map(format) + ["", summary]).joined(separator: "\n")
+    }
+
+    /// The STATE cell: a stuck module also shows for how long and in what, e.g.
+    /// "stuck 12.5s in block".
+    static func stateText(_ row: ModuleRow) -> String {
+        guard row.state == "stuck", let seconds = row.stuckSeconds else { return row.state }
+        return "stuck \(seconds)s" + (row.stuckIn.map { " in \($0)" } ?? "")
     }
 
     static func statusText(_ status: DaemonStatus) -> String {

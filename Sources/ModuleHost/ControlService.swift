@@ -89,7 +89,7 @@ public struct ControlService: Sendable {
         case "status":
             return try Self.encode(await daemon.status())
         case "info":
-            return await daemon.infoPayload().jsonText
+            return try await daemon.infoPayload().jsonText
         case "enable", "disable":
             let module = try request.moduleName("module")
             let enabled = request.command == "enable"

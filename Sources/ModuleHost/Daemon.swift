@@ -13,6 +13,10 @@ public struct DaemonOptions: Sendable {
     public var logLevel: LogLevel?
     public var logFormat: LogFormat = .text
     public var eventDeadline: Duration?
+    /// `--request-deadline`: overrides the configuration's `requestDeadline`.
+    public var requestDeadline: Duration?
+    /// `--shutdown-budget`: overrides the configuration's `shutdownBudget`.
+    public var shutdownBudget: Duration?
     public var stateDirectory: String?
     public var socketPath: String?
     public var configPath: String?
@@ -47,6 +51,8 @@ public actor Daemon: DaemonControl {
     let logger = Logger(label: "modhostd")
     let notifier = SystemdNotifier()
     let registry = ModuleRegistry()
+    /// Where C module callbacks and calls by name run, off this actor (PluginWorker.swift).
+    let workers = PluginWorkers()
     let crashGuard: CrashGuard
     var configuration: DaemonConfiguration
     var validator: Validator
@@ -142,18 +148,27 @@ public actor Daemon: DaemonControl {
             logger.info("\(signal) received, shutting down")
             break
         }
-        // A second SIGTERM/SIGINT during shutdown ends the process at once.
+        // A second SIGTERM/SIGINT during shutdown ends the process at once: its handler is
+        // installed before the first one is cancelled, so no signal falls in between.
+        let again: UnixSignals?
+        do {
+            again = try UnixSignals(.terminate, .interrupt)
+        } catch {
+            logger.warning("cannot watch for a second signal during shutdown: \(error)")
+            again = nil
+        }
+        signals.cancel()
         let escalation = Task.detached { [logger] in
-            guard let again = try? UnixSignals(.terminate, .interrupt) else { return }
+            guard let again else { return }
             for await signal in again {
                 logger.warning("\(signal) received again during shutdown, exiting now")
                 ExitGuard.exit(ExitCode.failure.rawValue)
             }
         }
-        signals.cancel()
-        await stop()
+        let clean = await stop()
         escalation.cancel()
-        return .success
+        again?.cancel()
+        return clean ? .success : .failure
     }
 
     /// Takes the daemon's place, then loads everything and starts the modules. Sends
@@ -249,15 +264,17 @@ public actor Daemon: DaemonControl {
     }
 
     /// Stops the control socket and the watcher, then the modules (willTerminate awaited,
-    /// deinit in reverse order).
-    public func stop() async {
+    /// deinit in reverse order), all within the configured shutdown budget. Returns false
+    /// when the budget ran out first; the modules and calls still running are then logged
+    /// by name (DaemonDeadlines.swift).
+    @discardableResult
+    public func stop() async -> Bool {
         notify { try $0.stopping(status: "stopping") }
         watcher?.stop()
-        await server?.stop()
-        await host.shutdown()
-        logger.info("stopped")
+        let clean = await stopWithinBudget()
         socketLock = nil
         stateLock = nil
+        return clean
     }
 
     func notify(_ message: (SystemdNotifier) throws -> Void) {
@@ -317,16 +334,20 @@ public actor Daemon: DaemonControl {
 
     // MARK: - DaemonControl
 
+    /// Answered from the daemon's own state and the host's snapshot: never waits for a
+    /// module or an update in progress.
     public func moduleRows() async -> [ModuleRow] {
-        let statuses = await host.registeredModules()
+        let statuses = host.registeredModulesSnapshot
         var rows: [ModuleRow] = []
         for status in statuses {
             let record = records[status.plugin]
+            let stuck = status.running ? workers.stuck(module: status.name) : nil
             rows.append(ModuleRow(
                 module: status.name, plugin: status.plugin, file: record?.source ?? "", version: status.version,
-                state: status.running ? "running" : (status.enabled ? "stopped" : "disabled"),
+                state: stuck != nil ? "stuck" : status.running ? "running" : (status.enabled ? "stopped" : "disabled"),
                 order: status.order, generation: record?.generation,
-                lastError: record.flatMap { refused[$0.source]?.failure.description }))
+                lastError: record.flatMap { refused[$0.source]?.failure.description },
+                stuckIn: stuck?.what, stuckSeconds: stuck.map { ($0.elapsed.seconds * 10).rounded() / 10 }))
         }
         for (path, entry) in refused.sorted(by: { $0.key < $1.key }) where !records.values.contains(where: { $0.source == path }) {
             let state = loading.contains(path) ? "loading"
@@ -341,18 +362,20 @@ public actor Daemon: DaemonControl {
         DaemonStatus(
             pid: getpid(), uptimeSeconds: Double((ContinuousClock.now - startTime).components.seconds), ready: ready,
             socketPath: socketPath, stateDirectory: stateDirectory, configPath: options.configPath,
-            pluginDirectories: directories, pluginsLoaded: records.count, modulesRunning: await host.moduleNames.count,
+            pluginDirectories: directories, pluginsLoaded: records.count, modulesRunning: host.runningModuleNames.count,
             filesRefused: refused.count, retiredGenerations: retiredCount, retiredBytes: retiredBytes,
             crashGuarded: crashGuard.count, reloads: reloads)
     }
 
     public func setEnabled(_ enabled: Bool, module: String) async throws(DaemonError) {
-        await untilReady()
+        try await untilReadyWithinRequestDeadline()
         guard registry.entry(named: module) != nil else {
             throw DaemonError(code: "unknown_module", message: "no module named \(module) is registered; known: \(registry.names.joined(separator: ", "))")
         }
         enabledOverrides[module] = enabled
-        await changes.run { await self.applyModuleSettings() }
+        try await withinRequestDeadline("\(enabled ? "enable" : "disable") \(module)") {
+            await self.changes.run { await self.applyModuleSettings() }
+        }
         logger.info("module \(module) \(enabled ? "enabled" : "disabled")", [("module", module)])
     }
 
@@ -403,31 +426,39 @@ public actor Daemon: DaemonControl {
     }
 
     public func send(event: String, payload: JSONValue, to module: String?, awaited: Bool) async throws(DaemonError) {
-        await untilReady()
+        try checkSendable(event: event, to: module)
+        try await untilReadyWithinRequestDeadline()
         if let module, !host.isRunning(moduleNamed: module) {
             throw DaemonError(code: "unknown_module", message: "no module named \(module) is running")
         }
-        if awaited {
-            await host.send(AsyncModuleEvent.custom(name: event, payload: payload), to: module)
-        } else {
-            await host.send(ModuleEvent.custom(name: event, payload: payload), to: module)
+        try await withinRequestDeadline("event \(event)") { [host] in
+            if awaited {
+                await host.send(AsyncModuleEvent.custom(name: event, payload: payload), to: module)
+            } else {
+                await host.send(ModuleEvent.custom(name: event, payload: payload), to: module)
+            }
         }
+        try checkNotStuck(in: event, to: module)
         logger.info("event \(event) sent\(module.map { " to \($0)" } ?? "")", [("event", event)])
     }
 
     public func call(plugin: String, function: String, arguments: CallArguments) async throws(DaemonError) -> CallValue {
-        await untilReady()
+        try await untilReadyWithinRequestDeadline()
         guard let record = records[plugin] else {
             throw DaemonError(code: "unknown_plugin", message: "no plugin named \(plugin) is loaded; loaded: \(records.keys.sorted().joined(separator: ", "))")
         }
         guard let table = record.loaded.functions else {
             throw DaemonError(code: "unknown_function", message: "plugin \(plugin) exports no functions for calling by name")
         }
-        do {
+        // Off this actor, on the plugin's call worker, within the request deadline.
+        let outcome = try await callOffActor(plugin: plugin, function: function) { () throws(CallError) -> CallValue in
             switch arguments {
             case .texts(let texts): return try table.call(function, texts: texts)
             case .json(let values): return try table.call(function, json: values)
             }
+        }
+        do {
+            return try outcome.get()
         } catch {
             let code: String
             switch error {
@@ -439,7 +470,11 @@ public actor Daemon: DaemonControl {
         }
     }
 
-    public func infoPayload() async -> JSONValue { await host.infoPayload() }
+    /// The modules' Info payloads come from module code (a Swift module's `info`), so they
+    /// are asked for within the request deadline.
+    public func infoPayload() async throws(DaemonError) -> JSONValue {
+        try await withinRequestDeadline("info") { [host] in await host.infoPayload() }
+    }
 }
 
 /// What identifies a file's version without reading it: device, inode, size, mtime.
@@ -492,6 +527,8 @@ extension DaemonConfiguration {
         }
         if let level = options.logLevel { merged.logLevel = level }
         if let deadline = options.eventDeadline { merged.eventDeadline = deadline }
+        if let deadline = options.requestDeadline { merged.requestDeadline = deadline }
+        if let budget = options.shutdownBudget { merged.shutdownBudget = budget }
         if options.allowInsecurePlugins { merged.allowInsecurePlugins = true }
         return merged
     }

@@ -24,13 +24,20 @@ public struct DaemonCommand: Sendable {
                                     user, with a warning (development only)
           --log-level LEVEL         debug, info, warning or error (default: info)
           --log-format FORMAT       text or json (default: text)
-          --event-deadline SECONDS  How long an awaited event may take per module
+          --event-deadline SECONDS  How long a module's event handler may take before the module is
+                                    shown as stuck
                                     (0.001 to 3600; default: 5)
+          --request-deadline SECONDS
+                                    How long send, call, enable, disable and info may take before
+                                    they reply deadline_exceeded (0.001 to 3600; default: 10)
+          --shutdown-budget SECONDS How long a shutdown may take in total
+                                    (0.001 to 3600; default: 30)
           -h, --help                Show help information
 
         SIGNALS:
           SIGTERM, SIGINT           Shut down: willTerminate (awaited), deinit in reverse order, exit 0;
-                                    a second signal exits at once
+                                    exit 1 when the shutdown budget ran out (the log names the
+                                    modules still running); a second signal exits 1 at once
           SIGHUP                    Reload the configuration and rescan the plugin directories
 
         EXIT CODES:
@@ -51,7 +58,8 @@ public struct DaemonCommand: Sendable {
     public func parse(_ arguments: [String]) -> Result<DaemonOptions, ExitCode> {
         do throws(UsageError) {
             let parsed = try Arguments(
-                arguments, valueOptions: ["plugins", "log-level", "log-format", "event-deadline", "state-dir", "socket", "config"],
+                arguments, valueOptions: ["plugins", "log-level", "log-format", "event-deadline", "request-deadline", "shutdown-budget",
+                                          "state-dir", "socket", "config"],
                 flagOptions: ["allow-insecure-plugins"])
             if parsed.has("help") {
                 output.out(Self.help)
@@ -69,12 +77,18 @@ public struct DaemonCommand: Sendable {
                 guard let value = DaemonOptions.LogFormat(rawValue: format) else { throw UsageError("--log-format must be text or json") }
                 options.logFormat = value
             }
-            if let deadline = parsed.value("event-deadline") {
-                let range = DaemonConfiguration.eventDeadlineRange
-                guard let duration = CheckedNumber.duration(secondsText: deadline, in: range) else {
-                    throw UsageError("--event-deadline must be a number of seconds \(CheckedNumber.describe(range)), not '\(deadline)'")
+            let durations: [(flag: String, set: (inout DaemonOptions, Duration) -> Void)] = [
+                ("event-deadline", { $0.eventDeadline = $1 }),
+                ("request-deadline", { $0.requestDeadline = $1 }),
+                ("shutdown-budget", { $0.shutdownBudget = $1 }),
+            ]
+            for (flag, set) in durations {
+                guard let text = parsed.value(flag) else { continue }
+                let range = DaemonConfiguration.durationRange
+                guard let duration = CheckedNumber.duration(secondsText: text, in: range) else {
+                    throw UsageError("--\(flag) must be a number of seconds \(CheckedNumber.describe(range)), not '\(text)'")
                 }
-                options.eventDeadline = duration
+                set(&options, duration)
             }
             options.stateDirectory = parsed.value("state-dir")
             options.socketPath = parsed.value("socket")

@@ -8,6 +8,8 @@ import PluginFormat
 ///       "pluginDirectories": ["/usr/lib/modulehost/plugins"],
 ///       "modules": { "greeting": { "enabled": true, "order": 5, "configuration": { "salutation": "Hi" } } },
 ///       "eventDeadlineSeconds": 5,
+///       "requestDeadlineSeconds": 10,
+///       "shutdownBudgetSeconds": 30,
 ///       "logLevel": "info"
 ///     }
 ///
@@ -18,12 +20,20 @@ public struct DaemonConfiguration: Sendable, Equatable {
     public var pluginDirectories: [String] = []
     public var modules: [String: ModuleSettings] = [:]
     public var eventDeadline: Duration = .seconds(5)
+    /// The longest `send`, `call`, `enable`, `disable` and `info` wait before they reply
+    /// `deadline_exceeded` (the work goes on in the background).
+    public var requestDeadline: Duration = .seconds(10)
+    /// The longest a SIGTERM/SIGINT shutdown may take in total, below systemd's default
+    /// `TimeoutStopSec` of 90 s; past it the daemon exits with status 1, naming the modules
+    /// still running.
+    public var shutdownBudget: Duration = .seconds(30)
     public var logLevel: LogLevel = .info
     public var allowInsecurePlugins = false
 
-    /// The allowed event deadlines, in seconds, in the file (`eventDeadlineSeconds`) and on
-    /// the command line (`--event-deadline`).
-    public static let eventDeadlineRange = 0.001...3600.0
+    /// The allowed durations, in seconds, in the file (`eventDeadlineSeconds`,
+    /// `requestDeadlineSeconds`, `shutdownBudgetSeconds`) and on the command line
+    /// (`--event-deadline`, `--request-deadline`, `--shutdown-budget`).
+    public static let durationRange = 0.001...3600.0
 
     public init() {}
 
@@ -39,7 +49,8 @@ public struct DaemonConfiguration: Sendable, Equatable {
             throw invalid(path, "is \(error)", "correct the JSON there (names once per object, no leading zeros, UTF-8)")
         }
         guard case .object(let fields) = value else { throw invalid(path, "is not a JSON object", "wrap the settings in { }") }
-        let known: Set<String> = ["pluginDirectories", "modules", "eventDeadlineSeconds", "logLevel", "allowInsecurePlugins"]
+        let known: Set<String> = ["pluginDirectories", "modules", "eventDeadlineSeconds", "requestDeadlineSeconds",
+                                  "shutdownBudgetSeconds", "logLevel", "allowInsecurePlugins"]
         if let unknown = fields.keys.sorted().first(where: { !known.contains($0) }) {
             throw invalid(path, "has an unknown field \"\(unknown)\"", "remove it; known fields: \(known.sorted().joined(separator: ", "))")
         }
@@ -83,12 +94,19 @@ public struct DaemonConfiguration: Sendable, Equatable {
                 configuration.modules[name] = module
             }
         }
-        if let deadline = fields["eventDeadlineSeconds"] {
-            guard let duration = deadline.numberValue.flatMap({ CheckedNumber.duration(seconds: $0, in: eventDeadlineRange) }) else {
-                throw invalid(path, "field \"eventDeadlineSeconds\" is \(deadline.jsonText), not a number of seconds \(CheckedNumber.describe(eventDeadlineRange))",
-                              "e.g. 5")
+        // Every duration of the configuration: seconds within the same range.
+        let durations: [(key: String, example: Int, set: (inout DaemonConfiguration, Duration) -> Void)] = [
+            ("eventDeadlineSeconds", 5, { $0.eventDeadline = $1 }),
+            ("requestDeadlineSeconds", 10, { $0.requestDeadline = $1 }),
+            ("shutdownBudgetSeconds", 30, { $0.shutdownBudget = $1 }),
+        ]
+        for (key, example, set) in durations {
+            guard let field = fields[key] else { continue }
+            guard let duration = field.numberValue.flatMap({ CheckedNumber.duration(seconds: $0, in: durationRange) }) else {
+                throw invalid(path, "field \"\(key)\" is \(field.jsonText), not a number of seconds \(CheckedNumber.describe(durationRange))",
+                              "e.g. \(example)")
             }
-            configuration.eventDeadline = duration
+            set(&configuration, duration)
         }
         if let level = fields["logLevel"] {
             guard let name = level.stringValue, let parsed = LogLevel(name: name) else {

@@ -24,7 +24,7 @@ public protocol DaemonControl: Sendable {
     /// typed on a command line) or as JSON values; see docs/calling.md.
     func call(plugin: String, function: String, arguments: CallArguments) async throws(DaemonError) -> CallValue
     /// The info payload of every running module (name, version, metadata).
-    func infoPayload() async -> JSONValue
+    func infoPayload() async throws(DaemonError) -> JSONValue
 }
 
 /// Arguments of a call by name.
@@ -41,16 +41,21 @@ public struct ModuleRow: Codable, Sendable, Equatable {
     /// The plugin file as found in the plugin directory.
     public var file: String
     public var version: String
-    /// "running", "disabled", "stopped", "refused" or "quarantined".
+    /// "running", "stuck", "disabled", "stopped", "refused" or "quarantined".
     public var state: String
     public var order: Int?
     /// How many times this plugin has been loaded in this process (1 for the first load).
     public var generation: Int?
     /// The last refusal, crash or error that concerns it.
     public var lastError: String?
+    /// For a `stuck` module: the callback it has not returned from ("create", an event name).
+    public var stuckIn: String?
+    /// For a `stuck` module: how long that callback has been running, in seconds.
+    public var stuckSeconds: Double?
 
     public init(module: String, plugin: String, file: String, version: String, state: String,
-                order: Int? = nil, generation: Int? = nil, lastError: String? = nil) {
+                order: Int? = nil, generation: Int? = nil, lastError: String? = nil,
+                stuckIn: String? = nil, stuckSeconds: Double? = nil) {
         self.module = module
         self.plugin = plugin
         self.file = file
@@ -59,6 +64,8 @@ public struct ModuleRow: Codable, Sendable, Equatable {
         self.order = order
         self.generation = generation
         self.lastError = lastError
+        self.stuckIn = stuckIn
+        self.stuckSeconds = stuckSeconds
     }
 }
 
@@ -125,7 +132,8 @@ public struct ReloadSummary: Codable, Sendable, Equatable {
 /// for people.
 public struct DaemonError: Error, Sendable, Equatable, CustomStringConvertible {
     /// e.g. "unknown_module", "unknown_plugin", "unknown_function", "invalid_arguments",
-    /// "call_failed", "invalid_configuration", "shutting_down".
+    /// "call_failed", "invalid_configuration", "shutting_down", "reserved_event",
+    /// "module_stuck", "plugin_busy", "deadline_exceeded".
     public var code: String
     public var message: String
 

@@ -224,7 +224,7 @@ extension Daemon {
         do throws(LoadFailure) {
             crashGuard.begin(file: file.path, plugin: file.name, hash: hash, phase: "entry")
             defer { crashGuard.end() }
-            loaded = try PluginLoader(validator: validator, registry: registry).open(image.file)
+            loaded = try PluginLoader(validator: validator, registry: registry, workers: workers).open(image.file)
             FatalSignalRecorder.track(loaded, file: file.path, hash: hash)
             try registry.register(loaded)
         } catch {
@@ -343,7 +343,7 @@ extension Daemon {
             crashGuard.begin(file: file.path, plugin: file.name, hash: hash, phase: "entry")
             defer { crashGuard.end() }
             for name in chain {
-                let opened = try PluginLoader(validator: validator, registry: registry).open(images[name]!.file)
+                let opened = try PluginLoader(validator: validator, registry: registry, workers: workers).open(images[name]!.file)
                 FatalSignalRecorder.track(opened, file: records[name]?.source ?? file.path, hash: name == file.name ? hash : records[name]?.hash ?? hash)
                 loaded[name] = opened
             }

@@ -36,11 +36,16 @@ public struct PluginLoader: Sendable {
     public let registry: ModuleRegistry
     /// Makes the host service table each C module instance receives.
     public var hostServices: @Sendable (_ moduleName: String, _ host: HostInstance) throws -> CHostServices
+    /// Where the C modules of the plugins this loader opens run their code (one worker per
+    /// module instance), and where the daemon sees which of them are stuck.
+    public let workers: PluginWorkers
 
     public init(validator: Validator = Validator(), registry: ModuleRegistry = ModuleRegistry(),
+                workers: PluginWorkers = PluginWorkers(),
                 hostServices: (@Sendable (String, HostInstance) throws -> CHostServices)? = nil) {
         self.validator = validator
         self.registry = registry
+        self.workers = workers
         self.hostServices = hostServices ?? { (name: String, host: HostInstance) throws -> CHostServices in
             try CHostServices(
                 moduleName: name, logger: host.logger(for: name),
@@ -224,10 +229,12 @@ public struct PluginLoader: Sendable {
                     throw fail("C module \(descriptor.name) lacks create, handle_event or destroy", "set all three function pointers")
                 }
                 let services = hostServices
+                let workers = workers
                 let factory = ModuleFactory(name: descriptor.name, version: descriptor.version, plugin: file.name, defaultOrder: order) {
                     host, configuration in
                     do {
-                        return CModule(descriptor: descriptor, configuration: configuration, services: try services(descriptor.name, host))
+                        return CModule(descriptor: descriptor, configuration: configuration, services: try services(descriptor.name, host),
+                                       host: host, workers: workers)
                     } catch {
                         host.logger(for: descriptor.name).error("cannot create the host services of a C module: \(error)")
                         return nil

@@ -14,12 +14,14 @@ import TestSupport
         let socket: String
         let daemon: RunningProcess
 
-        init(_ examples: [String] = ["Greeting", "Welcome", "Counter"], arguments: [String] = [],
+        /// `files` are plugin files (paths) placed in the plugin directory before the start.
+        init(_ examples: [String] = ["Greeting", "Welcome", "Counter"], files: [String] = [], arguments: [String] = [],
              environment: [String: String] = [:], config: String? = nil) throws {
             plugins = root.directory("plugins")
             state = root.file("state")
             socket = root.file("modhostd.sock")
             for name in examples { try root.copy(BuildProducts.plugin(name), as: "plugins/lib\(name).so") }
+            for file in files { try root.copy(file, as: "plugins/" + (file as NSString).lastPathComponent) }
             var arguments = ["--plugins", plugins, "--state-dir", state, "--socket", socket] + arguments
             if let config {
                 try root.write("modhostd.json", text: config)

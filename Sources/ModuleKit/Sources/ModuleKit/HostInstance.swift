@@ -45,6 +45,7 @@ public actor HostInstance {
     private var updateGateWaiters: [CheckedContinuation<Void, Never>] = []
 
     private nonisolated let runningNames = Mutex<[String]>([])
+    private nonisolated let registeredSnapshot = Mutex<[ModuleStatus]>([])
     private nonisolated let diagnosticsHub = DiagnosticsHub()
     private nonisolated let mailbox: AsyncStream<MailboxMessage>.Continuation
 
@@ -434,6 +435,11 @@ public actor HostInstance {
             .sorted { ($0.order, $0.name) < ($1.order, $1.name) }
     }
 
+    /// `registeredModules()` as of the end of the last update, readable from any thread
+    /// without waiting for this instance's context: what a control plane shows while a
+    /// module callback or an update is still running.
+    public nonisolated var registeredModulesSnapshot: [ModuleStatus] { registeredSnapshot.withLock { $0 } }
+
     /// The current settings.
     public var currentSettings: [String: ModuleSettings] { settings }
 
@@ -506,6 +512,8 @@ public actor HostInstance {
     private func endUpdate(establishesReadiness: Bool = true) {
         moduleManager.updateDepth -= 1
         publishRunningNames()
+        let registered = registeredModules()
+        registeredSnapshot.withLock { $0 = registered }
         guard moduleManager.updateDepth == 0 else { return }
         if establishesReadiness { moduleManager.hasBeenReady = true }
         moduleManager.notifyObservers()

@@ -114,6 +114,16 @@ public enum ModuleEvent: Sendable, Hashable {
         }
     }
 
+    /// The names of the host's own lifecycle events, synchronous and awaited: "init",
+    /// "start", "deinit", "configurationChanged", "willUnload", "willTerminate". Only the
+    /// host sends them; a custom event or notification with one of these names is refused
+    /// (the daemon's `send`) or not delivered (C modules), so a module never mistakes it
+    /// for the real one.
+    public static let lifecycleNames: Set<String> = [
+        ModuleEvent.initialize.name, ModuleEvent.start.name, ModuleEvent.deinitialize.name,
+        ModuleEvent.configurationChanged(.null).name, AsyncModuleEvent.willUnload.name, AsyncModuleEvent.willTerminate.name,
+    ]
+
     /// The event's payload, `.null` when it has none.
     public var payload: JSONValue {
         switch self {

@@ -1,0 +1,120 @@
+import DaemonKit
+import ModuleKit
+import PluginCall
+
+/// How the daemon keeps its control plane and its shutdown bounded in time whatever plugin
+/// code does (docs/daemon.md, "Deadlines and stuck modules"):
+///
+/// - `list`, `status` and `ping` read the daemon's own state and the host's snapshot, and
+///   never wait for plugin code.
+/// - `send`, `call`, `enable`, `disable` and `info` wait at most the request deadline, then
+///   reply `deadline_exceeded`; the work goes on in the background.
+/// - A module stuck in a callback is refused by `send --to` (`module_stuck`); a plugin whose
+///   call by name overran is refused further calls (`plugin_busy`) until it returns.
+/// - Lifecycle event names are refused by `send` (`reserved_event`).
+/// - A shutdown takes at most the shutdown budget; what still runs then is logged by name.
+extension Daemon {
+    /// Runs `operation` (which may wait on plugin code) for at most the request deadline.
+    func withinRequestDeadline<T: Sendable>(_ what: String, _ operation: @escaping @Sendable () async -> T)
+        async throws(DaemonError) -> T
+    {
+        let deadline = configuration.requestDeadline
+        guard let result = await withDeadline(deadline, operation) else {
+            throw DaemonError(code: "deadline_exceeded",
+                              message: "\(what) did not finish within the request deadline of \(deadline.secondsText); it goes on in the background (see modhostctl list for stuck modules)")
+        }
+        return result
+    }
+
+    /// Waits for startup to finish (`untilReady`), for at most the request deadline.
+    func untilReadyWithinRequestDeadline() async throws(DaemonError) {
+        try await withinRequestDeadline("waiting for the daemon to finish starting") { await self.untilReady() }
+    }
+
+    /// Refuses lifecycle names, and a target module that is stuck.
+    func checkSendable(event: String, to module: String?) throws(DaemonError) {
+        if ModuleEvent.lifecycleNames.contains(event) {
+            throw DaemonError(code: "reserved_event",
+                              message: "\"\(event)\" is a lifecycle event only the host sends (reserved: \(ModuleEvent.lifecycleNames.sorted().joined(separator: ", "))); choose another event name")
+        }
+        if let module, let stuck = workers.stuck(module: module) {
+            throw DaemonError(code: "module_stuck",
+                              message: "module \(module) is stuck in \(stuck.what) for \(stuck.elapsed.secondsText) and gets no events until it returns")
+        }
+    }
+
+    /// After a send: the modules that did not return from this event within the event
+    /// deadline (they are now stuck) make it fail with `deadline_exceeded`.
+    func checkNotStuck(in event: String, to module: String?) throws(DaemonError) {
+        let names = module.map { [$0] } ?? host.runningModuleNames
+        let stuck = names.filter { workers.stuck(module: $0)?.what == event }
+        guard !stuck.isEmpty else { return }
+        throw DaemonError(code: "deadline_exceeded",
+                          message: "module \(stuck.joined(separator: ", ")) did not finish event \(event) within the event deadline of \(configuration.eventDeadline.secondsText); it is shown as stuck and gets no more events until it returns")
+    }
+
+    /// Runs a call by name on the plugin's call worker, never on this actor, for at most
+    /// the request deadline. A plugin whose previous call overran gets no new call.
+    func callOffActor(plugin: String, function: String, _ body: @escaping @Sendable () throws(CallError) -> CallValue)
+        async throws(DaemonError) -> Result<CallValue, CallError>
+    {
+        let worker = workers.calls(plugin: plugin)
+        if let stuck = worker.stuck {
+            throw DaemonError(code: "plugin_busy",
+                              message: "plugin \(plugin) is busy: \(stuck.what) has been running for \(stuck.elapsed.secondsText); it gets no new call until that returns")
+        }
+        let deadline = configuration.requestDeadline
+        let outcome = await withDeadline(deadline) {
+            await worker.run("call \(function)", deadline: deadline) { () -> Result<CallValue, CallError> in
+                do throws(CallError) {
+                    return .success(try body())
+                } catch {
+                    return .failure(error)
+                }
+            }
+        }
+        guard let outcome else {
+            throw DaemonError(code: "deadline_exceeded",
+                              message: "call \(plugin).\(function) did not return within the request deadline of \(deadline.secondsText); the plugin gets no new call until it does")
+        }
+        return outcome
+    }
+
+    /// Closes the control socket and stops the modules, then waits for the C callbacks and
+    /// calls still queued, all within the shutdown budget. False when the budget ran out:
+    /// what still runs is logged by name (the caller exits 1).
+    func stopWithinBudget() async -> Bool {
+        let budget = configuration.shutdownBudget
+        let clock = ContinuousClock()
+        let started = clock.now
+        let server = server
+        let stopped = await withDeadline(budget) { [host] in
+            await server?.stop()
+            await host.shutdown()
+            return true
+        }
+        // C callbacks still queued or running (a deinit, a destroy, a call) get what is left.
+        while stopped != nil, !(workers.busyModules.isEmpty && workers.busyCalls.isEmpty), clock.now - started < budget {
+            try? await Task.sleep(for: .milliseconds(10))
+        }
+        let busy = workers.busyModules.map { "module \($0.module) (in \($0.busy.what) for \($0.busy.elapsed.secondsText))" }
+            + workers.busyCalls.map { "plugin \($0.plugin) (in \($0.busy.what) for \($0.busy.elapsed.secondsText))" }
+        let unfinished = stopped == nil ? host.runningModuleNames.map { "module \($0) (not yet deinitialized)" } : []
+        let remaining = busy + unfinished.filter { line in !busy.contains { $0.hasPrefix(line.prefix { $0 != "(" }) } }
+        guard remaining.isEmpty else {
+            logger.error("the shutdown budget of \(budget.secondsText) ran out; exiting with modules still running: \(remaining.joined(separator: ", "))",
+                         [("budget", budget.secondsText)])
+            return false
+        }
+        logger.info("stopped")
+        return true
+    }
+}
+
+extension Duration {
+    /// Seconds with up to one decimal, for messages: "0.5 s", "30 s".
+    var secondsText: String {
+        let tenths = (seconds * 10).rounded() / 10
+        return tenths == tenths.rounded() ? "\(Int(tenths)) s" : "\(tenths) s"
+    }
+}

@@ -1,0 +1,202 @@
+import Dispatch
+import Synchronization
+
+/// Where plugin code that the host cannot interrupt runs: one serial queue, its own thread
+/// while a job runs (libdispatch gives a blocked serial queue a thread of its own, never
+/// one of Swift concurrency's cooperative threads), so a C function that never returns
+/// holds this worker and nothing else.
+///
+/// Jobs run one at a time, in submission order. Each job has a deadline; a job still
+/// running past it makes the worker *stuck* (`stuck`), which callers use to give it no
+/// more work until it returns. A C call cannot be preempted: the thread stays where the
+/// plugin left it, the caller does not.
+final class PluginWorker: Sendable {
+    /// What the worker is for, e.g. "module hang" or "plugin Spin" (log lines).
+    let label: String
+    private let queue: DispatchQueue
+    private let current = Mutex<Running?>(nil)
+
+    struct Running: Sendable {
+        var what: String
+        var since: ContinuousClock.Instant
+        var deadline: Duration
+    }
+
+    /// What a stuck worker is doing and for how long.
+    struct Stuck: Sendable, Equatable {
+        var what: String
+        var elapsed: Duration
+    }
+
+    init(label: String) {
+        self.label = label
+        queue = DispatchQueue(label: "modhostd.worker." + label)
+    }
+
+    /// The job running past its deadline, if any.
+    var stuck: Stuck? {
+        current.withLock { running in
+            guard let running else { return nil }
+            let elapsed = ContinuousClock.now - running.since
+            return elapsed > running.deadline ? Stuck(what: running.what, elapsed: elapsed) : nil
+        }
+    }
+
+    /// The job running now, whether or not it is past its deadline.
+    var busy: Stuck? {
+        current.withLock { running in running.map { Stuck(what: $0.what, elapsed: ContinuousClock.now - $0.since) } }
+    }
+
+    /// Queues `job` (named `what` in `stuck`) and returns at once.
+    func submit(_ what: String, deadline: Duration, _ job: @escaping @Sendable () -> Void) {
+        queue.async { [self] in
+            current.withLock { $0 = Running(what: what, since: .now, deadline: deadline) }
+            job()
+            current.withLock { $0 = nil }
+        }
+    }
+
+    /// Runs `job` and waits for it up to `deadline`, blocking the calling thread: its
+    /// result, or nil when it did not finish in time (it goes on running; the worker is
+    /// then stuck). For synchronous callers that must not wait longer than the deadline.
+    func run<T: Sendable>(_ what: String, deadline: Duration, _ job: @escaping @Sendable () -> T) -> T? {
+        let result = FirstResult<T>()
+        let done = DispatchSemaphore(value: 0)
+        submit(what, deadline: deadline) {
+            result.finish(job())
+            done.signal()
+        }
+        guard done.wait(timeout: .now() + deadline.dispatchInterval) == .success else { return nil }
+        return result.value
+    }
+
+    /// Runs `job` and suspends (without holding a thread) until it returns, however long
+    /// that takes. Callers race it against their own deadline (see `withDeadline`).
+    func run<T: Sendable>(_ what: String, deadline: Duration, _ job: @escaping @Sendable () -> T) async -> T {
+        await withCheckedContinuation { continuation in
+            submit(what, deadline: deadline) { continuation.resume(returning: job()) }
+        }
+    }
+}
+
+/// Every worker of one daemon (or one plugin loader): the C modules' workers by module
+/// name, and the workers that run calls by name, by plugin name. Thread-safe.
+public final class PluginWorkers: Sendable {
+    private struct State {
+        var modules: [String: [ObjectIdentifier: PluginWorker]] = [:]
+        var calls: [String: PluginWorker] = [:]
+    }
+    private let state = Mutex(State())
+
+    public init() {}
+
+    /// Adds the worker of one instance of module `name` (a module being replaced has two).
+    func register(module name: String, _ worker: PluginWorker) {
+        state.withLock { $0.modules[name, default: [:]][ObjectIdentifier(worker)] = worker }
+    }
+
+    /// Removes it once the instance is destroyed.
+    func unregister(module name: String, _ worker: PluginWorker) {
+        state.withLock { state in
+            state.modules[name]?[ObjectIdentifier(worker)] = nil
+            if state.modules[name]?.isEmpty == true { state.modules[name] = nil }
+        }
+    }
+
+    /// What module `name` is stuck in, if one of its instances is stuck.
+    func stuck(module name: String) -> PluginWorker.Stuck? {
+        state.withLock { $0.modules[name]?.values.compactMap(\.stuck).max { $0.elapsed < $1.elapsed } }
+    }
+
+    /// Every module still running a callback, with what it runs: named in the log when the
+    /// shutdown budget runs out.
+    var busyModules: [(module: String, busy: PluginWorker.Stuck)] {
+        state.withLock { state in
+            state.modules.sorted { $0.key < $1.key }.flatMap { name, workers in
+                workers.values.compactMap(\.busy).map { (name, $0) }
+            }
+        }
+    }
+
+    /// Every plugin still running a call by name.
+    var busyCalls: [(plugin: String, busy: PluginWorker.Stuck)] {
+        state.withLock { state in
+            state.calls.sorted { $0.key < $1.key }.compactMap { name, worker in worker.busy.map { (name, $0) } }
+        }
+    }
+
+    /// The worker that runs calls by name into `plugin`, made on first use.
+    func calls(plugin: String) -> PluginWorker {
+        state.withLock { state in
+            if let worker = state.calls[plugin] { return worker }
+            let worker = PluginWorker(label: "calls." + plugin)
+            state.calls[plugin] = worker
+            return worker
+        }
+    }
+}
+
+/// Runs `operation` in a task of its own and returns its result, or nil once `deadline`
+/// has passed first; the operation then goes on in the background (its result dropped).
+/// The caller never waits longer than the deadline, whatever the operation waits on.
+func withDeadline<T: Sendable>(_ deadline: Duration, _ operation: @escaping @Sendable () async -> T) async -> T? {
+    let race = FirstResult<T?>()
+    Task { race.finish(await operation()) }
+    DispatchQueue.global().asyncAfter(deadline: .now() + deadline.dispatchInterval) { race.finish(nil) }
+    return await race.wait() ?? nil
+}
+
+/// The first of several values offered from any thread; later ones are dropped.
+final class FirstResult<T: Sendable>: Sendable {
+    private enum State {
+        case pending([CheckedContinuation<T, Never>])
+        case decided(T)
+    }
+    private let state = Mutex(State.pending([]))
+
+    /// Records `value` unless one was recorded before, and wakes the waiters.
+    func finish(_ value: T) {
+        let waiters = state.withLock { state -> [CheckedContinuation<T, Never>] in
+            guard case .pending(let waiters) = state else { return [] }
+            state = .decided(value)
+            return waiters
+        }
+        for waiter in waiters { waiter.resume(returning: value) }
+    }
+
+    /// The recorded value, if any.
+    var value: T? {
+        state.withLock { if case .decided(let value) = $0 { value } else { nil } }
+    }
+
+    /// Suspends until a value is recorded and returns it.
+    func wait() async -> T {
+        await withCheckedContinuation { continuation in
+            let decided = state.withLock { state -> T? in
+                switch state {
+                case .decided(let value): return value
+                case .pending(let waiters):
+                    state = .pending(waiters + [continuation])
+                    return nil
+                }
+            }
+            if let decided { continuation.resume(returning: decided) }
+        }
+    }
+}
+
+extension Duration {
+    /// The same span for `DispatchTime` arithmetic (nanosecond precision).
+    var dispatchInterval: DispatchTimeInterval {
+        let (seconds, attoseconds) = components
+        let nanoseconds = seconds.multipliedReportingOverflow(by: 1_000_000_000)
+        guard !nanoseconds.overflow else { return .never }
+        return .nanoseconds(Int(clamping: nanoseconds.partialValue + attoseconds / 1_000_000_000))
+    }
+
+    /// Seconds as a Double, for replies and log lines.
+    var seconds: Double {
+        let (seconds, attoseconds) = components
+        return Double(seconds) + Double(attoseconds) / 1e18
+    }
+}
