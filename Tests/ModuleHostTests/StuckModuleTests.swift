@@ -210,6 +210,44 @@ import TestSupport
         #expect(h.daemon.text.contains("event deinit (alive)"))
     }
 
+    @Test func disableRepliesWithinTheRequestDeadlineWhileAModuleHoldsItsUnload() async throws {
+        let scratch = TemporaryDirectory("stuck-disable")
+        let plugin = try Self.plugin("Leaver", modules: ["leaver"], hangOn: ["willUnload"], in: scratch.path)
+        let h = try Harness([], files: [plugin], arguments: ["--event-deadline", "5", "--request-deadline", "1", "--shutdown-budget", "2"])
+        #expect(await h.waitFor("control socket ready"), "\(h.daemon.text)")
+        let clock = ContinuousClock()
+        let started = clock.now
+        let disable = try h.ctl("disable", "leaver")
+        #expect(clock.now - started < .seconds(4), "disable took \(clock.now - started)")
+        #expect(disable.status == 1)
+        #expect(disable.standardError.contains("deadline_exceeded"), "\(disable.standardError)")
+        let (answered, slowest) = try await Self.listUntil(h.socket, limit: Self.listLimit) { rows in
+            rows["leaver"]?["state"] as? String == "disabled"
+        }
+        #expect(answered)
+        #expect(slowest < Self.listLimit, "list took \(slowest) during an update")
+        h.daemon.send(SIGTERM)
+        #expect(await h.daemon.wait(timeout: .seconds(30)) == 1)
+        #expect(h.daemon.text.contains("module leaver (in willUnload"), "\(h.daemon.text)")
+    }
+
+    @Test func manyModulesHangingInWillTerminateFitTheShutdownBudget() async throws {
+        let scratch = TemporaryDirectory("stuck-shutdown")
+        let names = ["slow1", "slow2", "slow3", "slow4"]
+        let plugin = try Self.plugin("Slow", modules: names, hangOn: ["willTerminate"], in: scratch.path)
+        let h = try Harness([], files: [plugin], arguments: ["--event-deadline", "2", "--shutdown-budget", "3"])
+        #expect(await h.waitFor("started 4 modules"), "\(h.daemon.text)")
+        let clock = ContinuousClock()
+        let started = clock.now
+        h.daemon.send(SIGTERM)
+        let exit = await h.daemon.wait(timeout: .seconds(60))
+        let took = clock.now - started
+        #expect(took < .seconds(8), "shutdown took \(took) with a budget of 3 s")
+        #expect(exit == 1)
+        let line = h.daemon.text.split(separator: "\n").first { $0.contains("shutdown budget of 3 s ran out") } ?? ""
+        for name in names { #expect(line.contains("module \(name) "), "\(line)") }
+    }
+
     @Test func aSecondSignalDuringAStuckShutdownEndsTheDaemonAtOnce() async throws {
         let scratch = TemporaryDirectory("second-signal")
         let plugin = try Self.plugin("Lingers", modules: ["lingers"], hangOn: ["willTerminate"], in: scratch.path)
