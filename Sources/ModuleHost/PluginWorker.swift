@@ -83,29 +83,32 @@ final class PluginWorker: Sendable {
 /// name, and the workers that run calls by name, by plugin name. Thread-safe.
 public final class PluginWorkers: Sendable {
     private struct State {
-        var modules: [String: [ObjectIdentifier: PluginWorker]] = [:]
+        /// By module name, in registration order: the last one is the current instance.
+        var modules: [String: [PluginWorker]] = [:]
         var calls: [String: PluginWorker] = [:]
     }
     private let state = Mutex(State())
 
     public init() {}
 
-    /// Adds the worker of one instance of module `name` (a module being replaced has two).
+    /// Adds the worker of a new instance of module `name`, which becomes its current one
+    /// (the instance it replaces keeps its worker until it is destroyed).
     func register(module name: String, _ worker: PluginWorker) {
-        state.withLock { $0.modules[name, default: [:]][ObjectIdentifier(worker)] = worker }
+        state.withLock { $0.modules[name, default: []].append(worker) }
     }
 
     /// Removes it once the instance is destroyed.
     func unregister(module name: String, _ worker: PluginWorker) {
         state.withLock { state in
-            state.modules[name]?[ObjectIdentifier(worker)] = nil
+            state.modules[name]?.removeAll { $0 === worker }
             if state.modules[name]?.isEmpty == true { state.modules[name] = nil }
         }
     }
 
-    /// What module `name` is stuck in, if one of its instances is stuck.
+    /// What the current instance of module `name` is stuck in, if it is. (A replaced or
+    /// removed instance stuck in its willUnload does not make its successor stuck.)
     func stuck(module name: String) -> PluginWorker.Stuck? {
-        state.withLock { $0.modules[name]?.values.compactMap(\.stuck).max { $0.elapsed < $1.elapsed } }
+        state.withLock { $0.modules[name]?.last?.stuck }
     }
 
     /// Every module still running a callback, with what it runs: named in the log when the
@@ -113,7 +116,7 @@ public final class PluginWorkers: Sendable {
     var busyModules: [(module: String, busy: PluginWorker.Stuck)] {
         state.withLock { state in
             state.modules.sorted { $0.key < $1.key }.flatMap { name, workers in
-                workers.values.compactMap(\.busy).map { (name, $0) }
+                workers.compactMap(\.busy).map { (name, $0) }
             }
         }
     }

@@ -226,6 +226,12 @@ import TestSupport
         }
         #expect(answered)
         #expect(slowest < Self.listLimit, "list took \(slowest) during an update")
+        // Enabled again: a new instance, not stuck because its predecessor still is.
+        #expect(try h.ctl("enable", "leaver").status == 0)
+        #expect(Self.rows(try Self.timedList(h.socket).reply)["leaver"]?["state"] as? String == "running")
+        let hello = try h.ctl("send", "hello", "--to", "leaver")
+        #expect(hello.status == 0, "\(hello.standardError)")
+        #expect(await h.waitFor("event hello (alive)"))
         h.daemon.send(SIGTERM)
         #expect(await h.daemon.wait(timeout: .seconds(30)) == 1)
         #expect(h.daemon.text.contains("module leaver (in willUnload"), "\(h.daemon.text)")
