@@ -71,6 +71,29 @@ struct HostInstanceTests {
             """)
     }
 
+    // The registered modules as of the last update, readable from any thread without
+    // waiting for the instance: what a control plane shows while an update waits on a module.
+    @Test(.timeLimit(.minutes(1)))
+    func theRegisteredSnapshotIsReadableWhileAnUpdateWaitsOnAModule() async {
+        let recorder = Recorder()
+        let gate = Gate()
+        let host = makeHost()
+        await host.add([
+            probe("a", order: 0, recorder: recorder, behavior: ProbeBehavior(blockOn: ["willUnload"], gate: gate)),
+            probe("b", order: 1, recorder: recorder),
+        ])
+        #expect(host.registeredModulesSnapshot == (await host.registeredModules()))
+        let removal = Task { await host.remove(moduleNamed: ["a"]) }
+        await recorder.wait { $0.contains("a.willUnload") }
+        // The update is suspended inside a's handler; the snapshot still answers at once.
+        #expect(host.registeredModulesSnapshot.map(\.name) == ["a", "b"])
+        #expect(host.registeredModulesSnapshot.allSatisfy { $0.running })
+        gate.open()
+        await removal.value
+        #expect(host.registeredModulesSnapshot.map(\.name) == ["b"])
+        #expect(host.registeredModulesSnapshot == (await host.registeredModules()))
+    }
+
     // "errors they report are logged with the module's name": the logger a module gets
     // carries its name and the instance's.
     @Test func aModuleLoggerCarriesTheModuleAndInstanceNames() {
