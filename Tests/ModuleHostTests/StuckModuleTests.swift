@@ -91,6 +91,15 @@ import TestSupport
         return (false, slowest)
     }
 
+    /// Sends SIGTERM and waits for the daemon to end: its exit status and how long it took.
+    static func terminate(_ h: Harness) async -> (exit: Int32, took: Duration) {
+        let clock = ContinuousClock()
+        let started = clock.now
+        h.daemon.send(SIGTERM)
+        let exit = await h.daemon.wait(timeout: .seconds(60))
+        return (exit, clock.now - started)
+    }
+
     /// The figure: `list` answers within 100 ms while a module is stuck. A loaded
     /// 2-core machine (other suites, other worktrees building) is allowed a bit more.
     static let listLimit = Duration.milliseconds(ProcessInfo.processInfo.environment["CI"] == nil ? 250 : 100)
@@ -130,11 +139,7 @@ import TestSupport
         #expect(status.status == 0)
 
         // SIGTERM ends the daemon within the budget, naming the stuck module.
-        let clock = ContinuousClock()
-        let started = clock.now
-        h.daemon.send(SIGTERM)
-        let exit = await h.daemon.wait(timeout: .seconds(30))
-        let took = clock.now - started
+        let (exit, took) = await Self.terminate(h)
         #expect(took < .seconds(15), "shutdown took \(took)")
         #expect(exit == 1, "exit status \(exit)")
         #expect(h.daemon.text.contains("shutdown budget"), "\(h.daemon.text)")
@@ -243,11 +248,7 @@ import TestSupport
         let plugin = try Self.plugin("Slow", modules: names, hangOn: ["willTerminate"], in: scratch.path)
         let h = try Harness([], files: [plugin], arguments: ["--event-deadline", "2", "--shutdown-budget", "3"])
         #expect(await h.waitFor("started 4 modules"), "\(h.daemon.text)")
-        let clock = ContinuousClock()
-        let started = clock.now
-        h.daemon.send(SIGTERM)
-        let exit = await h.daemon.wait(timeout: .seconds(60))
-        let took = clock.now - started
+        let (exit, took) = await Self.terminate(h)
         #expect(took < .seconds(8), "shutdown took \(took) with a budget of 3 s")
         #expect(exit == 1)
         let line = h.daemon.text.split(separator: "\n").first { $0.contains("shutdown budget of 3 s ran out") } ?? ""
