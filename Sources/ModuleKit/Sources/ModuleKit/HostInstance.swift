@@ -430,8 +430,9 @@ public actor HostInstance {
 
     /// Every registered module, running or not (e.g. disabled), sorted by order then name.
     public func registeredModules() -> [ModuleStatus] {
-        factories.values
-            .map { status(of: $0, running: moduleManager.slot(named: $0.name) != nil) }
+        let running = Set(moduleManager.moduleNames)
+        return factories.values
+            .map { status(of: $0, running: running.contains($0.name)) }
             .sorted { ($0.order, $0.name) < ($1.order, $1.name) }
     }
 
@@ -512,11 +513,16 @@ public actor HostInstance {
     private func endUpdate(establishesReadiness: Bool = true) {
         moduleManager.updateDepth -= 1
         publishRunningNames()
-        let registered = registeredModules()
-        registeredSnapshot.withLock { $0 = registered }
+        // The snapshot is for control planes: made after the observers ran, off their path.
+        defer { publishRegisteredModules() }
         guard moduleManager.updateDepth == 0 else { return }
         if establishesReadiness { moduleManager.hasBeenReady = true }
         moduleManager.notifyObservers()
+    }
+
+    private func publishRegisteredModules() {
+        let registered = registeredModules()
+        registeredSnapshot.withLock { $0 = registered }
     }
 
     /// Copies the running names to the thread-safe snapshot when they changed. Called
