@@ -12,7 +12,7 @@ SWIFTFLAGS ?= $(if $(CI),-Xswiftc -warnings-as-errors,)
 
 PLUGINS := $(patsubst Plugins/%/Makefile,%,$(wildcard Plugins/*/Makefile))
 
-.PHONY: all help deps swift-build build sdk plugins test run bench install clean
+.PHONY: all help deps swift-build build sdk plugins test run bench install clean fuzz fuzz-build fuzz-smoke
 all: plugins
 
 help:
@@ -20,6 +20,7 @@ help:
 	@echo "make run        build, then run modhostd on build/plugins (Ctrl-C stops it)"
 	@echo "make test       build, then run every test"
 	@echo "make bench      build in release mode and write build/bench/results.json"
+	@echo "make fuzz       run every libFuzzer target FUZZ_SECONDS (default 300) each; crash inputs in build/fuzz/crashes"
 	@echo "make install    install into PREFIX (default /usr/local)"
 	@echo "make clean      remove build/ and .build/"
 
@@ -79,8 +80,33 @@ plugin-Welcome: plugin-Greeting
 # Serially: many tests run real processes (modhostd, modhostctl, make, cc) and wait for
 # them; run side by side on two cores, those waits starve the concurrency pool that
 # deadline-based tests in the same process need (~30 s either way).
+# The fuzz smoke run (about a minute) comes last and fails the run on a crash.
 test: plugins
 	MODHOST_BUILD=$(BUILD) $(SWIFT) test -c $(CONFIG) --skip-build --no-parallel
+	@$(MAKE) --no-print-directory fuzz-smoke
+
+# libFuzzer targets (Tests/Fuzzing), built with the toolchain's own libFuzzer and
+# AddressSanitizer runtimes in a build directory of their own. Optimized, since that
+# keeps Swift's overflow and bounds traps and runs several times more inputs a second.
+FUZZ_SECONDS ?= 300
+FUZZ_SMOKE_SECONDS ?= 15
+FUZZ_TARGETS ?= plugin-file manifest control-request configuration
+FUZZ_CONFIG ?= release
+FUZZ_SCRATCH := $(BUILD)/fuzz/.build
+fuzz-build: deps
+	@set -o pipefail; for target in $(FUZZ_TARGETS); do \
+	  MODHOST_FUZZ=1 $(SWIFT) build -c $(FUZZ_CONFIG) --scratch-path $(FUZZ_SCRATCH) --sanitize=fuzzer --sanitize=address \
+	    --product fuzz-$$target 2>&1 | grep -v "Cannot export local symbol" || exit 1; \
+	done
+
+FUZZ_RUN = FUZZ_BIN=$$(MODHOST_FUZZ=1 $(SWIFT) build -c $(FUZZ_CONFIG) --scratch-path $(FUZZ_SCRATCH) --show-bin-path) \
+	FUZZ_OUT=$(BUILD)/fuzz Tests/Fuzzing/run-fuzzers
+
+fuzz: fuzz-build
+	$(FUZZ_RUN) $(FUZZ_SECONDS) long $(FUZZ_TARGETS)
+
+fuzz-smoke: fuzz-build
+	$(FUZZ_RUN) $(FUZZ_SMOKE_SECONDS) smoke $(FUZZ_TARGETS)
 
 run: plugins
 	$(BUILD)/bin/modhostd --plugins $(BUILD)/plugins --state-dir $(BUILD)/state --socket $(BUILD)/modhostd.sock

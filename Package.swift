@@ -75,3 +75,22 @@ let package = Package(
             swiftSettings: swift6),
     ]
 )
+
+// Fuzz targets (Tests/Fuzzing, run by `make fuzz`): declared only when the Makefile asks
+// for them, because they link libFuzzer's `main` and so build only with
+// `swift build --sanitize=fuzzer`.
+if Context.environment["MODHOST_FUZZ"] == "1" {
+    package.targets.append(.target(
+        name: "FuzzSupport", dependencies: ["PluginFormat"], path: "Tests/Fuzzing/Support", swiftSettings: swift6))
+    let fuzzTargets: [(name: String, dependencies: [Target.Dependency])] = [
+        ("fuzz-plugin-file", ["ModuleHost", "PluginFormat", .product(name: "ModuleKit", package: "ModuleKit")]),
+        ("fuzz-manifest", ["PluginFormat"]),
+        ("fuzz-control-request", ["ModuleHost", "DaemonKit", "PluginCall", .product(name: "ModuleKit", package: "ModuleKit")]),
+        ("fuzz-configuration", ["ModuleHost"]),
+    ]
+    for target in fuzzTargets {
+        package.targets.append(.executableTarget(
+            name: target.name, dependencies: target.dependencies + ["FuzzSupport"],
+            path: "Tests/Fuzzing/Targets/\(target.name)", swiftSettings: swift6))
+    }
+}
