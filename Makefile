@@ -93,13 +93,17 @@ FUZZ_SMOKE_SECONDS ?= 15
 FUZZ_TARGETS ?= plugin-file manifest control-request configuration
 FUZZ_CONFIG ?= release
 FUZZ_SCRATCH := $(BUILD)/fuzz/.build
+# `--sanitize=fuzzer` keeps SwiftPM from renaming `main`, which libFuzzer provides; the
+# -Xswiftc flag instruments every Swift module (two --sanitize options reach the compiler
+# as the last one only).
+FUZZ_SWIFT_BUILD = MODHOST_FUZZ=1 $(SWIFT) build -c $(FUZZ_CONFIG) --scratch-path $(FUZZ_SCRATCH) \
+	--sanitize=fuzzer -Xswiftc -sanitize=fuzzer,address
 fuzz-build: deps
 	@set -o pipefail; for target in $(FUZZ_TARGETS); do \
-	  MODHOST_FUZZ=1 $(SWIFT) build -c $(FUZZ_CONFIG) --scratch-path $(FUZZ_SCRATCH) --sanitize=fuzzer --sanitize=address \
-	    --product fuzz-$$target 2>&1 | grep -v "Cannot export local symbol" || exit 1; \
+	  $(FUZZ_SWIFT_BUILD) --product fuzz-$$target 2>&1 | grep -v "Cannot export local symbol" || exit 1; \
 	done
 
-FUZZ_RUN = FUZZ_BIN=$$(MODHOST_FUZZ=1 $(SWIFT) build -c $(FUZZ_CONFIG) --scratch-path $(FUZZ_SCRATCH) --show-bin-path) \
+FUZZ_RUN = FUZZ_BIN=$$($(FUZZ_SWIFT_BUILD) --show-bin-path) \
 	FUZZ_OUT=$(BUILD)/fuzz Tests/Fuzzing/run-fuzzers
 
 fuzz: fuzz-build
