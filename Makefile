@@ -97,7 +97,7 @@ FUZZ_SCRATCH := $(BUILD)/fuzz/.build
 # -Xswiftc flag instruments every Swift module (two --sanitize options reach the compiler
 # as the last one only).
 FUZZ_SWIFT_BUILD = MODHOST_FUZZ=1 $(SWIFT) build -c $(FUZZ_CONFIG) --scratch-path $(FUZZ_SCRATCH) \
-	--sanitize=fuzzer -Xswiftc -sanitize=fuzzer,address
+	--sanitize=fuzzer -Xswiftc -sanitize=fuzzer,address $(SWIFTFLAGS)
 fuzz-build: deps
 	@set -o pipefail; for target in $(FUZZ_TARGETS); do \
 	  $(FUZZ_SWIFT_BUILD) --product fuzz-$$target 2>&1 | grep -v "Cannot export local symbol" || exit 1; \
