@@ -25,8 +25,9 @@ public func fuzzCheck(_ condition: Bool, _ message: @autoclosure () -> String) {
 
 /// A file of this process that fuzz targets write each input to, for code that reads
 /// from a path (the validator, the configuration loader). One per target process, in
-/// a new directory under `$TMPDIR` (or /tmp); `make fuzz` points `TMPDIR` at a directory
-/// in memory (/dev/shm) when it can, since each input is written once, and removes it.
+/// a new directory under `$TMPDIR` (or /tmp), removed when the process exits normally;
+/// `make fuzz` points `TMPDIR` at a directory in memory (/dev/shm) when it can, since
+/// each input is written once.
 public final class ScratchFile: Sendable {
     public let path: String
     private let descriptor: Int32
@@ -38,6 +39,20 @@ public final class ScratchFile: Sendable {
         path = String(cString: made) + "/" + name
         descriptor = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
         guard descriptor >= 0 else { fatalError("cannot create \(path)") }
+        let file = path
+        scratchFiles.withLock { files in
+            if files.isEmpty {
+                atexit {
+                    scratchFiles.withLock { files in
+                        for file in files {
+                            unlink(file)
+                            rmdir(String(file[..<file.lastIndex(of: "/")!]))
+                        }
+                    }
+                }
+            }
+            files.append(file)
+        }
     }
 
     /// Replaces the file's contents with `bytes`.
@@ -51,6 +66,9 @@ public final class ScratchFile: Sendable {
         fuzzCheck(ftruncate(descriptor, off_t(bytes.count)) == 0, "cannot truncate \(path)")
     }
 }
+
+/// Every `ScratchFile` path, removed at exit.
+private let scratchFiles = Mutex<[String]>([])
 
 /// Runs `body` and waits for its result. It starts on the calling thread and finishes
 /// there unless it suspends (a hop to the concurrency pool and back costs milliseconds on
