@@ -83,7 +83,8 @@ plugin-Welcome: plugin-Greeting
 # The fuzz smoke run (about a minute) comes last and fails the run on a crash.
 test: plugins
 	MODHOST_BUILD=$(BUILD) $(SWIFT) test -c $(CONFIG) --skip-build --no-parallel
-	@$(MAKE) --no-print-directory fuzz-smoke
+	@$(FUZZ_BUILD_STEPS)
+	$(FUZZ_RUN) $(FUZZ_SMOKE_SECONDS) smoke $(FUZZ_TARGETS)
 
 # libFuzzer targets (Tests/Fuzzing), built with the toolchain's own libFuzzer and
 # AddressSanitizer runtimes in a build directory of their own. Optimized, since that
@@ -98,10 +99,11 @@ FUZZ_SCRATCH := $(BUILD)/fuzz/.build
 # as the last one only).
 FUZZ_SWIFT_BUILD = MODHOST_FUZZ=1 $(SWIFT) build -c $(FUZZ_CONFIG) --scratch-path $(FUZZ_SCRATCH) \
 	--sanitize=fuzzer -Xswiftc -sanitize=fuzzer,address $(SWIFTFLAGS)
-fuzz-build: deps
-	@set -o pipefail; for target in $(FUZZ_TARGETS); do \
+FUZZ_BUILD_STEPS = set -o pipefail; for target in $(FUZZ_TARGETS); do \
 	  $(FUZZ_SWIFT_BUILD) --product fuzz-$$target 2>&1 | grep -v "Cannot export local symbol" || exit 1; \
 	done
+fuzz-build: deps
+	@$(FUZZ_BUILD_STEPS)
 
 FUZZ_RUN = FUZZ_BIN=$$($(FUZZ_SWIFT_BUILD) --show-bin-path) \
 	FUZZ_OUT=$(BUILD)/fuzz Tests/Fuzzing/run-fuzzers
