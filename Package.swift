@@ -83,7 +83,7 @@ if Context.environment["MODHOST_FUZZ"] == "1" {
     package.targets.append(.target(
         name: "FuzzSupport", dependencies: ["PluginFormat"], path: "Tests/Fuzzing/Support", swiftSettings: swift6))
     let fuzzTargets: [(name: String, dependencies: [Target.Dependency])] = [
-        ("fuzz-plugin-file", ["ModuleHost", "PluginFormat", .product(name: "ModuleKit", package: "ModuleKit")]),
+        ("fuzz-plugin-file", ["ModuleHost", "PluginFormat"]),
         ("fuzz-manifest", ["PluginFormat"]),
         ("fuzz-control-request", ["ModuleHost", "DaemonKit", "PluginCall", .product(name: "ModuleKit", package: "ModuleKit")]),
         ("fuzz-configuration", ["ModuleHost"]),
