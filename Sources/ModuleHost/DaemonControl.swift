@@ -132,7 +132,7 @@ public struct ReloadSummary: Codable, Sendable, Equatable {
 /// for people.
 public struct DaemonError: Error, Sendable, Equatable, CustomStringConvertible {
     /// e.g. "unknown_module", "unknown_plugin", "unknown_function", "invalid_arguments",
-    /// "call_failed", "invalid_configuration", "shutting_down", "reserved_event",
+    /// "call_failed", "invalid_configuration", "reserved_event",
     /// "module_stuck", "plugin_busy", "deadline_exceeded".
     public var code: String
     public var message: String

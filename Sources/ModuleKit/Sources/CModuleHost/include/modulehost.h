@@ -99,8 +99,10 @@ typedef struct modhost_module {
     /* MODHOST_MODULE_C only. Deliver an event: "init", "start", "deinit",
      * "configurationChanged" (payload: the new configuration), "willUnload",
      * "willTerminate", or a host-defined event or notification name. The strings are
-     * valid only during the call; payload_json may be NULL. Called on the host's
-     * serial context, never concurrently for one host instance. */
+     * valid only during the call; payload_json may be NULL. Called on the module
+     * instance's own worker thread, one call at a time, like create and destroy; calls
+     * into different modules overlap only after one overran its deadline (docs/abi.md,
+     * "Threading"). */
     void (*_Nullable handle_event)(void *_Nullable instance, const char *_Nonnull event, const char *_Nullable payload_json);
     /* MODHOST_MODULE_C only. Release the instance; called once, after "deinit". */
     void (*_Nullable destroy)(void *_Nullable instance);
