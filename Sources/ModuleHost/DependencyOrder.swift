@@ -11,7 +11,7 @@ public struct DependencyOrder: Sendable {
     /// `orderOverride` maps plugin names to configured orders.
     public init(_ candidates: [PluginFile], loaded: Set<String> = [], orderOverride: [String: Int] = [:]) {
         // A plugin name given twice: the first file keeps it, the others are refused.
-        var seen: [String: String] = [:]
+        var seen: [String: String] = .init(minimumCapacity: candidates.count)
         var plugins: [PluginFile] = []
         plugins.reserveCapacity(candidates.count)
         for plugin in candidates {

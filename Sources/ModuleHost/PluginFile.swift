@@ -33,12 +33,15 @@ public func pluginCandidates(in directory: String) throws(LoadFailure) -> [Strin
         }
         if isPluginFileName(name) { names.append(name) }
     }
-    return names.sorted().map { directory.hasSuffix("/") ? directory + $0 : directory + "/" + $0 }
+    names.sort()
+    let prefix = directory.hasSuffix("/") ? directory : directory + "/"
+    return names.map { prefix + $0 }
 }
 
 /// True for names the host treats as plugins: `*.so` that is not a dotfile or a
 /// temporary name.
 public func isPluginFileName(_ name: String) -> Bool {
-    name.hasSuffix(".so") && !name.hasPrefix(".") && !name.hasSuffix(".tmp") && !name.hasSuffix("~")
-        && !name.hasSuffix(".part")
+    // A name ending in ".so" cannot also end in ".tmp", "~" or ".part": those temporary
+    // names are refused by the first check.
+    name.hasSuffix(".so") && !name.hasPrefix(".")
 }

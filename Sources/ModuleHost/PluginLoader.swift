@@ -59,22 +59,24 @@ public struct PluginLoader: Sendable {
     public func validate(directories: [String], files: [String] = []) -> (valid: [PluginFile], refused: [LoadFailure]) {
         var valid: [PluginFile] = []
         var refused: [LoadFailure] = []
-        var candidates: [(path: String, directory: String?)] = files.map { ($0, nil) }
-        for directory in directories {
+        // Each candidate with the index of its directory in `directories` (nil when named directly).
+        var candidates: [(path: String, directory: Int?)] = files.map { ($0, nil) }
+        for (index, directory) in directories.enumerated() {
             do {
-                candidates += try pluginCandidates(in: directory).map { ($0, directory) }
+                candidates += try pluginCandidates(in: directory).map { ($0, index) }
             } catch {
                 refused.append(error)
             }
         }
-        var directoryStatus: [String: stat] = [:]
-        for directory in directories { directoryStatus[directory] = Validator.status(of: directory) }
-        var pluginNames: [String: String] = [:]
-        var moduleNames: [String: String] = [:]
+        let directoryStatus = directories.map(Validator.status(of:))
+        var pluginNames: [String: String] = .init(minimumCapacity: candidates.count)
+        var moduleNames: [String: String] = .init(minimumCapacity: candidates.count)
+        valid.reserveCapacity(candidates.count)
         for candidate in candidates {
             do throws(LoadFailure) {
                 let file = try validator.validate(
-                    candidate.path, in: candidate.directory, directoryStatus: candidate.directory.flatMap { directoryStatus[$0] })
+                    candidate.path, in: candidate.directory.map { directories[$0] },
+                    directoryStatus: candidate.directory.flatMap { directoryStatus[$0] })
                 if let other = pluginNames[file.name] {
                     throw LoadFailure(file: file.path, check: .duplicate, problem: "plugin name \(file.name) is already used by \(other)",
                                       fix: "remove one of the two files or rename one plugin")

@@ -8,14 +8,19 @@ public struct Validator: Sendable {
     /// Accept files and directories writable by others or owned by another user, with a
     /// warning (for development only).
     public var allowInsecure: Bool
-    /// The SDK plugins must match.
-    public var sdk: HostSDK
+    /// The SDK Swift plugins must match: the one given, else this process's
+    /// (`HostSDK.current`, found when the first Swift plugin is checked).
+    public var sdk: HostSDK {
+        get { givenSDK ?? .current }
+        set { givenSDK = newValue }
+    }
+    private var givenSDK: HostSDK?
     /// The user that may own plugin files besides root.
     public var trustedUID: uid_t
 
-    public init(allowInsecure: Bool = false, sdk: HostSDK = .current, trustedUID: uid_t = geteuid()) {
+    public init(allowInsecure: Bool = false, sdk: HostSDK? = nil, trustedUID: uid_t = geteuid()) {
         self.allowInsecure = allowInsecure
-        self.sdk = sdk
+        self.givenSDK = sdk
         self.trustedUID = trustedUID
     }
 
@@ -47,8 +52,15 @@ public struct Validator: Sendable {
 
         // File type and location: one open that does not follow a symlink answers both.
         var resolved = path
-        var opened = ReadOnlyFile.open(path, followSymlinks: false)
-        if case .failure(.cannotRead(_, ELOOP)) = opened {
+        let contents: ReadOnlyFile
+        func opened(_ result: Result<ReadOnlyFile, ELFError>) throws(LoadFailure) -> ReadOnlyFile {
+            switch result {
+            case .success(let value): return value
+            case .failure(let error): throw fail(.fileType, "\(error)", "check the path exists and is readable")
+            }
+        }
+        switch ReadOnlyFile.open(path, followSymlinks: false) {
+        case .failure(.cannotRead(_, ELOOP)):
             guard let target = realPath(path) else {
                 let target = symlinkTarget(path).map { " (to \($0))" } ?? ""
                 throw fail(.location, "symlink leads nowhere\(target)", "point the symlink at an existing plugin file or remove it")
@@ -58,13 +70,9 @@ public struct Validator: Sendable {
                 throw fail(.location, "symlink leads out of the plugin directory \(base) to \(target)",
                            "copy the plugin into the directory instead of linking to it")
             }
-            opened = ReadOnlyFile.open(target, followSymlinks: true)
-        }
-        let contents: ReadOnlyFile
-        switch opened {
-        case .success(let value): contents = value
-        case .failure(let error):
-            throw fail(.fileType, "\(error)", "check the path exists and is readable")
+            contents = try opened(ReadOnlyFile.open(target, followSymlinks: true))
+        case let result:
+            contents = try opened(result)
         }
         let file = contents.status
         guard file.st_mode & S_IFMT == S_IFREG else {
@@ -72,18 +80,17 @@ public struct Validator: Sendable {
                        "plugin directories may only hold plugin .so files")
         }
 
-        // Ownership and permissions (sudo/sshd style).
-        var checks = [(resolved, file)]
-        if let directory, let directoryStatus { checks.append((directory, directoryStatus)) }
-        for (what, status) in checks {
+        // Ownership and permissions (sudo/sshd style), of the file and of its directory.
+        func checkOwnership(_ what: String, _ status: stat) throws(LoadFailure) {
+            let writable = status.st_mode & 0o022 != 0, foreign = status.st_uid != 0 && status.st_uid != trustedUID
+            guard writable || foreign else { return }
             var problems: [String] = []
-            if status.st_mode & 0o022 != 0 {
+            if writable {
                 problems.append("\(what) is writable by \(status.st_mode & 0o002 != 0 ? "others" : "group") (mode \(String(status.st_mode & 0o7777, radix: 8)))")
             }
-            if status.st_uid != 0 && status.st_uid != trustedUID {
+            if foreign {
                 problems.append("\(what) is owned by uid \(status.st_uid), expected root or uid \(trustedUID)")
             }
-            guard !problems.isEmpty else { continue }
             let problem = problems.joined(separator: "; ")
             if !allowInsecure {
                 throw fail(.permissions, problem,
@@ -91,6 +98,8 @@ public struct Validator: Sendable {
             }
             warnings.append("insecure plugin accepted because of --allow-insecure-plugins: \(problem)")
         }
+        try checkOwnership(resolved, file)
+        if let directory, let directoryStatus { try checkOwnership(directory, directoryStatus) }
 
         // Size, then ELF structure.
         let image: ELFImage

@@ -30,12 +30,12 @@ public enum DynamicStringPatch {
         // dynamicEntries() checked each string offset lies inside the table.
         var patches: [(offset: Int, new: [UInt8])] = []
         var references: [Int] = []
-        for (tag, value) in entries where ELFImage.stringTags[tag] != nil {
+        for (tag, value) in entries where ELFImage.stringTagName(tag) != nil {
             references.append(Int(value))
             let name = names.cString(at: value)
             if (tag == 1 || tag == 14), let new = renames[name] { patches.append((Int(value), Array(new.utf8))) }
         }
-        if let symbols = image.sections.first(where: { $0.name == ".dynsym" }),
+        if let symbols = image.section(named: ".dynsym"),
            symbols.link == link {
             let entries = FileBytes(try image.bytes(of: symbols))
             var symbol = 24

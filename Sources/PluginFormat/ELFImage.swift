@@ -16,10 +16,14 @@ public struct ELFImage: Sendable {
     public let fileType: UInt16
     public let machine: UInt16
     public let programHeaders: [ProgramHeader]
-    public let sections: [Section]
-    /// Why the section headers could not be read (they are then empty), nil when they were.
+    /// Why the section headers could not be read (there are then none), nil when they were.
     public let sectionError: ELFError?
     private let source: ByteSource
+    /// The raw section header table (64 bytes an entry) and the section name table, both
+    /// checked to lie within the file; empty when `sectionError` is set. Sections are
+    /// decoded when asked for, so a lookup by name costs no strings.
+    private let sectionTable: FileBytes
+    private let sectionNames: FileBytes
 
     public struct ProgramHeader: Sendable, Equatable {
         public var type: UInt32
@@ -106,34 +110,63 @@ public struct ELFImage: Sendable {
         // They are not needed to judge the segments, so their absence is recorded rather
         // than thrown, and the segment check reports the truncation.
         do {
-            sections = try Self.readSections(header, source)
+            (sectionTable, sectionNames) = try Self.readSections(header, source)
             sectionError = nil
         } catch {
-            sections = []
+            (sectionTable, sectionNames) = (FileBytes([]), FileBytes([]))
             sectionError = error
         }
     }
 
-    private static func readSections(_ header: FileBytes, _ source: ByteSource) throws(ELFError) -> [Section] {
+    /// The section header table and the section name table, each checked to lie in the file.
+    private static func readSections(_ header: FileBytes, _ source: ByteSource) throws(ELFError) -> (table: FileBytes, names: FileBytes) {
         let shoff = header.u64(40), shentsize = UInt64(header.u16(58)), shnum = UInt64(header.u16(60))
         let shstrndx = Int(header.u16(62))
-        guard shoff != 0 && shnum != 0 else { return [] }
+        guard shoff != 0 && shnum != 0 else { return (FileBytes([]), FileBytes([])) }
         guard shentsize == 64 else { throw .malformed("section header entry size \(shentsize), expected 64") }
         let table = FileBytes(try source.read(FileArithmetic.range(
             "section headers", offset: shoff, size: shnum * 64, within: source.size)))
         guard shstrndx < Int(shnum) else { throw .malformed("section name table index \(shstrndx) out of range") }
         let namesHeader = shstrndx * 64
-        let nameBytes = FileBytes(try source.read(FileArithmetic.range(
+        let names = FileBytes(try source.read(FileArithmetic.range(
             "section name table", offset: table.u64(namesHeader + 24), size: table.u64(namesHeader + 32), within: source.size)))
-        var sections: [Section] = []
-        sections.reserveCapacity(Int(shnum))
-        for index in 0..<Int(shnum) {
-            let base = index * 64
-            sections.append(Section(
-                name: nameBytes.cString(at: UInt64(table.u32(base))), type: table.u32(base + 4), offset: table.u64(base + 24),
-                size: table.u64(base + 32), link: table.u32(base + 40)))
+        return (table, names)
+    }
+
+    /// Every section, in the order of the section header table (empty when `sectionError`
+    /// is set).
+    public var sections: [Section] { (0..<sectionCount).map(section(at:)) }
+
+    /// The number of entries in the section header table.
+    public var sectionCount: Int { sectionTable.count / 64 }
+
+    /// Section `index`, which must be below `sectionCount`.
+    func section(at index: Int) -> Section {
+        let base = index * 64
+        return Section(
+            name: sectionNames.cString(at: UInt64(sectionTable.u32(base))), type: sectionTable.u32(base + 4),
+            offset: sectionTable.u64(base + 24), size: sectionTable.u64(base + 32), link: sectionTable.u32(base + 40))
+    }
+
+    /// The first section called `name`, nil when there is none. Names are compared on the
+    /// bytes of the section name table, as `sections` would decode them.
+    public func section(named name: String) -> Section? {
+        var name = name
+        let count = sectionCount
+        let index = name.withUTF8 { wanted in
+            sectionTable.withUnsafeBytes { table in
+                sectionNames.withUnsafeBytes { names -> Int? in
+                    for index in 0..<count {
+                        // index * 64 + 4 <= table.count: the table holds `count` whole entries.
+                        let offset = Int(UInt32(littleEndian: table.loadUnaligned(fromByteOffset: index * 64, as: UInt32.self)))
+                        if FileBytes.isCString(wanted, at: offset, in: names) { return index }
+                    }
+                    return nil
+                }
+            }
         }
-        return sections
+        guard let index else { return nil }
+        return section(at: index)
     }
 
     /// True for a position-independent executable (ET_DYN with a program interpreter),
@@ -153,14 +186,14 @@ public struct ELFImage: Sendable {
     /// The contents of the section called `name`, nil when there is none. Throws when it
     /// lies outside the file.
     public func sectionContents(named name: String) throws(ELFError) -> [UInt8]? {
-        guard let section = sections.first(where: { $0.name == name }) else { return nil }
+        guard let section = section(named: name) else { return nil }
         return try contents(of: section)
     }
 
     /// The embedded manifest's bytes, nil when the file has no manifest section. Throws
     /// `tooLarge` past `PluginLimits.maximumManifestSize`, before reading it.
     public func manifestContents() throws(ELFError) -> [UInt8]? {
-        guard let section = sections.first(where: { $0.name == Self.manifestSection }) else { return nil }
+        guard let section = section(named: Self.manifestSection) else { return nil }
         guard section.size <= PluginLimits.maximumManifestSize else {
             throw .tooLarge(what: "manifest section \(Self.manifestSection)", size: section.size, limit: PluginLimits.maximumManifestSize)
         }
@@ -180,27 +213,28 @@ public struct ELFImage: Sendable {
 
     /// The string table `section` links to (its `sh_link`).
     func linkedSection(of section: Section) throws(ELFError) -> Section {
-        guard Int(section.link) < sections.count else {
-            throw .malformed("\(section.name) links to section \(section.link), the file has \(sections.count)")
+        guard Int(section.link) < sectionCount else {
+            throw .malformed("\(section.name) links to section \(section.link), the file has \(sectionCount)")
         }
-        return sections[Int(section.link)]
+        return self.section(at: Int(section.link))
     }
 
     /// The entries of the dynamic section as (tag, value) pairs up to DT_NULL, with its
     /// string table (section, index and bytes). Throws when an entry that names a string
     /// points outside the table.
     func dynamicEntries() throws(ELFError) -> (entries: [(tag: UInt64, value: UInt64)], strings: Section, link: UInt32, stringBytes: FileBytes)? {
-        guard let dynamic = sections.first(where: { $0.name == ".dynamic" }) else { return nil }
+        guard let dynamic = section(named: ".dynamic") else { return nil }
         let table = FileBytes(try bytes(of: dynamic))
         let strings = try linkedSection(of: dynamic)
         let stringBytes = FileBytes(try bytes(of: strings))
         var entries: [(tag: UInt64, value: UInt64)] = []
+        entries.reserveCapacity(table.count / 16)
         var base = 0
         while base + 16 <= table.count {
             let tag = table.u64(base), value = table.u64(base + 8)
             if tag == 0 { break }
-            if Self.stringTags[tag] != nil, value >= UInt64(stringBytes.count) {
-                throw .malformed("\(Self.stringTags[tag]!) entry names string offset \(value), the string table has \(stringBytes.count) bytes")
+            if let name = Self.stringTagName(tag), value >= UInt64(stringBytes.count) {
+                throw .malformed("\(name) entry names string offset \(value), the string table has \(stringBytes.count) bytes")
             }
             entries.append((tag, value))
             base += 16
@@ -208,8 +242,17 @@ public struct ELFImage: Sendable {
         return (entries, strings, dynamic.link, stringBytes)
     }
 
-    /// The dynamic entry tags whose value is an offset in the string table.
-    static let stringTags: [UInt64: String] = [1: "DT_NEEDED", 14: "DT_SONAME", 15: "DT_RPATH", 29: "DT_RUNPATH"]
+    /// The name of a dynamic entry tag whose value is an offset in the string table, nil
+    /// for the other tags.
+    static func stringTagName(_ tag: UInt64) -> String? {
+        switch tag {
+        case 1: "DT_NEEDED"
+        case 14: "DT_SONAME"
+        case 15: "DT_RPATH"
+        case 29: "DT_RUNPATH"
+        default: nil
+        }
+    }
 
     /// NEEDED, SONAME and RUNPATH/RPATH entries of the dynamic section.
     public func dynamicInfo() throws(ELFError) -> DynamicInfo {
@@ -231,7 +274,7 @@ public struct ELFImage: Sendable {
     /// is compared on the raw bytes, so scanning a large Swift table costs no strings.
     /// Throws when a symbol's name lies outside the string table.
     public func definedDynamicSymbols(withPrefixes prefixes: [String]? = nil) throws(ELFError) -> [String] {
-        guard let symbols = sections.first(where: { $0.name == ".dynsym" }) else { return [] }
+        guard let symbols = section(named: ".dynsym") else { return [] }
         let entries = FileBytes(try bytes(of: symbols))
         let strings = FileBytes(try bytes(of: linkedSection(of: symbols)))
         let wanted = prefixes?.map { Array($0.utf8) }
@@ -317,15 +360,20 @@ public enum ELFError: Error, Sendable, Equatable, CustomStringConvertible {
 
 /// Where an image's bytes come from: an open file, or bytes already in memory.
 ///
-/// For a file, its first and last `windowSize` bytes are read in (at most) two calls when
-/// it is opened: the first hold the ELF and program headers and the dynamic symbols of a
-/// typical plugin, the last its section headers, section names, manifest and often its
-/// dynamic section, so the checks cost two system calls. Any other range is read with
-/// `pread` when asked for. Memory stays bounded by the two windows and the ranges asked
-/// for, whatever the file's size.
+/// For a file, its first `headSize` and last `tailSize` bytes are read in (at most) two
+/// calls when it is opened: the first hold the ELF and program headers and the dynamic
+/// symbols of a small plugin, the last its section headers, section names, manifest and
+/// often its dynamic section, so the checks of a small C plugin cost two system calls. Any
+/// other range is read with `pread` when asked for. Memory stays bounded by the two windows
+/// and the ranges asked for, whatever the file's size.
+///
+/// The head is kept small: a read that copies pages nothing else needs costs more (about
+/// a microsecond a page on a page-cache hit) than the extra `pread` a larger plugin needs.
 struct ByteSource: Sendable {
-    /// How much of each end of a file is read when it is opened.
-    static let windowSize: UInt64 = 4 << 10
+    /// How much of the start of a file is read when it is opened.
+    static let headSize: UInt64 = 1 << 10
+    /// How much of the end of a file is read when it is opened.
+    static let tailSize: UInt64 = 4 << 10
     private let file: ReadOnlyFile?
     private let head: [UInt8]
     private let tail: [UInt8]
@@ -338,12 +386,12 @@ struct ByteSource: Sendable {
             (head, tail) = ([], [])
             return
         }
-        if size <= 2 * Self.windowSize {
+        if size <= Self.headSize + Self.tailSize {
             head = try file.read(0..<size)
             tail = []
         } else {
-            head = try file.read(0..<Self.windowSize)
-            tail = try file.read(size - Self.windowSize..<size)
+            head = try file.read(0..<Self.headSize)
+            tail = try file.read(size - Self.tailSize..<size)
         }
     }
 
@@ -381,16 +429,39 @@ struct FileBytes: Sendable {
     func prefix(_ n: Int) -> ArraySlice<UInt8> { buffer.prefix(n) }
 
     @inline(__always)
-    func u16(_ at: Int) -> UInt16 { UInt16(self[at]) | UInt16(self[at + 1]) << 8 }
+    func u16(_ at: Int) -> UInt16 { load(at, as: UInt16.self) }
     @inline(__always)
-    func u32(_ at: Int) -> UInt32 { UInt32(u16(at)) | UInt32(u16(at + 2)) << 16 }
+    func u32(_ at: Int) -> UInt32 { load(at, as: UInt32.self) }
     @inline(__always)
-    func u64(_ at: Int) -> UInt64 { UInt64(u32(at)) | UInt64(u32(at + 4)) << 32 }
+    func u64(_ at: Int) -> UInt64 { load(at, as: UInt64.self) }
+
+    /// The little-endian integer at `at`; traps, like the subscript, when its bytes are not
+    /// all within `count`.
+    @inline(__always)
+    private func load<T: FixedWidthInteger>(_ at: Int, as type: T.Type) -> T {
+        precondition(at >= 0 && at <= count - MemoryLayout<T>.size, "FileBytes: read past the end")
+        return T(littleEndian: buffer.withUnsafeBytes { $0.loadUnaligned(fromByteOffset: at, as: T.self) })
+    }
 
     /// True when the bytes at `offset` start with `prefix`.
     func has(_ prefix: [UInt8], at offset: Int) -> Bool {
         offset >= 0 && offset <= count - prefix.count
             && buffer[(buffer.startIndex + offset)...].starts(with: prefix)
+    }
+
+    /// True when the NUL-terminated string at `offset` of `bytes` (read as `cString(at:)`
+    /// reads it, stopping at the end of the buffer) is exactly `name`.
+    static func isCString(_ name: UnsafeBufferPointer<UInt8>, at offset: Int, in bytes: UnsafeRawBufferPointer) -> Bool {
+        let count = bytes.count
+        guard offset >= 0, offset <= count - name.count else { return name.isEmpty && offset >= count }
+        // offset + name.count <= count: both ranges lie within the buffer.
+        return (name.isEmpty || memcmp(bytes.baseAddress! + offset, name.baseAddress!, name.count) == 0)
+            && (offset + name.count == count || bytes[offset + name.count] == 0)
+    }
+
+    /// Calls `body` with the bytes, counted from 0.
+    func withUnsafeBytes<R>(_ body: (UnsafeRawBufferPointer) throws -> R) rethrows -> R {
+        try buffer.withUnsafeBytes(body)
     }
 
     /// The NUL-terminated string at `offset`, stopping at the end of the buffer; "" when

@@ -25,6 +25,33 @@ public enum JSONTree: Sendable, Equatable {
         return value
     }
 
+    /// A document parsed by `parseKeepingMembers`: a top-level object's members in document
+    /// order, or any other value.
+    enum TopLevel {
+        case members(keys: [String], values: [JSONTree])
+        case other(JSONTree)
+    }
+
+    /// `parse` with the same rules, except that a top-level object's members are returned
+    /// in order instead of in a dictionary: cheaper for a reader that looks up a few names
+    /// once (a manifest, read for every plugin file on every scan). Nested objects are
+    /// dictionaries as usual.
+    static func parseKeepingMembers(_ bytes: [UInt8]) throws(JSONSyntaxError) -> TopLevel {
+        var parser = Parser(bytes: bytes)
+        parser.skipSpace()
+        let result: TopLevel
+        if parser.index < bytes.count, bytes[parser.index] == UInt8(ascii: "{") {
+            parser.index += 1
+            let (keys, values) = try parser.members(depth: 0)
+            result = .members(keys: keys, values: values)
+        } else {
+            result = .other(try parser.value(depth: 0))
+        }
+        parser.skipSpace()
+        guard parser.index == bytes.count else { throw parser.error("unexpected text after the JSON value") }
+        return result
+    }
+
     /// A name for the kind of value, for messages: "a string", "an array", ...
     public var kind: String {
         switch self {
@@ -40,6 +67,9 @@ public enum JSONTree: Sendable, Equatable {
     private struct Parser {
         let bytes: [UInt8]
         var index = 0
+        /// Up to this many members, an object's member names are checked for duplicates
+        /// by comparison; from then on, through a set.
+        static let linearMemberLimit = 16
 
         func error(_ message: String) -> JSONSyntaxError { JSONSyntaxError(offset: index, message: message) }
 
@@ -56,27 +86,10 @@ public enum JSONTree: Sendable, Equatable {
             switch bytes[index] {
             case UInt8(ascii: "{"):
                 index += 1
-                var members: [String: JSONTree] = [:]
-                skipSpace()
-                if index < bytes.count, bytes[index] == UInt8(ascii: "}") { index += 1; return .object(members) }
-                while true {
-                    skipSpace()
-                    guard index < bytes.count, bytes[index] == UInt8(ascii: "\"") else { throw error("expected a member name in quotes") }
-                    let keyOffset = index
-                    let key = try string()
-                    guard members[key] == nil else {
-                        throw JSONSyntaxError(offset: keyOffset, message: "duplicate member name \(key.debugDescription)")
-                    }
-                    skipSpace()
-                    guard index < bytes.count, bytes[index] == UInt8(ascii: ":") else { throw error("expected ':' after a member name") }
-                    index += 1
-                    members[key] = try value(depth: depth + 1)
-                    skipSpace()
-                    guard index < bytes.count else { throw error("unexpected end of input in an object") }
-                    if bytes[index] == UInt8(ascii: ",") { index += 1; continue }
-                    if bytes[index] == UInt8(ascii: "}") { index += 1; return .object(members) }
-                    throw error("expected ',' or '}' in an object")
-                }
+                let (keys, values) = try members(depth: depth)
+                var members: [String: JSONTree] = .init(minimumCapacity: keys.count)
+                for (key, value) in zip(keys, values) { members[key] = value }
+                return .object(members)
             case UInt8(ascii: "["):
                 index += 1
                 var elements: [JSONTree] = []
@@ -103,6 +116,41 @@ public enum JSONTree: Sendable, Equatable {
                 return .null
             default:
                 return .number(try number())
+            }
+        }
+
+        /// The members of an object whose `{` was just read, in document order, up to and
+        /// including its `}`. A duplicate name is found when it is read: by comparing with
+        /// the names before it while there are few (a manifest has about ten), then through
+        /// a set.
+        mutating func members(depth: Int) throws(JSONSyntaxError) -> (keys: [String], values: [JSONTree]) {
+            var keys: [String] = []
+            var values: [JSONTree] = []
+            skipSpace()
+            if index < bytes.count, bytes[index] == UInt8(ascii: "}") { index += 1; return (keys, values) }
+            keys.reserveCapacity(Self.linearMemberLimit)
+            values.reserveCapacity(Self.linearMemberLimit)
+            var seen: Set<String> = []
+            while true {
+                skipSpace()
+                guard index < bytes.count, bytes[index] == UInt8(ascii: "\"") else { throw error("expected a member name in quotes") }
+                let keyOffset = index
+                let key = try string()
+                let duplicate = keys.count < Self.linearMemberLimit ? keys.contains(key) : !seen.insert(key).inserted
+                guard !duplicate else {
+                    throw JSONSyntaxError(offset: keyOffset, message: "duplicate member name \(key.debugDescription)")
+                }
+                keys.append(key)
+                if keys.count == Self.linearMemberLimit { seen = Set(keys) }
+                skipSpace()
+                guard index < bytes.count, bytes[index] == UInt8(ascii: ":") else { throw error("expected ':' after a member name") }
+                index += 1
+                values.append(try value(depth: depth + 1))
+                skipSpace()
+                guard index < bytes.count else { throw error("unexpected end of input in an object") }
+                if bytes[index] == UInt8(ascii: ",") { index += 1; continue }
+                if bytes[index] == UInt8(ascii: "}") { index += 1; return (keys, values) }
+                throw error("expected ',' or '}' in an object")
             }
         }
 
@@ -205,6 +253,13 @@ public enum JSONTree: Sendable, Equatable {
         /// The bytes in `range` as a string; an error at the first byte that is not valid
         /// UTF-8 (never a replacement character).
         func utf8(_ range: Range<Int>) throws(JSONSyntaxError) -> String {
+            // ASCII (nearly every string) is valid UTF-8 as it is.
+            precondition(range.lowerBound >= 0 && range.upperBound <= bytes.count, "JSON string range outside the input")
+            let ascii = bytes.withUnsafeBufferPointer { all -> String? in
+                let part = UnsafeBufferPointer(rebasing: all[range])
+                return part.allSatisfy({ $0 < 0x80 }) ? String(decoding: part, as: UTF8.self) : nil
+            }
+            if let ascii { return ascii }
             if let text = String(validating: bytes[range], as: UTF8.self) { return text }
             var iterator = bytes[range].makeIterator()
             var decoder = UTF8()

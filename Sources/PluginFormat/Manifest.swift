@@ -76,20 +76,28 @@ public struct Manifest: Codable, Sendable, Equatable {
 
     /// The ABI version as (major, minor), or nil when `abi` is not "MAJOR.MINOR".
     public var abiVersion: (major: Int, minor: Int)? {
-        let parts = abi.split(separator: ".", omittingEmptySubsequences: false)
-        guard parts.count == 2, let major = Int(parts[0]), let minor = Int(parts[1]) else { return nil }
+        // Only ASCII can be digits and dots; on ASCII, bytes and characters are the same.
+        let dot = UInt8(ascii: ".")
+        guard abi.utf8.allSatisfy({ $0 < 0x80 }), let split = abi.utf8.firstIndex(of: dot), let major = Int(abi[..<split])
+        else { return nil }
+        let rest = abi[abi.utf8.index(after: split)...]
+        guard !rest.utf8.contains(dot), let minor = Int(rest) else { return nil }
         return (major, minor)
     }
 
     /// Parses manifest JSON, naming the field that is wrong when it fails.
     public static func parse(_ bytes: [UInt8]) throws(ManifestError) -> Manifest {
-        let tree: JSONTree
+        let document: JSONTree.TopLevel
         do {
-            tree = try JSONTree.parse(bytes)
+            document = try JSONTree.parseKeepingMembers(bytes)
         } catch {
             throw ManifestError(reason: error.description)
         }
-        let manifest = try Manifest(tree: tree)
+        let manifest: Manifest
+        switch document {
+        case .members(let keys, let values): manifest = try Manifest(FieldReader(keys: keys, values: values, path: ""))
+        case .other(let tree): manifest = try Manifest(tree: tree)
+        }
         if manifest.abiVersion == nil {
             throw ManifestError(reason: "field \"abi\" is \"\(manifest.abi)\", expected \"MAJOR.MINOR\" such as \"1.0\"")
         }
@@ -108,7 +116,10 @@ public struct Manifest: Codable, Sendable, Equatable {
         guard case .object(let fields) = tree else {
             throw ManifestError(reason: "the top level is \(tree.kind), expected an object")
         }
-        let reader = FieldReader(fields: fields, path: "")
+        try self.init(FieldReader(fields: fields, path: ""))
+    }
+
+    private init(_ reader: FieldReader) throws(ManifestError) {
         name = try reader.name("name")
         version = try reader.string("version")
         description = try reader.string("description", default: "")
@@ -158,8 +169,28 @@ public struct ManifestError: Error, Sendable, Equatable, CustomStringConvertible
 
 /// Reads typed fields of a JSON object, with errors that name the field.
 struct FieldReader {
-    let fields: [String: JSONTree]
+    /// The object's member names and values, in the same order. A few names are looked up
+    /// once each, so a linear search beats hashing every name into a dictionary.
+    let keys: [String]
+    let values: [JSONTree]
     let path: String
+
+    init(keys: [String], values: [JSONTree], path: String) {
+        self.keys = keys
+        self.values = values
+        self.path = path
+    }
+
+    init(fields: [String: JSONTree], path: String) {
+        self.init(keys: Array(fields.keys), values: Array(fields.values), path: path)
+    }
+
+    /// The value of member `key`, nil when there is none (names are unique: the parser
+    /// refuses duplicates).
+    func field(_ key: String) -> JSONTree? {
+        guard let index = keys.firstIndex(of: key) else { return nil }
+        return values[index]
+    }
 
     func missing(_ key: String) -> ManifestError { ManifestError(reason: "required field \"\(path)\(key)\" is missing") }
     func wrong(_ key: String, _ value: JSONTree, _ expected: String) -> ManifestError {
@@ -167,7 +198,7 @@ struct FieldReader {
     }
 
     func string(_ key: String, default fallback: String? = nil) throws(ManifestError) -> String {
-        guard let value = fields[key] else {
+        guard let value = field(key) else {
             if let fallback { return fallback }
             throw missing(key)
         }
@@ -176,7 +207,7 @@ struct FieldReader {
     }
 
     func integer(_ key: String, in range: ClosedRange<Int>, default fallback: Int) throws(ManifestError) -> Int {
-        guard let value = fields[key] else { return fallback }
+        guard let value = field(key) else { return fallback }
         guard case .number(let number) = value, number == number.rounded() else { throw wrong(key, value, "an integer") }
         guard let integer = CheckedNumber.integer(number, in: range) else {
             throw ManifestError(reason: "field \"\(path)\(key)\" is \(number), not an integer \(CheckedNumber.describe(range))")
@@ -201,7 +232,7 @@ struct FieldReader {
     }
 
     func strings(_ key: String, default fallback: [String]? = nil) throws(ManifestError) -> [String] {
-        guard let value = fields[key] else {
+        guard let value = field(key) else {
             if let fallback { return fallback }
             throw missing(key)
         }
@@ -215,13 +246,13 @@ struct FieldReader {
     }
 
     func object(_ key: String) throws(ManifestError) -> [String: JSONTree]? {
-        guard let value = fields[key] else { return nil }
+        guard let value = field(key) else { return nil }
         guard case .object(let members) = value else { throw wrong(key, value, "an object") }
         return members
     }
 
     func objects(_ key: String) throws(ManifestError) -> [[String: JSONTree]] {
-        guard let value = fields[key] else { return [] }
+        guard let value = field(key) else { return [] }
         guard case .array(let elements) = value else { throw wrong(key, value, "an array of objects") }
         var result: [[String: JSONTree]] = []
         for (index, element) in elements.enumerated() {
