@@ -55,10 +55,14 @@ public struct RuntimePaths: Sendable, Hashable {
 
     /// Checks that `directory` is private to `uid`, as OpenSSH and systemd check theirs:
     /// a real directory (not a symlink), owned by `uid`, with no permission bits for group
-    /// or others. With `create`, a missing directory is made with mode 0700 first (the
-    /// daemon); without, a missing one is reported as `ENOENT` (the client: no daemon).
-    /// Throws a one-line reason that names the directory, what is wrong and the fix.
-    public static func checkPrivateDirectory(_ directory: String, uid: UInt32 = geteuid(), create: Bool) throws(PrivateDirectoryError) {
+    /// or others (`allowingRead`: no write bits; they may read and search it). With
+    /// `create`, a missing directory is made with mode 0700 first (the daemon); without, a
+    /// missing one is reported as `ENOENT` (the client: no daemon). An existing directory
+    /// is never changed. Throws a one-line reason that names the directory, what is wrong
+    /// and the fix.
+    public static func checkPrivateDirectory(
+        _ directory: String, uid: UInt32 = geteuid(), create: Bool, allowingRead: Bool = false
+    ) throws(PrivateDirectoryError) {
         if create, mkdir(directory, 0o700) != 0, Glibc.errno != EEXIST {
             throw .system(.current("mkdir", subject: directory))
         }
@@ -66,8 +70,8 @@ public struct RuntimePaths: Sendable, Hashable {
         guard lstat(directory, &info) == 0 else { throw .system(.current("lstat", subject: directory)) }
         guard info.st_mode & S_IFMT == S_IFDIR else { throw .notPrivate(directory: directory, problem: "it is not a directory (a symlink or another file)") }
         guard info.st_uid == uid else { throw .notPrivate(directory: directory, problem: "it is owned by uid \(info.st_uid), not uid \(uid)") }
-        guard info.st_mode & 0o077 == 0 else {
-            throw .notPrivate(directory: directory, problem: "its mode \(String(info.st_mode & 0o777, radix: 8)) gives group or others access")
+        guard info.st_mode & (allowingRead ? 0o022 : 0o077) == 0 else {
+            throw .notPrivate(directory: directory, problem: "its mode \(String(info.st_mode & 0o7777, radix: 8)) gives group or others \(allowingRead ? "write " : "")access")
         }
     }
 

@@ -99,6 +99,7 @@ public actor Daemon: DaemonControl {
     public init(options: DaemonOptions, configuration: DaemonConfiguration) throws(DaemonError) {
         let paths = RuntimePaths()
         let stateDirectory = options.stateDirectory ?? paths.stateDirectory
+        try Self.checkStateDirectory(stateDirectory)
         let crashGuard = try CrashGuard(directory: stateDirectory)
         self.options = options
         self.configuration = configuration
@@ -212,17 +213,34 @@ public actor Daemon: DaemonControl {
         await withCheckedContinuation { readyWaiters.append($0) }
     }
 
+    /// Checks, before anything is read or written there, that nobody else can change the
+    /// state directory or its `images` (the private plugin copies this process loads): each
+    /// must be a real directory (not a symlink) of this process's user that group and
+    /// others cannot write. Missing ones are created with mode 0700 (parents as needed);
+    /// existing ones are never changed. Throws `state_directory` (exit 71) naming the
+    /// directory, what is wrong and the fix.
+    static func checkStateDirectory(_ directory: String) throws(DaemonError) {
+        try? FileManager.default.createDirectory(atPath: (directory as NSString).deletingLastPathComponent, withIntermediateDirectories: true)
+        let checked = [
+            (directory, "the state directory \(directory)"),
+            (directory + "/images", "the private copies' directory \(directory)/images in the state directory"),
+        ]
+        for (path, what) in checked {
+            do {
+                try RuntimePaths.checkPrivateDirectory(path, create: true, allowingRead: true)
+            } catch .notPrivate(_, let problem) {
+                throw DaemonError(code: "state_directory", message: "\(what) is unsafe: \(problem). Fix: make it a directory (not a symlink) of uid \(geteuid()) that group and others cannot write (chown \(geteuid()) \(path); chmod 700 \(path)), or pass another --state-dir")
+            } catch {
+                throw DaemonError(code: "state_directory", message: "cannot create \(what): \(error). Fix: create it or pass --state-dir")
+            }
+        }
+    }
+
     /// Locks the state directory, prepares the socket's directory, locks the socket path
     /// and binds the control socket: everything that makes this process the one daemon for
     /// them. Throws `already_running` (naming the directory or socket and the other pid)
     /// when another daemon has either.
     func takeOwnership() throws(DaemonError) {
-        do {
-            try FileManager.default.createDirectory(atPath: imagesDirectory, withIntermediateDirectories: true)
-            chmod(stateDirectory, 0o700)
-        } catch {
-            throw DaemonError(code: "state_directory", message: "cannot create \(imagesDirectory): \(error.localizedDescription)")
-        }
         func alreadyRunning(_ what: String, _ pid: Int32?) -> DaemonError {
             DaemonError(code: "already_running",
                         message: "another modhostd\(pid.map { " (pid \($0))" } ?? "") is using \(what); this one exits without loading any plugin. Fix: stop it, or give this one its own --state-dir and --socket")

@@ -79,6 +79,15 @@ struct RuntimePathsTests {
             #expect(error.description.contains("\(directory) is not private: its mode 755 gives group or others access"))
             #expect(error.description.contains("Fix:"))
         }
+        // Allowing reading (the state directory): 0755 passes, and it is left as it was;
+        // a group or others write bit is still refused.
+        try RuntimePaths.checkPrivateDirectory(directory, create: true, allowingRead: true)
+        #expect(lstat(directory, &info) == 0 && info.st_mode & 0o7777 == 0o755)
+        chmod(directory, 0o1777)
+        #expect(throws: PrivateDirectoryError.notPrivate(directory: directory, problem: "its mode 1777 gives group or others write access")) {
+            try RuntimePaths.checkPrivateDirectory(directory, create: true, allowingRead: true)
+        }
+        #expect(lstat(directory, &info) == 0 && info.st_mode & 0o7777 == 0o1777)
         chmod(directory, 0o700)
 
         // Owned by someone else (as a local attacker would pre-create it): refused.

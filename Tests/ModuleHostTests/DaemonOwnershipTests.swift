@@ -54,6 +54,61 @@ import TestSupport
         #expect(await h.stop() == 0)
     }
 
+    /// The state directory cases the daemon refuses: another user's, one anyone may write
+    /// (not silently made private), and an `images` that is a symlink, to a directory of
+    /// another user or to one of ours.
+    enum UnsafeState: String, CaseIterable, Sendable {
+        case ownedByNobody, worldWritable, imagesLinkInWorldWritable, imagesLinkToNobody
+    }
+
+    @Test(arguments: UnsafeState.allCases)
+    func anUnsafeStateDirectoryExits71BeforeWritingOrRunningAnything(_ unsafe: UnsafeState) async throws {
+        guard getuid() == 0 else { return }  // CI runs as root; giving a directory away needs it
+        let scratch = TemporaryDirectory("unsafe-state")
+        let marks = scratch.directory("marks")
+        let plugins = scratch.directory("plugins")
+        try FileManager.default.copyItem(atPath: try markerPlugin(in: scratch.path, markers: marks), toPath: plugins + "/libMarker.so")
+        let state = scratch.file("state")
+        #expect(mkdir(state, 0o700) == 0)
+        let evil = scratch.directory("evil")
+        chown(evil, 65534, 65534)
+        var culprit = state
+        switch unsafe {
+        case .ownedByNobody:
+            chown(state, 65534, 65534)
+        case .worldWritable:
+            chmod(state, 0o1777)
+        case .imagesLinkInWorldWritable:
+            chmod(state, 0o1777)
+            #expect(symlink(evil, state + "/images") == 0)
+        case .imagesLinkToNobody:
+            #expect(symlink(evil, state + "/images") == 0)
+            culprit = state + "/images"
+        }
+        let before = try FileManager.default.contentsOfDirectory(atPath: state).sorted()
+        var info = stat()
+        lstat(state, &info)
+        let mode = info.st_mode & 0o7777
+
+        let daemon = try RunningProcess(BuildProducts.modhostd, ["--plugins", plugins, "--state-dir", state, "--socket", scratch.file("modhostd.sock")])
+        #expect(await daemon.wait(timeout: .seconds(20)) == 71)
+        let log = daemon.text
+        #expect(log.split(separator: "\n").count == 1, "one clear line: \(log)")
+        let problem = switch unsafe {
+        case .ownedByNobody: "it is owned by uid 65534, not uid 0"
+        case .worldWritable, .imagesLinkInWorldWritable: "its mode 1777 gives group or others write access"
+        case .imagesLinkToNobody: "it is not a directory (a symlink or another file)"
+        }
+        #expect(log.contains("state directory"), "\(log)")
+        #expect(log.contains("\(culprit) ") && log.contains(problem) && log.contains("Fix:"), "\(log)")
+        // Nothing ran, nothing was written or changed, there or through the link.
+        #expect(markers(marks).isEmpty)
+        #expect(try FileManager.default.contentsOfDirectory(atPath: state).sorted() == before)
+        #expect(try FileManager.default.contentsOfDirectory(atPath: evil).isEmpty)
+        lstat(state, &info)
+        #expect(info.st_mode & 0o7777 == mode, "the daemon changed the mode of \(state)")
+    }
+
     @Test func theControlSocketIsBoundBeforeAnyPluginCodeRuns() async throws {
         let scratch = TemporaryDirectory("gate")
         let gate = scratch.file("open")
