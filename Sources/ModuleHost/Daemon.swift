@@ -94,6 +94,11 @@ public actor Daemon: DaemonControl {
     var socketLock: ExclusiveLock?
     /// Requests waiting for startup to finish (`untilReady()`).
     var readyWaiters: [CheckedContinuation<Void, Never>] = []
+    /// Set by the first SIGTERM/SIGINT, during startup too: from then on no further plugin
+    /// is loaded, replaced or started (`reconcile`, `start`).
+    var stopRequested = false
+    /// Why `start()` failed when `run()` runs it; `run()` then exits with it.
+    var startFailure: DaemonError?
 
     /// Prepares the daemon; nothing is loaded until `run()` or `start()`.
     public init(options: DaemonOptions, configuration: DaemonConfiguration) throws(DaemonError) {
@@ -125,6 +130,11 @@ public actor Daemon: DaemonControl {
     // MARK: - Running
 
     /// Runs until SIGTERM or SIGINT; returns the exit code.
+    ///
+    /// Signals are handled from the moment their handlers are installed, before startup:
+    /// a SIGTERM/SIGINT while plugins are still loading stops the startup (no further
+    /// plugin is loaded or started) and shuts down through `stop()`, within the shutdown
+    /// budget counted from the signal; a second one exits 1 at once.
     public func run() async -> ExitCode {
         ExitGuard.install(crashGuard, logger: logger)
         let signals: UnixSignals
@@ -134,20 +144,30 @@ public actor Daemon: DaemonControl {
             logger.error("cannot install signal handlers: \(error)")
             return .osError
         }
-        do {
-            try await start()
-        } catch {
-            logger.error("\(error.message)")
-            return .osError
+        // Startup runs beside the signal loop, so a signal never waits for it. A failed
+        // startup ends the loop (the signals already received are still delivered).
+        Task {
+            do throws(DaemonError) {
+                try await start()
+            } catch {
+                startFailure = error
+                signals.cancel()
+            }
         }
         for await signal in signals {
             if signal == .hangup {
                 logger.info("SIGHUP received: reloading")
-                _ = try? await reload()
+                // Off the loop: a reload waits for startup and for plugin code.
+                Task { _ = try? await reload() }
                 continue
             }
-            logger.info("\(signal) received, shutting down")
+            logger.info("\(signal) received, shutting down\(ready ? "" : " (startup stops: no further plugin is loaded)")")
+            stopRequested = true
             break
+        }
+        if let startFailure {
+            logger.error("\(startFailure.message)")
+            return .osError
         }
         // A second SIGTERM/SIGINT during shutdown ends the process at once: its handler is
         // installed before the first one is cancelled, so no signal falls in between.
@@ -195,10 +215,12 @@ public actor Daemon: DaemonControl {
         // Watch first, then scan, so nothing that arrives in between is missed.
         startWatching()
         _ = await changes.run { await self.reconcile(initial: true) }
-        await changes.run { await self.startModules() }
-        ready = true
+        if !stopRequested { await changes.run { await self.startModules() } }
+        ready = !stopRequested
         for waiter in readyWaiters { waiter.resume() }
         readyWaiters = []
+        // A SIGTERM/SIGINT came first: the shutdown (`run()`) takes over from here.
+        if stopRequested { return }
         let running = await host.moduleNames
         logger.info("started \(running.count) modules: \(running.joined(separator: ", "))",
                     [("plugins", "\(records.count)"), ("refused", "\(refused.count)")])

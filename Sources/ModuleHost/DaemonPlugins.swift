@@ -12,8 +12,13 @@ extension Daemon {
     /// (after a trial load in a child process unless `initial`), changed files replace
     /// their plugin, vanished files are removed. Refused files are not tried again until
     /// they change, except those waiting for a dependency.
+    ///
+    /// Once a SIGTERM/SIGINT has been seen (`stopRequested`), it loads, replaces and
+    /// removes nothing more: a plugin already loading finishes (within the event deadline),
+    /// the rest is left for the shutdown.
     func reconcile(initial: Bool) async -> ReloadSummary {
         var summary = ReloadSummary()
+        if stopRequested { return summary }
         // What is on disk now.
         var present: [String: String] = [:]  // path -> directory
         for directory in directories {
@@ -133,6 +138,7 @@ extension Daemon {
         defer { loading = [] }
         for file in order.ordered {
             defer { loading.remove(file.path) }
+            if stopRequested { break }
             guard let (hash, identity, version) = hashes[file.path] else { continue }
             if let dependency = file.manifest.dependencies.first(where: { records[$0] == nil }) {
                 refuse(LoadFailure(file: file.path, check: .dependency, problem: "plugin \(file.name) needs \(dependency), which is not loaded",
@@ -146,7 +152,7 @@ extension Daemon {
             }
         }
 
-        for replacement in replacements {
+        for replacement in replacements where !stopRequested {
             if await replace(with: replacement.file, version: replacement.version, hash: replacement.hash, identity: replacement.identity) {
                 summary.replaced.append(replacement.file.name)
             } else {

@@ -277,4 +277,47 @@ import TestSupport
         #expect(exit == 1, "exit status \(exit)")
         #expect(h.daemon.text.contains("received again during shutdown"))
     }
+
+    /// Two plugins, one of whose modules ("early") never returns from init; the other
+    /// ("later") is fine. The daemon is still starting when the signal comes.
+    static func startupHanging(_ label: String, _ arguments: [String]) async throws -> Harness {
+        let scratch = TemporaryDirectory(label)
+        let hanging = try Self.plugin("Early", modules: ["early"], hangOn: ["init"], in: scratch.path)
+        let fine = try Self.plugin("Later", modules: ["later"], hangOn: [], in: scratch.path)
+        let h = try Harness([], files: [hanging, fine], arguments: arguments)
+        #expect(await h.waitFor("event init"), "\(h.daemon.text)")
+        return h
+    }
+
+    @Test func sigtermDuringAStuckStartupEndsWithinTheShutdownBudget() async throws {
+        // "early" (loaded first: plugins without dependencies load by name) hangs in init
+        // forever; startup waits the event deadline (1 s) for it, then would go on loading
+        // "later", all within the budget of 3 s, were the signal not to stop it.
+        let h = try await Self.startupHanging("stuck-startup", ["--event-deadline", "1", "--shutdown-budget", "3"])
+        let initsBefore = h.daemon.text.components(separatedBy: "event init").count
+        let (exit, took) = await Self.terminate(h)
+        #expect(took < .seconds(9), "a SIGTERM during startup took \(took) with a budget of 3 s")
+        #expect(exit == 1, "exit status \(exit)")
+        let text = h.daemon.text
+        #expect(text.contains("SIGTERM received"), "\(text)")
+        #expect(!text.contains("control socket ready"), "\(text)")
+        let line = text.split(separator: "\n").first { $0.contains("shutdown budget of 3 s ran out") } ?? ""
+        #expect(line.contains("early"), "\(text)")
+        // Nothing more is loaded or initialized once the signal is seen.
+        #expect(text.components(separatedBy: "event init").count == initsBefore, "\(text)")
+        #expect(!text.contains("event start"), "\(text)")
+    }
+
+    @Test func aSecondSignalDuringAStuckStartupEndsTheDaemonAtOnce() async throws {
+        let h = try await Self.startupHanging("second-signal-startup", ["--event-deadline", "60", "--shutdown-budget", "80"])
+        h.daemon.send(SIGTERM)
+        #expect(await h.waitFor("SIGTERM received"), "\(h.daemon.text)")
+        let clock = ContinuousClock()
+        let started = clock.now
+        h.daemon.send(SIGINT)
+        let exit = await h.daemon.wait(timeout: .seconds(40))
+        #expect(clock.now - started < .seconds(8), "\(h.daemon.text)")
+        #expect(exit == 1, "exit status \(exit)")
+        #expect(h.daemon.text.contains("received again during shutdown"), "\(h.daemon.text)")
+    }
 }
