@@ -67,15 +67,11 @@ public struct TextLogBackend: LogBackend {
     }
 
     private static func needsQuotes(_ value: String) -> Bool {
-        value.isEmpty || value.unicodeScalars.contains { $0 == " " || $0 == "\"" || $0 == "=" || $0.value < 0x20 || $0.value == 0x7f }
+        value.isEmpty || value.unicodeScalars.contains { $0 == " " || $0 == "\"" || $0 == "=" || $0.value < 0x20 || (0x7f...0x9f).contains($0.value) }
     }
 
     /// Control characters escaped so a message stays on its line.
-    private static func escape(_ text: String) -> String {
-        guard text.unicodeScalars.contains(where: { $0.value < 0x20 || $0.value == 0x7f }) else { return text }
-        let quoted = JSONValue.quote(text)
-        return String(quoted.dropFirst().dropLast())
-    }
+    private static func escape(_ text: String) -> String { JSONValue.escapingControlCharacters(text) }
 }
 
 /// JSON log lines for log shippers, one object per line:

@@ -1,4 +1,5 @@
 import ModuleKit
+import PluginFormat
 
 /// A module written in C, seen by the host as a `Module`: each event becomes a call of the
 /// descriptor's `handle_event` with the event's name and JSON payload.
@@ -12,7 +13,9 @@ import ModuleKit
 /// state is freed if it ever returns, and never used after.
 ///
 /// Lifecycle names (`ModuleEvent.lifecycleNames`) arriving as custom events or
-/// notifications are never delivered: a C module sees them only from the host itself.
+/// notifications are never delivered: a C module sees them only from the host itself. Nor
+/// is an event or notification whose name breaks the name grammar (`PluginName`): a NUL
+/// would cut it short in C (`"deinit\0x"` read as `"deinit"`).
 final class CModule: Module {
     let descriptor: ModuleDescriptor
     /// The C instance and its services, touched only by jobs on `worker`.
@@ -97,6 +100,11 @@ final class CModule: Module {
     /// Whether an event may be given to the module now: not while it is stuck, and never a
     /// lifecycle name that does not come from the host itself.
     private func admits(_ name: String, isHostsOwn: Bool) -> Bool {
+        // C reads the name up to its first NUL: only names of the one grammar reach it whole.
+        if let problem = PluginName.problem(name) {
+            log.warning("event \(problem); not delivered to a C module")
+            return false
+        }
         if !isHostsOwn && ModuleEvent.lifecycleNames.contains(name) {
             log.warning("event \(name) is a lifecycle name only the host sends; not delivered", [("event", name)])
             return false

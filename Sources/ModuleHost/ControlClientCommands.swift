@@ -231,7 +231,7 @@ extension ControlCommand {
         let header = ["MODULE", "PLUGIN", "FILE", "VERSION", "STATE", "ORDER", "GEN", "LAST-ERROR"]
         func cell(_ text: String?) -> String {
             guard let text, !text.isEmpty else { return "-" }
-            return text.contains(where: \.isNewline) ? String(text.map { $0.isNewline ? " " : $0 }) : text
+            return JSONValue.escapingControlCharacters(text)
         }
         let cells = rows.map { row in
             [cell(row.module), cell(row.plugin), cell(row.file), cell(row.version), cell(stateText(row)),

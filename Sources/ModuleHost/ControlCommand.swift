@@ -126,31 +126,31 @@ public struct ControlCommand: Sendable {
         } else {
             if let manifest = result.manifest {
                 var lines = [
-                    "file:         \(path)",
-                    "name:         \(manifest.name)",
-                    "version:      \(manifest.version)",
-                    "description:  \(manifest.description)",
+                    "file:         \(shown(path))",
+                    "name:         \(shown(manifest.name))",
+                    "version:      \(shown(manifest.version))",
+                    "description:  \(shown(manifest.description))",
                     "language:     \(manifest.language.rawValue)",
-                    "abi:          \(manifest.abi)",
+                    "abi:          \(shown(manifest.abi))",
                     "order:        \(manifest.order)",
-                    "modules:      \(manifest.modules.joined(separator: ", "))",
-                    "dependencies: \(manifest.dependencies.isEmpty ? "none" : manifest.dependencies.joined(separator: ", "))",
+                    "modules:      \(shown(manifest.modules.joined(separator: ", ")))",
+                    "dependencies: \(manifest.dependencies.isEmpty ? "none" : shown(manifest.dependencies.joined(separator: ", ")))",
                 ]
                 if let toolchain = manifest.toolchain {
-                    lines.append("toolchain:    \(toolchain.swift)")
-                    lines.append("sdk build id: \(toolchain.sdk)")
+                    lines.append("toolchain:    \(shown(toolchain.swift))")
+                    lines.append("sdk build id: \(shown(toolchain.sdk))")
                 }
                 lines.append("exports:      \(manifest.exports.isEmpty ? "none" : "")")
-                lines += manifest.exports.map { "  \($0.name): \($0.signature)" }
+                lines += manifest.exports.map { "  \(shown($0.name)): \(shown($0.signature))" }
                 output.out(lines.joined(separator: "\n"))
             } else {
-                output.out("file:         \(path)\nmanifest:     unreadable")
+                output.out("file:         \(shown(path))\nmanifest:     unreadable")
             }
-            for warning in result.warnings { output.out("warning:      \(warning)") }
+            for warning in result.warnings { output.out("warning:      \(shown(warning))") }
             if result.valid {
                 output.out("verdict:      valid")
             } else {
-                output.out("verdict:      refused by the \(result.check!) check: \(result.problem!)\nfix:          \(result.fix!)")
+                output.out("verdict:      refused by the \(result.check!) check: \(shown(result.problem!))\nfix:          \(shown(result.fix!))")
             }
         }
         return result.valid ? .success : .failure
@@ -175,10 +175,10 @@ public struct ControlCommand: Sendable {
         } else {
             for result in results {
                 if result.valid {
-                    output.out("ok       \(result.file) (\(result.manifest?.name ?? "?") \(result.manifest?.version ?? ""))")
-                    for warning in result.warnings { output.out("warning  \(result.file): \(warning)") }
+                    output.out("ok       \(shown(result.file)) (\(shown(result.manifest?.name ?? "?")) \(shown(result.manifest?.version ?? "")))")
+                    for warning in result.warnings { output.out("warning  \(shown(result.file)): \(shown(warning))") }
                 } else {
-                    output.out("refused  \(result.file): \(result.check!) check failed: \(result.problem!). Fix: \(result.fix!)")
+                    output.out("refused  \(shown(result.file)): \(result.check!) check failed: \(shown(result.problem!)). Fix: \(shown(result.fix!))")
                 }
             }
             let refused = results.filter { !$0.valid }.count
@@ -186,6 +186,10 @@ public struct ControlCommand: Sendable {
         }
         return results.allSatisfy(\.valid) ? .success : .failure
     }
+
+    /// Text from a plugin file (or its name) for the terminal: control characters escaped,
+    /// so a hostile manifest can neither break a line nor send an escape sequence.
+    private func shown(_ text: String) -> String { JSONValue.escapingControlCharacters(text) }
 
     // MARK: manifest (plugin.mk)
 

@@ -100,7 +100,7 @@ public struct ControlService: Sendable {
             audit("reload", peer)
             return try Self.encode(try await daemon.reload())
         case "send":
-            let event = try request.name("event")
+            let event = try request.moduleName("event")
             let payload = request.fields["payload"].map(JSONValue.init(controlTree:)) ?? .null
             let target = try request.optionalModuleName("to")
             let awaited = try request.optionalBool("await") ?? false
@@ -226,7 +226,8 @@ private struct Request {
         return value
     }
 
-    /// An optional field naming a module or plugin (absent or null: nil).
+    /// An optional field naming a module, a plugin or an event (absent or null: nil): it
+    /// follows the one name grammar (`PluginName`), so no NUL or control character gets in.
     func optionalModuleName(_ field: String) throws(DaemonError) -> String? {
         guard let value = try optionalName(field) else { return nil }
         if let problem = PluginName.problem(value) { throw Self.invalid("\"\(field)\" is \(problem)") }

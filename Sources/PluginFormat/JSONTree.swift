@@ -6,8 +6,10 @@
 /// Strict RFC 8259 JSON, and stricter where the RFC leaves a choice, so that one document
 /// never means two things: a duplicate member name in an object, a number with a leading
 /// zero (`0123`), a number beyond the range of a double (`1e400`), invalid UTF-8 and nesting
-/// deeper than 64 levels are errors with the byte offset where they occur. Nothing is
-/// replaced or guessed. Numbers are kept as Double.
+/// deeper than 64 levels are errors with the byte offset where they occur, and so is an
+/// integer literal (no fraction, no exponent) that a double does not hold exactly, such as
+/// 9007199254740993 (2^53 + 1): it is never rounded to a neighbour. Nothing is replaced or
+/// guessed. Numbers are kept as Double.
 public enum JSONTree: Sendable, Equatable {
     case null
     case bool(Bool)
@@ -176,11 +178,14 @@ public enum JSONTree: Sendable, Equatable {
             if integerDigits > 1, bytes[integerStart] == UInt8(ascii: "0") {
                 throw JSONSyntaxError(offset: integerStart, message: "leading zero in a number")
             }
+            var isInteger = true
             if index < bytes.count, bytes[index] == UInt8(ascii: ".") {
+                isInteger = false
                 index += 1
                 guard digits() > 0 else { throw error("expected digits after '.'") }
             }
             if index < bytes.count, bytes[index] == UInt8(ascii: "e") || bytes[index] == UInt8(ascii: "E") {
+                isInteger = false
                 index += 1
                 if index < bytes.count, bytes[index] == UInt8(ascii: "+") || bytes[index] == UInt8(ascii: "-") { index += 1 }
                 guard digits() > 0 else { throw error("expected digits in an exponent") }
@@ -190,7 +195,39 @@ public enum JSONTree: Sendable, Equatable {
             guard value.isFinite else {
                 throw JSONSyntaxError(offset: start, message: "number \(text.prefix(40)) is out of range (beyond ±1.8e308)")
             }
+            // An integer literal stands for one integer: it is never rounded to a neighbour.
+            if isInteger, integerDigits > 15, !Self.isExact(value, digits: bytes[integerStart..<index]) {
+                throw JSONSyntaxError(offset: start, message:
+                    "integer \(text.prefix(40)) is not exactly a JSON number (integers are exact only up to ±2^53); send it as a decimal string")
+            }
             return value
+        }
+
+        /// Whether the whole double `value` is exactly the decimal `digits` (no sign, no
+        /// leading zero): its exact decimal expansion, worked out in base 10^9, is `digits`.
+        static func isExact(_ value: Double, digits: ArraySlice<UInt8>) -> Bool {
+            let magnitude = value.magnitude
+            guard magnitude >= 0x1p63 else { return digits.elementsEqual(String(UInt64(magnitude)).utf8) }
+            // magnitude = significand * 2^shift with a 53-bit significand and shift > 10.
+            let shift = Int(magnitude.exponent) - 52
+            let significand = UInt64(magnitude.significandBitPattern | (1 << 52))
+            var limbs: [UInt64] = [significand % 1_000_000_000, significand / 1_000_000_000]  // least significant first
+            for _ in 0..<shift {
+                var carry: UInt64 = 0
+                for i in limbs.indices {
+                    let doubled = limbs[i] * 2 + carry
+                    limbs[i] = doubled % 1_000_000_000
+                    carry = doubled / 1_000_000_000
+                }
+                if carry > 0 { limbs.append(carry) }
+            }
+            while limbs.count > 1, limbs.last == 0 { limbs.removeLast() }
+            var text = String(limbs.last!)
+            for limb in limbs.dropLast().reversed() {
+                let part = String(limb)
+                text += String(repeating: "0", count: 9 - part.count) + part
+            }
+            return digits.elementsEqual(text.utf8)
         }
 
         mutating func string() throws(JSONSyntaxError) -> String {

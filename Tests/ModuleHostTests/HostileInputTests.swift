@@ -18,7 +18,10 @@ import TestSupport
         BadRequest(#"{"id":1e999,"cmd":"list"}"#, "malformed_request", "at byte 6: number 1e999 is out of range", .null),
         // An id that would not come back as sent is refused, not rounded.
         BadRequest(#"{"id":1e300,"cmd":"list"}"#, "invalid_request", #""id" must be a string or an integer between -2^53 and 2^53"#, .null),
-        BadRequest(#"{"id":12345678901234567890,"cmd":"list"}"#, "invalid_request", #""id" must be a string or an integer"#, .null),
+        BadRequest(#"{"id":12345678901234567890,"cmd":"list"}"#, "malformed_request", "at byte 6: integer 12345678901234567890 is not exactly a JSON number", .null),
+        BadRequest(#"{"v":1,"id":9007199254740993,"cmd":"ping"}"#, "malformed_request", "at byte 12: integer 9007199254740993 is not exactly", .null),
+        BadRequest(#"{"id":1152921504606846976,"cmd":"list"}"#, "invalid_request", #""id" must be a string or an integer between -2^53 and 2^53"#, .null),
+        BadRequest(#"{"cmd":"call","plugin":"p","function":"f","args":[9007199254740993,1]}"#, "malformed_request", "at byte 50: integer 9007199254740993", .null),
         BadRequest(#"{"id":0.5,"cmd":"list"}"#, "invalid_request", #""id" must be a string or an integer"#, .null),
         // Strict JSON.
         BadRequest(#"{"id":1,"cmd":"list","cmd":"reload"}"#, "malformed_request", #"at byte 21: duplicate member name "cmd""#, .null),
@@ -27,6 +30,9 @@ import TestSupport
         BadRequest(#"{"id":7,"cmd":"enable","module":"../x"}"#, "invalid_request", #""module" is "../x", not a name: names are 1 to 64"#, 7),
         BadRequest(#"{"cmd":"send","event":"x","to":"a\nb"}"#, "invalid_request", #""to" is "a\nb", not a name"#, .null),
         BadRequest(#"{"cmd":"call","plugin":"a/b","function":"f"}"#, "invalid_request", #""plugin" is "a/b", not a name"#, .null),
+        // An event name follows the name grammar: a NUL would end it early in C ("deinit").
+        BadRequest(#"{"cmd":"send","event":"deinit\u0000x","to":"freer","await":true}"#, "invalid_request", #""event" is "deinit\0x", not a name"#, .null),
+        BadRequest(#"{"cmd":"send","event":"tick\u001b[2J"}"#, "invalid_request", #""event" is "tick\u{1B}[2J", not a name"#, .null),
     ]
 
     @Test(arguments: badRequests)
@@ -40,6 +46,13 @@ import TestSupport
         #expect(reply.id == request.id)
         #expect(!reply.text.contains("\n"))
         #expect(await daemon.calls.isEmpty)
+    }
+
+    @Test func aWholeNumberUpTo2p53IsPrintedAsAnInteger() {
+        #expect(JSONValue.number(0x1p53).jsonText == "9007199254740992")
+        #expect(JSONValue.number(-0x1p53).jsonText == "-9007199254740992")
+        #expect(JSONValue.number(1e15).jsonText == "1000000000000000")
+        #expect(JSONValue.number(0.5).jsonText == "0.5")
     }
 
     // MARK: Command-line numbers
@@ -144,6 +157,32 @@ import TestSupport
         let verify = try run(BuildProducts.modhostctl, ["verify", scratch.file("libNamed.so")])
         #expect(verify.status == 1)
         #expect(verify.standardOutput.contains(#"manifest check failed: manifest is garbled: field "name" is"#), "\(verify.standardOutput)")
+        #expect(verify.standardOutput.split(separator: "\n").count == 2, "\(verify.standardOutput)")
+    }
+
+    /// The control characters of a terminal: C0, DEL and C1 (0x9B is a CSI on its own).
+    static func hasControlCharacters(_ text: String) -> Bool {
+        text.unicodeScalars.contains { ($0.value < 0x20 && $0 != "\n") || (0x7F...0x9F).contains($0.value) }
+    }
+
+    @Test func inspectAndVerifyShowAManifestsTextWithItsControlCharactersEscaped() throws {
+        let scratch = TemporaryDirectory("hostile-text")
+        let factory = PluginFactory(directory: scratch.path)
+        let source = try factory.buildC("Plain", source: PluginFactory.cSource(plugin: "Plain", modules: ["plain"]),
+                                        manifest: PluginFactory.manifest(plugin: "Plain", modules: ["plain"]))
+        let manifest = PluginFactory.manifest(plugin: "Plain", modules: ["plain"])
+            .replacingOccurrences(of: #""version":"1.0""#, with: #""version":"1\n\u001b[2J""#)
+            .replacingOccurrences(of: #""description":"test plugin""#, with: #""description":"x\u001b]0;title\u0007\u009b2J""#)
+        let file = try factory.withManifest(source, manifest, as: "libPlain.so")
+
+        let inspect = try run(BuildProducts.modhostctl, ["inspect", file])
+        #expect(!Self.hasControlCharacters(inspect.standardOutput), "\(inspect.standardOutput.debugDescription)")
+        #expect(inspect.standardOutput.contains(#"version:      1\n\u001b[2J"#), "\(inspect.standardOutput)")
+        #expect(inspect.standardOutput.contains(#"description:  x\u001b]0;title\u0007\u009b2J"#), "\(inspect.standardOutput)")
+        #expect(!inspect.standardOutput.split(separator: "\n").contains { $0.hasPrefix("\u{1B}") || $0 == "1" })
+
+        let verify = try run(BuildProducts.modhostctl, ["verify", file])
+        #expect(!Self.hasControlCharacters(verify.standardOutput), "\(verify.standardOutput.debugDescription)")
         #expect(verify.standardOutput.split(separator: "\n").count == 2, "\(verify.standardOutput)")
     }
 

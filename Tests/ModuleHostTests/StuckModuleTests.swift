@@ -214,6 +214,13 @@ import TestSupport
                 #expect(result.standardError.contains(name))
             }
         }
+        // Nor one hidden behind a NUL or a control character, which C would read as "deinit".
+        for name in [#"deinit\u0000x"#, #"deinit\u0000"#, #"deinit\nx"#] {
+            let connection = try RawConnection(h.socket)
+            connection.send(#"{"v":1,"id":1,"cmd":"send","event":"\#(name)","to":"freer","await":true}"# + "\n")
+            let reply = connection.readLines(1, timeout: .seconds(10)).lines.first ?? ""
+            #expect(reply.contains(#""code":"invalid_request""#) && reply.contains("not a name"), "\(reply)")
+        }
         // The module never saw a spoofed lifecycle event and still has its state.
         #expect(try h.ctl("send", "hello", "--to", "freer").status == 0)
         #expect(await h.waitFor("event hello (alive)"))

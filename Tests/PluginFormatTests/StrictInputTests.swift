@@ -60,6 +60,21 @@ import Testing
         Self.refused(Array("-1e999".utf8), offset: 0, "out of range")
         #expect(try JSONTree.parse(Array("1e308".utf8)) == .number(1e308))
     }
+
+    @Test func anIntegerADoubleDoesNotHoldExactlyIsAnErrorNotRounded() throws {
+        Self.refused(Array(#"{"id":9007199254740993}"#.utf8), offset: 6, "integer 9007199254740993 is not exactly a JSON number")
+        Self.refused(Array("[1,-9007199254740993]".utf8), offset: 3, "not exactly a JSON number")
+        Self.refused(Array("18446744073709551615".utf8), offset: 0, "send it as a decimal string")
+        Self.refused(Array(("1" + String(repeating: "0", count: 22) + "1").utf8), offset: 0, "not exactly")
+        // Integers a double holds exactly, and numbers with a fraction or exponent, stay numbers.
+        let exact: [(String, Double)] = [("9007199254740992", 0x1p53), ("-9007199254740992", -0x1p53),
+                                         ("9007199254740994", 0x1p53 + 2), ("18446744073709551616", 0x1p64),
+                                         ("1" + String(repeating: "0", count: 22), 1e22),
+                                         ("9007199254740993.0", 0x1p53), ("9007199254740993e0", 0x1p53)]
+        for (text, value) in exact {
+            #expect(try JSONTree.parse(Array(text.utf8)) == .number(value), "\(text)")
+        }
+    }
 }
 
 @Suite struct NameGrammarTests {

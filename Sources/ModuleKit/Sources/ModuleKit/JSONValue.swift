@@ -71,7 +71,8 @@ public enum JSONValue: Sendable, Hashable, Codable, CustomStringConvertible {
         case .null: return "null"
         case .bool(let value): return value ? "true" : "false"
         case .number(let value):
-            if value.isFinite, value == value.rounded(), abs(value) < 1e15 {
+            // Whole numbers a double holds exactly (up to 2^53) print as integers, never `1.0`.
+            if value.isFinite, value == value.rounded(), abs(value) <= 0x1p53 {
                 return String(Int64(value))
             }
             return value.isFinite ? "\(value)" : "null"
@@ -84,7 +85,20 @@ public enum JSONValue: Sendable, Hashable, Codable, CustomStringConvertible {
     }
 
     /// `text` as a JSON string literal with its quotes; `"`, `\\` and control characters
-    /// (including DEL) escaped, so the result is always one line.
+    /// (C0, DEL and C1) escaped, so the result is always one line.
+    /// `text` for a terminal or a log line: unchanged when it has no control character,
+    /// else as `quote` without the quotes (`1\n\u001b[2J`), so text from a plugin never
+    /// breaks a line nor sends a terminal escape sequence.
+    public static func escapingControlCharacters(_ text: String) -> String {
+        guard text.unicodeScalars.contains(where: isControl) else { return text }
+        return String(quote(text).dropFirst().dropLast())
+    }
+
+    /// C0 controls, DEL and C1 controls (0x9B alone starts a terminal escape sequence).
+    private static func isControl(_ scalar: Unicode.Scalar) -> Bool {
+        scalar.value < 0x20 || (0x7f...0x9f).contains(scalar.value)
+    }
+
     public static func quote(_ text: String) -> String {
         var out = "\""
         for scalar in text.unicodeScalars {
@@ -94,7 +108,7 @@ public enum JSONValue: Sendable, Hashable, Codable, CustomStringConvertible {
             case "\n": out += "\\n"
             case "\r": out += "\\r"
             case "\t": out += "\\t"
-            case _ where scalar.value < 0x20 || scalar.value == 0x7f:
+            case _ where isControl(scalar):
                 out += "\\u" + String(repeating: "0", count: 4 - String(scalar.value, radix: 16).count)
                     + String(scalar.value, radix: 16)
             default: out.unicodeScalars.append(scalar)
