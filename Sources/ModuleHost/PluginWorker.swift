@@ -14,12 +14,25 @@ final class PluginWorker: Sendable {
     /// What the worker is for, e.g. "module hang" or "plugin Spin" (log lines).
     let label: String
     private let queue: DispatchQueue
-    private let current = Mutex<Running?>(nil)
+    private let state = Mutex(State())
+
+    private struct State {
+        var current: Running?
+        /// Jobs are numbered in queue order, so those up to `lastStarted` have started.
+        var nextJob: UInt64 = 0
+        var lastStarted: UInt64 = 0
+        /// Jobs a waiting caller gave up on before they started (the queue was slow to
+        /// reach them): they count as overrun from their first instant.
+        var abandoned: Set<UInt64> = []
+    }
 
     struct Running: Sendable {
+        var job: UInt64
         var what: String
         var since: ContinuousClock.Instant
         var deadline: Duration
+        /// A caller waited the whole deadline for it: stuck, whatever the clock says now.
+        var overran = false
     }
 
     /// What a stuck worker is doing and for how long.
@@ -35,24 +48,47 @@ final class PluginWorker: Sendable {
 
     /// The job running past its deadline, if any.
     var stuck: Stuck? {
-        current.withLock { running in
-            guard let running else { return nil }
+        state.withLock { state in
+            guard let running = state.current else { return nil }
             let elapsed = ContinuousClock.now - running.since
-            return elapsed > running.deadline ? Stuck(what: running.what, elapsed: elapsed) : nil
+            return running.overran || elapsed > running.deadline ? Stuck(what: running.what, elapsed: elapsed) : nil
         }
     }
 
     /// The job running now, whether or not it is past its deadline.
     var busy: Stuck? {
-        current.withLock { running in running.map { Stuck(what: $0.what, elapsed: ContinuousClock.now - $0.since) } }
+        state.withLock { state in state.current.map { Stuck(what: $0.what, elapsed: ContinuousClock.now - $0.since) } }
     }
 
     /// Queues `job` (named `what` in `stuck`) and returns at once.
-    func submit(_ what: String, deadline: Duration, _ job: @escaping @Sendable () -> Void) {
-        queue.async { [self] in
-            current.withLock { $0 = Running(what: what, since: .now, deadline: deadline) }
-            job()
-            current.withLock { $0 = nil }
+    @discardableResult
+    func submit(_ what: String, deadline: Duration, _ job: @escaping @Sendable () -> Void) -> UInt64 {
+        state.withLock { state -> UInt64 in
+            state.nextJob += 1
+            let id = state.nextJob
+            // Enqueued under the lock, so queue order is number order.
+            queue.async { [self] in
+                self.state.withLock { state in
+                    state.lastStarted = id
+                    let overran = state.abandoned.remove(id) != nil
+                    state.current = Running(job: id, what: what, since: .now, deadline: deadline, overran: overran)
+                }
+                job()
+                self.state.withLock { $0.current = nil }
+            }
+            return id
+        }
+    }
+
+    /// Records that the caller waiting for job `id` gave up at its deadline, so `stuck`
+    /// says so at once: the running job's clock may have started later than the caller's.
+    private func abandon(_ id: UInt64) {
+        state.withLock { state in
+            if state.current?.job == id {
+                state.current?.overran = true
+            } else if id > state.lastStarted {
+                state.abandoned.insert(id)
+            }  // else it has finished meanwhile
         }
     }
 
@@ -62,11 +98,14 @@ final class PluginWorker: Sendable {
     func run<T: Sendable>(_ what: String, deadline: Duration, _ job: @escaping @Sendable () -> T) -> T? {
         let result = FirstResult<T>()
         let done = DispatchSemaphore(value: 0)
-        submit(what, deadline: deadline) {
+        let id = submit(what, deadline: deadline) {
             result.finish(job())
             done.signal()
         }
-        guard done.wait(timeout: .now() + deadline.dispatchInterval) == .success else { return nil }
+        guard done.wait(timeout: .now() + deadline.dispatchInterval) == .success else {
+            abandon(id)
+            return nil
+        }
         return result.value
     }
 
