@@ -83,7 +83,7 @@ public struct DaemonConfiguration: Sendable, Equatable {
                     }
                     guard let integer = CheckedNumber.integer(number, in: Manifest.orderRange) else {
                         throw invalid(path, "field \"modules.\(name).order\" is \(order.jsonText), not an integer \(CheckedNumber.describe(Manifest.orderRange))",
-                                      "use a smaller order")
+                                      "use a whole number in that range")
                     }
                     module.order = integer
                 }

@@ -55,6 +55,9 @@ extension Daemon {
                               fix: "fix the plugin's load-time code; the daemon was not affected")
         case .exited(0):
             return
+        case .exited(TrialProcess.leftoverProcessStatus):
+            throw LoadFailure(file: file.path, check: .dlopen, problem: "trial load refused it: \(result.reply)",
+                              fix: "start helper processes from the module's init or start, not while the plugin is loaded, and reap them")
         case .exited:
             throw LoadFailure(file: file.path, check: .dlopen, problem: "trial load refused it: \(result.reply)",
                               fix: "rebuild the plugin with plugin.mk against this host")
@@ -68,6 +71,9 @@ extension Daemon {
 /// One run of the trial loader: spawned in a new process group, killed with its whole group
 /// at the deadline, its reply read without waiting for the end of the pipe.
 enum TrialProcess {
+    /// modhost-trial's exit status when the load left a process behind (it killed it).
+    static let leftoverProcessStatus: Int32 = 3
+
     enum Ending: Equatable {
         case exited(Int32)
         case signalled(Int32)

@@ -89,7 +89,7 @@ public struct Validator: Sendable {
                 problems.append("\(what) is writable by \(status.st_mode & 0o002 != 0 ? "others" : "group") (mode \(String(status.st_mode & 0o7777, radix: 8)))")
             }
             if foreign {
-                problems.append("\(what) is owned by uid \(status.st_uid), expected root or uid \(trustedUID)")
+                problems.append("\(what) is owned by uid \(status.st_uid), expected \(trustedUID == 0 ? "root (uid 0)" : "root or uid \(trustedUID)")")
             }
             let problem = problems.joined(separator: "; ")
             if !allowInsecure {

@@ -8,7 +8,8 @@
  * It dlopens every --preload library (the SDK, the plugin's dependencies), then FILE with
  * RTLD_NOW, finds the entry symbol in FILE itself, calls it and checks the descriptor's ABI
  * and plugin name. Exit 0: it loaded (prints "ok MODULES"). Exit 1: it was refused (prints
- * one line saying why). Death by a signal: it crashed. Exit 64: usage error.
+ * one line saying why). Exit 3: the load left a process behind, which was killed (one
+ * line). Death by a signal: it crashed. Exit 64: usage error.
  *
  * The verdict goes to standard output and nothing else does: what the plugin's load-time
  * code prints to standard output goes to standard error. The loader leads its own
@@ -91,7 +92,7 @@ int main(int argc, char **argv) {
         snprintf(verdict, sizeof verdict,
                  "its load-time code started a process that outlived the load (pid %d, killed): a plugin must not start processes when it is loaded",
                  (int)leftover);
-        status = 1;
+        status = 3; /* the daemon's TrialProcess.leftoverProcessStatus */
     }
     dprintf(reply_fd, "%s\n", verdict);
     return status;

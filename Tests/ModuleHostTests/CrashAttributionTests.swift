@@ -134,6 +134,7 @@ import TestSupport
         // Refused, saying why, well before the 10 s trial deadline; the next file loads.
         #expect(await h.daemon.waitFor("refused \(h.plugins)/libForker.so", timeout: .seconds(9)))
         #expect(h.daemon.text.contains("started a process that outlived the load"), "log: \(h.daemon.text)")
+        #expect(h.daemon.text.contains("Fix: start helper processes from the module's init or start"), "log: \(h.daemon.text)")
         #expect(await h.waitFor("loaded plugin Calculator"))
         // No process is left behind.
         #expect(await eventually { FileManager.default.fileExists(atPath: pidFile) })
