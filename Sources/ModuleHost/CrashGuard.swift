@@ -136,9 +136,9 @@ public final class CrashGuard: Sendable {
     }
 
     /// Runs `body` between `begin` and `end`.
-    func during<T, E: Error>(file: String, plugin: String, hash: String, phase: String,
+    func during<T, E: Error>(file: String, plugin: String, hash: String, phase: String, identity: String? = nil,
                              _ body: () throws(E) -> T) throws(E) -> T {
-        begin(file: file, plugin: plugin, hash: hash, phase: phase)
+        begin(file: file, plugin: plugin, hash: hash, phase: phase, identity: identity)
         defer { end() }
         return try body()
     }

@@ -70,24 +70,23 @@ extension Daemon {
                 continue
             }
             // From the first read on, a crash is attributed to this file (by path and identity
-            // until it is hashed).
-            crashGuard.begin(file: path, plugin: "", hash: "", phase: "validation", identity: identity.key)
-            defer { crashGuard.end() }
-            // The file the checks read is the one hashed, in chunks; its version (inode, size,
-            // modification time) is what the private copy is made from later, or refused.
+            // until it is hashed). The file the checks read is the one hashed, in chunks; its
+            // version (inode, size, modification time) is what the private copy is made from
+            // later, or refused.
             let file: PluginFile
             let version: FileIdentity
             let hash: String
             do {
-                let (checked, contents) = try validator.validateReading(path, in: directory, directoryStatus: directoryStatus[directory])
-                (file, version) = (checked, FileIdentity(status: contents.status))
-                hash = try hashContents(contents, of: path)
+                (file, version, hash) = try crashGuard.during(file: path, plugin: "", hash: "", phase: "validation",
+                                                              identity: identity.key) { () throws(LoadFailure) in
+                    let (checked, contents) = try validator.validateReading(path, in: directory, directoryStatus: directoryStatus[directory])
+                    return (checked, FileIdentity(status: contents.status), try hashContents(contents, of: path))
+                }
             } catch {
                 refuse(error, identity, &summary)
                 unidentified += 1
                 continue
             }
-            crashGuard.end()
             if let record = records.values.first(where: { $0.source == path }), record.hash == hash {
                 records[record.loaded.name]?.identity = identity  // touched, same content
                 continue
