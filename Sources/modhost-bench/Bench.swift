@@ -53,6 +53,10 @@ struct Bench {
             try LoadBenchmark(sdk: sdk, work: work + "/load").generate(count: 1110)
             return try await DaemonBenchmark(sdk: sdk, work: work + "/daemon", plugins: work + "/load/src").run()
         }
+        await group("replace") {
+            try LoadBenchmark(sdk: sdk, work: work + "/load").generate(count: 1110)
+            return try await ReplaceBenchmark(sdk: sdk, work: work + "/replace", plugins: work + "/load/src").run()
+        }
 
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.prettyPrinted, .sortedKeys]

@@ -1,18 +1,18 @@
 import Foundation
 
 /// One result: the host's figure, the baseline measured in the same run, their ratio and
-/// the ratio to beat.
+/// the ratio to beat (none for rows that only report a figure).
 struct BenchRow: Encodable {
     var name: String
     var value: Double
     var unit: String
     var baseline_value: Double
     var ratio: Double
-    var target: Double
+    var target: Double?
     /// What the baseline is, in words.
     var baseline: String
 
-    init(name: String, value: Double, unit: String, baseline: Double, baselineDescription: String, target: Double) {
+    init(name: String, value: Double, unit: String, baseline: Double, baselineDescription: String, target: Double?) {
         self.name = name
         self.value = value
         self.unit = unit
@@ -22,14 +22,16 @@ struct BenchRow: Encodable {
         self.baseline = baselineDescription
     }
 
-    var met: Bool { ratio <= target }
+    var met: Bool { target.map { ratio <= $0 } ?? true }
 
     static let header = String(format: "%-44@ %12@ %12@ %8@ %8@  %@", "name" as NSString, "value" as NSString,
                                "baseline" as NSString, "ratio" as NSString, "target" as NSString, "met" as NSString)
 
     var line: String {
-        String(format: "%-44@ %9.3f %@ %9.3f %@ %8.2f %8.2f  %@", name as NSString, value, unit.padding(toLength: 2, withPad: " ", startingAt: 0) as NSString,
-               baseline_value, unit.padding(toLength: 2, withPad: " ", startingAt: 0) as NSString, ratio, target, (met ? "yes" : "NO") as NSString)
+        let target = target.map { String(format: "%8.2f", $0) } ?? String(repeating: " ", count: 7) + "-"
+        let met = self.target == nil ? "report" : met ? "yes" : "NO"
+        return String(format: "%-44@ %9.3f %@ %9.3f %@ %8.2f %@  %@", name as NSString, value, unit.padding(toLength: 2, withPad: " ", startingAt: 0) as NSString,
+                      baseline_value, unit.padding(toLength: 2, withPad: " ", startingAt: 0) as NSString, ratio, target as NSString, met as NSString)
     }
 }
 

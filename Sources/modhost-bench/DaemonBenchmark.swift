@@ -152,16 +152,19 @@ struct DaemonBenchmark {
 
     // MARK: helpers
 
-    func fresh(_ name: String) throws -> String {
-        let path = work + "/" + name
-        try? FileManager.default.removeItem(atPath: path)
-        try FileManager.default.createDirectory(atPath: path + "/plugins", withIntermediateDirectories: true)
-        chmod(path + "/plugins", 0o755)
-        return path
-    }
-
-    func failure(_ message: String) -> NSError { NSError(domain: "bench", code: 5, userInfo: [NSLocalizedDescriptionKey: message]) }
+    func fresh(_ name: String) throws -> String { try freshDirectory(work + "/" + name) }
 }
+
+/// An empty directory at `path` with an empty `plugins` directory (0755) in it.
+func freshDirectory(_ path: String) throws -> String {
+    try? FileManager.default.removeItem(atPath: path)
+    try FileManager.default.createDirectory(atPath: path + "/plugins", withIntermediateDirectories: true)
+    chmod(path + "/plugins", 0o755)
+    return path
+}
+
+/// The error a benchmark throws when the daemon does not do what it measures.
+func failure(_ message: String) -> NSError { NSError(domain: "bench", code: 5, userInfo: [NSLocalizedDescriptionKey: message]) }
 
 /// Runs blocking work on a thread of its own and returns its result.
 func onThread<T: Sendable>(_ work: @escaping @Sendable () throws -> T) async throws -> T {
@@ -179,6 +182,7 @@ func percentile(_ values: [Double], _ fraction: Double) -> Double {
 final class DaemonProcess: Sendable {
     let socket: String
     private let process: Process
+    var pid: Int32 { process.processIdentifier }
     private let lines = Mutex<[(UInt64, String)]>([])
 
     init(sdk: String, root: String, pluginDirectory: String, state: String = "state", environment: [String: String] = [:]) throws {

@@ -1,0 +1,163 @@
+import Foundation
+import Glibc
+import TestSupport
+
+/// Hot replace as operators see it, on a release modhostd: a Swift plugin replaced under a
+/// running dependent against a fresh add of the same plugin, and what 1,000 replaces of one
+/// plugin leave behind in the daemon (memory, mappings, files in the state directory).
+struct ReplaceBenchmark {
+    let sdk: String
+    let work: String
+    /// The generated trivial C plugins of the load benchmark (work/load/src).
+    let plugins: String
+    /// Replace cycles for the leftover rows.
+    var cycles = 1000
+
+    func run() async throws -> [BenchRow] {
+        var rows = try await swiftReplaceUnderDependent()
+        rows += try await leftovers(plugin: "P00200", file: plugins + "/libP00200.so", label: "c")
+        rows += try await leftovers(plugin: "Greeting", file: sdk + "/plugins/libGreeting.so", label: "swift")
+        return rows
+    }
+
+    // MARK: replace under a dependent
+
+    /// 20 fresh adds of Greeting (each removed again), then Welcome on top of it and 20
+    /// replaces of Greeting by a new version: drop to the log line that the new version
+    /// runs, which the daemon writes once the dependent has been restarted too.
+    func swiftReplaceUnderDependent() async throws -> [BenchRow] {
+        let root = try fresh("swift-replace")
+        let daemon = try DaemonProcess(sdk: sdk, root: root, pluginDirectory: root + "/plugins")
+        defer { daemon.stop() }
+        guard await daemon.waitForLine(containing: "control socket ready", after: 0) != nil else { throw failure("daemon did not start") }
+        let greeting = sdk + "/plugins/libGreeting.so"
+        let target = root + "/plugins/libGreeting.so"
+
+        var adds: [Double] = []
+        for _ in 0..<20 {
+            let start = try drop(greeting, as: target)
+            guard let seen = await daemon.waitForLine(containing: "loaded plugin Greeting ", after: start) else {
+                throw failure("Greeting was not loaded:\n\(daemon.tail)")
+            }
+            adds.append(Double(seen - start) / 1e6)
+            let removal = monotonicNanoseconds()
+            unlink(target)
+            guard await daemon.waitForLine(containing: "removed plugin Greeting", after: removal) != nil else {
+                throw failure("Greeting was not removed:\n\(daemon.tail)")
+            }
+        }
+
+        var start = try drop(greeting, as: target)
+        _ = try drop(sdk + "/plugins/libWelcome.so", as: root + "/plugins/libWelcome.so")
+        guard await daemon.waitForLine(containing: "loaded plugin Welcome ", after: start) != nil else {
+            throw failure("Welcome was not loaded:\n\(daemon.tail)")
+        }
+        var replaces: [Double] = []
+        for minor in 1...20 {
+            let version = "1.\(minor).0"
+            let next = try withVersion(greeting, version, in: root)
+            start = try drop(next, as: target)
+            guard let seen = await daemon.waitForLine(containing: "replaced plugin Greeting ", after: start),
+                  await daemon.waitForLine(containing: "by \(version) ", after: start) == seen else {
+                throw failure("replacement by \(version) not seen:\n\(daemon.tail)")
+            }
+            replaces.append(Double(seen - start) / 1e6)
+        }
+        let what = "drop of a new Greeting (Swift) under its running dependent Welcome to the log line that the new version runs (Welcome restarted against it)"
+        return [
+            BenchRow(name: "replace.swift_with_dependent.p50", value: percentile(replaces, 0.5), unit: "ms",
+                     baseline: percentile(adds, 0.5),
+                     baselineDescription: "p50 of 20 fresh adds of the same plugin in the same daemon; value: p50 of 20 × " + what,
+                     target: 1.5),
+            BenchRow(name: "replace.swift_with_dependent.p99", value: percentile(replaces, 0.99), unit: "ms",
+                     baseline: percentile(adds, 0.99),
+                     baselineDescription: "p99 of the same 20 fresh adds; value: p99 of the same 20 replaces", target: 1.5),
+        ]
+    }
+
+    // MARK: what replaces leave behind
+
+    /// `cycles` replaces of one plugin, alone in a daemon: RSS and mappings per cycle
+    /// (reported against one fresh daemon's figure), and files left in the state directory.
+    func leftovers(plugin: String, file: String, label: String) async throws -> [BenchRow] {
+        let root = try fresh("leftovers-" + label)
+        let versions = root + "/versions"
+        try FileManager.default.createDirectory(atPath: versions, withIntermediateDirectories: true)
+        var variants: [(version: String, path: String)] = []
+        for cycle in 1...cycles {
+            let version = "1.\(cycle).0"
+            variants.append((version, try withVersion(file, version, in: versions)))
+        }
+        let daemon = try DaemonProcess(sdk: sdk, root: root, pluginDirectory: root + "/plugins")
+        defer { daemon.stop() }
+        guard await daemon.waitForLine(containing: "control socket ready", after: 0) != nil else { throw failure("daemon did not start") }
+        let target = root + "/plugins/" + (file as NSString).lastPathComponent
+        var start = try drop(file, as: target)
+        guard await daemon.waitForLine(containing: "loaded plugin \(plugin) ", after: start) != nil else {
+            throw failure("\(plugin) was not loaded:\n\(daemon.tail)")
+        }
+        let before = try memory(of: daemon.pid)
+        for variant in variants {
+            start = try drop(variant.path, as: target)
+            guard await daemon.waitForLine(containing: "by \(variant.version) (generation", after: start) != nil else {
+                throw failure("replacement by \(variant.version) not seen:\n\(daemon.tail)")
+            }
+        }
+        let after = try memory(of: daemon.pid)
+        let images = (try? FileManager.default.contentsOfDirectory(atPath: root + "/state/images")) ?? []
+        let perCycle = Double(cycles)
+        return [
+            BenchRow(name: "replace.\(label).rss_per_cycle", value: Double(after.rssKiB - before.rssKiB) / perCycle, unit: "KB",
+                     baseline: Double(before.rssKiB),
+                     baselineDescription: "RSS of the daemon with the plugin loaded once; value: RSS growth per replace over \(cycles) replaces (report only)",
+                     target: nil),
+            BenchRow(name: "replace.\(label).mappings_per_cycle", value: Double(after.mappings - before.mappings) / perCycle, unit: "n",
+                     baseline: Double(before.mappings),
+                     baselineDescription: "mappings of the daemon with the plugin loaded once; value: new mappings per replace over \(cycles) replaces (report only)",
+                     target: nil),
+            BenchRow(name: "replace.\(label).state_files_left", value: Double(images.count), unit: "n", baseline: Double(cycles),
+                     baselineDescription: "replaces done; value: files in state/images after them (target 0)",
+                     target: 0),
+        ]
+    }
+
+    // MARK: helpers
+
+    /// Copies `source` next to `target` under a dot name, then renames it in, as an
+    /// installer does; returns when the rename happened.
+    func drop(_ source: String, as target: String) throws -> UInt64 {
+        let temporary = (target as NSString).deletingLastPathComponent + "/." + (target as NSString).lastPathComponent + ".tmp"
+        unlink(temporary)
+        try FileManager.default.copyItem(atPath: source, toPath: temporary)
+        let start = monotonicNanoseconds()
+        guard rename(temporary, target) == 0 else { throw failure("rename to \(target) failed") }
+        return start
+    }
+
+    /// A copy of plugin `file` whose embedded manifest says `version` (the same code).
+    func withVersion(_ file: String, _ version: String, in directory: String) throws -> String {
+        let manifest = try PluginFactory.embeddedManifest(file)
+        guard var object = try JSONSerialization.jsonObject(with: Data(manifest.utf8)) as? [String: Any] else {
+            throw failure("the manifest of \(file) is not an object")
+        }
+        object["version"] = version
+        let manifestFile = directory + "/manifest-\(version).json"
+        try JSONSerialization.data(withJSONObject: object).write(to: URL(fileURLWithPath: manifestFile))
+        let output = directory + "/" + version + "-" + (file as NSString).lastPathComponent
+        try shell("objcopy --update-section .modhost.manifest='\(manifestFile)' '\(file)' '\(output)'")
+        return output
+    }
+
+    /// Resident memory and mapping count of process `pid`, from /proc.
+    func memory(of pid: Int32) throws -> (rssKiB: Int, mappings: Int) {
+        let status = try String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8)
+        guard let line = status.split(separator: "\n").first(where: { $0.hasPrefix("VmRSS:") }),
+              let kib = Int(line.split(separator: " ", omittingEmptySubsequences: true).dropFirst().first ?? "") else {
+            throw failure("no VmRSS for pid \(pid)")
+        }
+        let maps = try String(contentsOfFile: "/proc/\(pid)/maps", encoding: .utf8)
+        return (kib, maps.split(separator: "\n").count)
+    }
+
+    func fresh(_ name: String) throws -> String { try freshDirectory(work + "/" + name) }
+}
