@@ -97,8 +97,7 @@ struct BusTests {
         ])
     }
 
-    // "a wrapper that adds hooks to a plain value (the seed's ModuleWrap)"; access finds the
-    // plain value.
+    // HookedValue adds hooks to a plain value; access finds the plain value.
     @Test func hookedValueAddsHooksToAPlainValue() {
         let recorder = Recorder()
         let bus = Bus(label: "main")
@@ -242,8 +241,7 @@ final class RaceService: Installable, Uninstallable {
 /// Tests that install the process-wide Backdoor: serialized, as they share it.
 @Suite("Backdoor", .serialized)
 struct BackdoorTests {
-    // "A process-wide default bus accessor (the seed's Backdoor) that is safe under
-    // concurrency."
+    // The Backdoor is a process-wide default bus, safe to use from many threads at once.
     @Test func backdoorIsAProcessWideBusSafeUnderConcurrency() {
         let recorder = Recorder()
         let common = Bus.new(label: "common") { bus in

@@ -51,8 +51,8 @@ struct HostInstanceTests {
         #expect(recorder.all == (0..<50).map { "a.n(\($0))" } + ["a.end(null)"])
     }
 
-    // Module Info: "Name, version and metadata per module, and the host's payload of all of
-    // them as JSON (the seed's network payload)".
+    // Name, version and metadata per module, and the host's info payload of all of them as
+    // JSON (docs/modules.md, "Module info").
     @Test func infosAndThePayloadListTheRunningModulesInOrder() async throws {
         let host = makeHost("infos")
         await host.add([

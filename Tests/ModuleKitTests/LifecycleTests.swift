@@ -1,7 +1,7 @@
 import ModuleKit
 import Testing
 
-/// Lifecycle events (the seed's MoEngage model), configuration, removal and replacement.
+/// Lifecycle events (docs/modules.md, "The lifecycle"), configuration, removal and replacement.
 @Suite("Lifecycle events and configuration")
 struct LifecycleTests {
     // "1. .init — called once when module is registered; 2. .start — called after all modules

@@ -2,7 +2,8 @@ import Dispatch
 import ModuleKit
 import Testing
 
-/// The emission rules of the seed's ModuleManager (Tealium), one test per guarantee.
+/// The emission rules of ModuleManager (docs/modules.md, "Observing other modules"), one
+/// test per guarantee.
 @Suite("ModuleManager emission rules")
 struct ModuleManagerTests {
     /// Subscribes `observeModules { $0 as? Probe }` on `host` and records "emit:<tags>".
@@ -352,8 +353,8 @@ struct ModuleManagerTests {
         #expect(recorder.all == ["emit:1", "other:1", "other:2"])
     }
 
-    // "The methods that only return an Observable, like observeModule, can be called from any
-    // queue, but that Observable must be subscribed from the Tealium queue and emits from it."
+    // Methods that only return an Observable, like observeModule, can be called from any
+    // thread; the Observable is subscribed on the host's context and emits there.
     @Test func observablesCanBeCreatedAnywhereAndEmitOnTheHost() async {
         let recorder = Recorder()
         let host = makeHost()
@@ -368,8 +369,8 @@ struct ModuleManagerTests {
         #expect(recorder.all == ["a|ready=true"])
     }
 
-    // "to consume it elsewhere, chain subscribeOn(_:) with the Tealium queue followed by
-    // observeOn(_:) with yours."
+    // To consume values elsewhere, observeOn(queue) subscribes from any thread and delivers
+    // on the queue.
     @Test(.timeLimit(.minutes(1)))
     func observeOnDeliversEveryValueInOrderOnTheGivenQueue() async {
         let recorder = Recorder()

@@ -1,6 +1,6 @@
 import Synchronization
 
-/// A value that wants to know when it is installed on a bus (the seed's `Installable`).
+/// A value that wants to know when it is installed on a bus.
 /// Both hooks run on the installing thread, outside the bus's lock, so they may use the
 /// bus: `preInstall` before the value becomes accessible, `postInstall` after.
 public protocol Installable: Sendable {
@@ -10,8 +10,7 @@ public protocol Installable: Sendable {
     func postInstall(on bus: Bus)
 }
 
-/// A value that wants to know when it is uninstalled from a bus (the seed's
-/// `Uninstallable`). Both hooks run on the uninstalling thread, outside the bus's lock:
+/// A value that wants to know when it is uninstalled from a bus. Both hooks run on the uninstalling thread, outside the bus's lock:
 /// `preUninstall` while the value is still accessible, `postUninstall` after it is gone.
 public protocol Uninstallable: Sendable {
     /// Called while the value is still accessible on `bus`.
@@ -34,7 +33,7 @@ extension Uninstallable {
     public func postUninstall(from bus: Bus) {}
 }
 
-/// A plain value with install/uninstall hooks attached (the seed's `ModuleWrap`). The bus
+/// A plain value with install/uninstall hooks attached. The bus
 /// stores the wrapped value under its own type, so `bus.access() as Value?` finds it.
 ///
 ///     bus.install(HookedValue(Settings(name: "x")).preInstall { print("installing on", $0) })
@@ -112,7 +111,7 @@ extension HookedValue: HookedValueProtocol {
 }
 
 /// A bus with a type of its own, so that it can be installed on another bus and found
-/// there by that type (the seed's "unique instance inheriting from Bus"):
+/// there by that type:
 ///
 ///     final class AudioBus: SubBus { let bus = Bus(label: "audio") }
 ///     parent.install(AudioBus())
@@ -135,7 +134,7 @@ extension SubBus {
     public func access<T>(_ type: T.Type = T.self) -> T? { bus.access(type) }
 }
 
-/// A dependency container (the seed's Omnibus `Bus`): install any `Sendable` object or
+/// A dependency container: install any `Sendable` object or
 /// value, access it by type, uninstall it; optional hooks around both.
 ///
 /// Threading: a `Bus` is a `Sendable` class whose contents are guarded by a lock, so it
@@ -184,7 +183,7 @@ public final class Bus: Sendable, CustomStringConvertible {
     /// An empty bus.
     public init(label: String = "bus") { self.label = label }
 
-    /// Creates a bus and lets `configure` install its contents (the seed's `Bus.new`).
+    /// Creates a bus and lets `configure` install its contents before returning it.
     public static func new(label: String = "bus", _ configure: (Bus) -> Void) -> Bus {
         let bus = Bus(label: label)
         configure(bus)
@@ -339,7 +338,7 @@ public final class Bus: Sendable, CustomStringConvertible {
     }
 }
 
-/// The process-wide default bus (the seed's `Backdoor`): one `Bus` that any code in the
+/// The process-wide default bus: one `Bus` that any code in the
 /// process can reach without a reference to a host instance. Every member is safe to use
 /// from any thread concurrently.
 ///
@@ -355,7 +354,7 @@ public enum Backdoor {
 
     /// Uninstalls the Backdoor from `bus`: when `bus` is the current process-wide bus it is
     /// no longer reachable here, and everything on it is uninstalled in reverse order with
-    /// its hooks (the seed: "destroy the Bus uninstalling all the modules it has"). Does
+    /// its hooks. Does
     /// nothing when `bus` is nil or not the current bus.
     public static func uninstall(from bus: Bus?) {
         guard let bus else { return }

@@ -2,7 +2,7 @@ import Dispatch
 import Synchronization
 
 /// One host instance: its modules, their lifecycle events, their notifications and its
-/// Bus, all confined to this actor (the seed's per-SDK-instance actor).
+/// Bus, all confined to this actor; instances in one process share nothing.
 ///
 /// Threading: every module callback of an instance runs on the instance's serial context
 /// (this actor); module objects never leave it. Module code receives the instance as
@@ -417,7 +417,7 @@ public actor HostInstance {
     /// The info (name, version, metadata) of every running module, in order.
     public func infos() -> [ModuleInfo] { moduleManager.modules.map(\.info) }
 
-    /// The info payload (the seed's "network payload"): every running module's info, in
+    /// The info payload (what `modhostctl info` prints): every running module's info, in
     /// order, as `{"instance": name, "modules": [{"name", "version", "metadata"}, ...]}`.
     public func infoPayload() -> JSONValue {
         .object(["instance": .string(name), "modules": .array(infos().map(\.payload))])

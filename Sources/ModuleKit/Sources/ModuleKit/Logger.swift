@@ -70,8 +70,9 @@ public enum LoggingSystem {
     static var level: LogLevel { state.withLock { $0.level } }
 }
 
-/// A value-type logger in the style of swift-log: a label plus metadata that every line
-/// it writes carries. Cheap to copy; safe to use from any thread.
+/// A value-type logger: a label plus metadata that every line it writes carries, written
+/// through the backend `LoggingSystem` was bootstrapped with. Cheap to copy; safe to use
+/// from any thread.
 public struct Logger: Sendable {
     public var label: String
     public var metadata: [(String, String)] = []

@@ -75,7 +75,8 @@ extension PluginModule {
     public var info: ModuleInfo { ModuleInfo(name: Self.name, version: Self.version, metadata: Self.metadata) }
 }
 
-/// Name, version and free-form metadata of a module (MoEngage's `Info`).
+/// Name, version and free-form metadata of a module, as `info` commands and
+/// `HostInstance.infoPayload()` report them.
 public struct ModuleInfo: Sendable, Hashable, Codable {
     public var name: String
     public var version: String

@@ -13,8 +13,8 @@ struct ModuleSlot {
     var name: String { factory.name }
 }
 
-/// The ordered modules of one host instance and the observation API over them: the
-/// seed's (Tealium's) ModuleManager.
+/// The ordered modules of one host instance and the observation API over them: find a
+/// module by name, type or protocol, observe the set, wait for one (`getModule`).
 ///
 /// Threading: a `ModuleManager` belongs to its `HostInstance` and is reached as
 /// `host.moduleManager` from code running on that host's context (module callbacks, or
@@ -84,7 +84,7 @@ public final class ModuleManager {
         slots.first { $0.name == name }?.module
     }
 
-    // MARK: Observing (the seed's API)
+    // MARK: Observing
 
     /// Observes the objects produced by the successful transformations of the modules,
     /// whether or not a given module is currently enabled (a disabled module simply

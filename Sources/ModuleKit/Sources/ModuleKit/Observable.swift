@@ -144,8 +144,7 @@ extension Disposable {
     public func disposed(by bag: DisposeBag) { bag.add(self) }
 }
 
-/// A stream of values produced on one host instance's serial context: the seed's
-/// `Observable`.
+/// A stream of values produced on one host instance's serial context.
 ///
 /// - Creation: anywhere. An `Observable` is a `Sendable` description; creating one does no
 ///   work and touches no module.
@@ -158,7 +157,7 @@ extension Disposable {
 ///   when subscribed while the modules are ready they emit the current value at once,
 ///   before `subscribe` returns.
 /// - To consume values elsewhere: `observeOn(_:)` (a dispatch queue, subscribable from any
-///   thread: the seed's `subscribeOn(host)` + `observeOn(queue)` in one step), `values`
+///   thread; the subscription hops to the host's context), `values`
 ///   (an `AsyncStream`, for `Sendable` values, iterable anywhere) or `valuesOnHost()` (an
 ///   `AsyncSequence` iterated on the host's context, for module objects).
 public struct Observable<Element>: Sendable {
@@ -271,9 +270,8 @@ extension Observable where Element: Sendable {
         return stream
     }
 
-    /// The seed's `subscribeOn(hostQueue).observeOn(queue)`: an observable that may be
-    /// subscribed from any thread (the subscription hops to the host's context) and
-    /// delivers every value, in order, on `queue`.
+    /// An observable that may be subscribed from any thread (the subscription hops to the
+    /// host's context) and delivers every value, in order, on `queue`.
     public func observeOn(_ queue: DispatchQueue) -> RelayedObservable<Element> {
         RelayedObservable(upstream: self, queue: queue)
     }
