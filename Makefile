@@ -125,14 +125,16 @@ bench:
 
 install: plugins
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/modulehost/swift $(DESTDIR)$(PREFIX)/include/modulehost \
-	  $(DESTDIR)$(PREFIX)/share/modulehost $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/lib/modulehost/plugins
+	  $(DESTDIR)$(PREFIX)/share/modulehost $(DESTDIR)$(PREFIX)/share/doc/modulehost $(DESTDIR)$(PREFIX)/lib/pkgconfig \
+	  $(DESTDIR)$(PREFIX)/lib/modulehost/plugins
 	install -m 0755 $(BUILD)/bin/modhostd $(BUILD)/bin/modhostctl $(BUILD)/bin/modhost-trial $(DESTDIR)$(PREFIX)/bin/
 	install -m 0644 $(BUILD)/lib/libModuleKit.so $(DESTDIR)$(PREFIX)/lib/
 	install -m 0644 $(BUILD)/lib/modulehost/swift/* $(DESTDIR)$(PREFIX)/lib/modulehost/swift/
 	install -m 0644 $(BUILD)/include/modulehost.h $(DESTDIR)$(PREFIX)/include/
 	install -m 0644 $(BUILD)/include/modulehost/module.modulemap $(DESTDIR)$(PREFIX)/include/modulehost/
 	install -m 0644 $(BUILD)/share/modulehost/plugin.mk $(DESTDIR)$(PREFIX)/share/modulehost/
-	install -m 0644 share/modhostd.service $(DESTDIR)$(PREFIX)/share/modulehost/
+	sed -e 's|/usr/local|$(PREFIX)|g' share/modhostd.service > $(DESTDIR)$(PREFIX)/share/modulehost/modhostd.service
+	install -m 0644 README.md docs/*.md $(DESTDIR)$(PREFIX)/share/doc/modulehost/
 	sed -e 's|@PREFIX@|$(PREFIX)|' share/modulehost.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/modulehost.pc
 
 clean:

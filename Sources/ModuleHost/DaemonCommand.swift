@@ -24,8 +24,8 @@ public struct DaemonCommand: Sendable {
                                     user, with a warning (development only)
           --log-level LEVEL         debug, info, warning or error (default: info)
           --log-format FORMAT       text or json (default: text)
-          --event-deadline SECONDS  How long a module's event handler may take before the module is
-                                    shown as stuck
+          --event-deadline SECONDS  How long a module's event handler may take before the daemon
+                                    goes on without it (a C module is then stuck)
                                     (0.001 to 3600; default: 5)
           --request-deadline SECONDS
                                     How long send, call, enable, disable and info may take before
@@ -46,7 +46,8 @@ public struct DaemonCommand: Sendable {
           71 operating-system error (socket, state directory), or another modhostd
              already uses the state directory or the socket (it exits before loading plugins)
 
-        See docs/daemon.md.
+        See daemon.md in ModuleHost's documentation (docs/ in the source tree,
+        PREFIX/share/doc/modulehost/ when installed).
         """
 
     let output: any CommandOutput

@@ -8,8 +8,9 @@ import PluginCall
 /// Every method may be called concurrently from several clients; the implementation
 /// serializes what must be serialized.
 public protocol DaemonControl: Sendable {
-    /// Every module the daemon knows, running or not, plus one row per refused or
-    /// quarantined file (with `module` "-"), ordered by state then order then name.
+    /// Every module the daemon knows, running or not, in start order (order, then name),
+    /// then one row per file refused, quarantined, waiting for a dependency or being
+    /// loaded (with `module` "-"), by path.
     func moduleRows() async -> [ModuleRow]
     /// Counters and paths of the running daemon.
     func status() async -> DaemonStatus
@@ -23,7 +24,8 @@ public protocol DaemonControl: Sendable {
     /// Calls a function a loaded plugin exports, by name, with arguments given as text (as
     /// typed on a command line) or as JSON values; see docs/calling.md.
     func call(plugin: String, function: String, arguments: CallArguments) async throws(DaemonError) -> CallValue
-    /// The info payload of every running module (name, version, metadata).
+    /// The host instance's info payload: `{"instance": name, "modules": [{"metadata",
+    /// "name", "version"}, ...]}`, the running modules in start order.
     func infoPayload() async throws(DaemonError) -> JSONValue
 }
 
@@ -41,7 +43,8 @@ public struct ModuleRow: Codable, Sendable, Equatable {
     /// The plugin file as found in the plugin directory.
     public var file: String
     public var version: String
-    /// "running", "stuck", "disabled", "stopped", "refused" or "quarantined".
+    /// "running", "stuck", "disabled" or "stopped" for a module; "refused", "quarantined",
+    /// "waiting" or "loading" for a file row.
     public var state: String
     public var order: Int?
     /// How many times this plugin has been loaded in this process (1 for the first load).

@@ -7,28 +7,8 @@ import TestSupport
 /// The README's "write your first plugin", taken from the README itself, built out of
 /// tree with the shipped plugin.mk and loaded: the docs a newcomer follows must work.
 @Suite struct OutOfTreeBuildTests {
-    /// The code blocks of README.md, in order, with the language tag of each.
-    static func readmeBlocks() throws -> [(language: String, body: String)] {
-        let text = try String(contentsOfFile: BuildProducts.packageRoot + "/README.md", encoding: .utf8)
-        var blocks: [(String, String)] = []
-        var current: (String, [String])?
-        for line in text.split(separator: "\n", omittingEmptySubsequences: false) {
-            if line.hasPrefix("```") {
-                if let open = current {
-                    blocks.append((open.0, open.1.joined(separator: "\n") + "\n"))
-                    current = nil
-                } else {
-                    current = (String(line.dropFirst(3)), [])
-                }
-            } else if current != nil {
-                current!.1.append(String(line))
-            }
-        }
-        return blocks
-    }
-
     func buildFromReadme(language: String) throws -> (TemporaryDirectory, String) {
-        let blocks = try Self.readmeBlocks()
+        let blocks = try MarkdownBlock.blocks(of: "README.md")
         let manifest = try #require(blocks.first { $0.language == "json" }).body
         let makefile = try #require(blocks.first { $0.language == "make" }).body
             .replacingOccurrences(of: "/path/to/modulehost/build", with: BuildProducts.directory)

@@ -1,7 +1,9 @@
 import Dispatch
+import Foundation
 import ModuleKit
 import Synchronization
 import Testing
+import TestSupport
 
 // The examples of docs/modules.md, compiled and run. Keep them in sync with the document.
 
@@ -128,7 +130,7 @@ final class RefreshingModule: Module {
 @Suite("docs/modules.md examples")
 struct DocExamplesTests {
     // docs: "Embedding a host instance".
-    @Test func theHostSideExampleRuns() async {
+    @Test func theHostSideExampleRuns() async throws {
         let host = HostInstance(
             name: "main",
             settings: [
@@ -146,6 +148,12 @@ struct DocExamplesTests {
         let flushed = await host.perform { host in (host.module(named: "audit") as? AuditModule)?.flushed }
         #expect(flushed == true)
         #expect(host.bus.access(TokenCache.self) != nil)
+        // docs: "Module info" shows this instance's info payload at this point.
+        let shown = try #require(try MarkdownBlock.blocks(of: "docs/modules.md").first {
+            $0.language == "json" && $0.body.contains("\"instance\"")
+        })
+        let documented = try JSONDecoder().decode(JSONValue.self, from: Data(shown.body.utf8))
+        #expect(await host.infoPayload() == documented, "\(shown.location)")
         #expect(await host.moduleNames == ["memory-store", "audit"])
 
         // Removing the prefix makes updateConfiguration return nil: the module goes.
