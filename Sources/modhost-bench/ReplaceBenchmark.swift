@@ -155,8 +155,12 @@ struct ReplaceBenchmark {
               let kib = Int(line.split(separator: " ", omittingEmptySubsequences: true).dropFirst().first ?? "") else {
             throw failure("no VmRSS for pid \(pid)")
         }
-        let maps = try String(contentsOfFile: "/proc/\(pid)/maps", encoding: .utf8)
-        return (kib, maps.split(separator: "\n").count)
+        // Read to the end: a /proc file reports size 0, and reading it "whole" stops after a page.
+        guard let maps = FileHandle(forReadingAtPath: "/proc/\(pid)/maps"), let text = try maps.readToEnd() else {
+            throw failure("cannot read /proc/\(pid)/maps")
+        }
+        try maps.close()
+        return (kib, text.reduce(0) { $0 + ($1 == UInt8(ascii: "\n") ? 1 : 0) })
     }
 
     func fresh(_ name: String) throws -> String { try freshDirectory(work + "/" + name) }
