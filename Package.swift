@@ -25,10 +25,13 @@ let package = Package(
                        providers: [.apt(["libffi-dev"])]),
         // dladdr, which needs _GNU_SOURCE.
         .target(name: "CDynamicLoader"),
+        // The one check that a symbol is a plugin's own (not a dependency's): plain C, so that
+        // the loader, calls by name and modhost-trial (which links only libc) share it.
+        .target(name: "CSymbolOwnership"),
         // Reading plugin files without running them: ELF structure and the manifest.
         .target(name: "PluginFormat", swiftSettings: swift6),
         // Calling plugin functions by name through libffi.
-        .target(name: "PluginCall", dependencies: ["CFFI", "CDynamicLoader", "PluginFormat"], swiftSettings: swift6),
+        .target(name: "PluginCall", dependencies: ["CFFI", "CSymbolOwnership", "PluginFormat"], swiftSettings: swift6),
         // Daemon plumbing that knows nothing of plugins: signals, inotify, the control
         // socket, systemd notification.
         .target(name: "DaemonKit", dependencies: [.product(name: "ModuleKit", package: "ModuleKit")],
@@ -50,6 +53,7 @@ let package = Package(
         // Links nothing but libc; the daemon preloads ModuleKit for Swift plugins.
         .executableTarget(
             name: "modhost-trial",
+            dependencies: ["CSymbolOwnership"],
             cSettings: [.unsafeFlags(["-I", Context.packageDirectory + "/Sources/ModuleKit/Sources/CModuleHost/include"])],
             linkerSettings: [.unsafeFlags(["-Xlinker", "--as-needed"])]),
         // Benchmarks, run by `make bench`, apart from the tests.

@@ -1,5 +1,6 @@
 import CDynamicLoader
 import Glibc
+import PluginCall
 
 /// A shared object opened with `RTLD_NOW`. It is never closed: a Swift image cannot be
 /// unloaded safely (the runtime keeps pointers into its metadata), so every image the
@@ -29,11 +30,12 @@ public final class DynamicLibrary: @unchecked Sendable {
         return .success(address)
     }
 
-    /// True when `address` lies in this library's own image (not in a dependency). A
-    /// lookup in the loader's sorted table of objects: it does not slow down as more
-    /// plugins are loaded, as `dladdr` does.
-    public func contains(_ address: UnsafeRawPointer) -> Bool {
-        modhost_address_in_object(address, handle) == 1
+    /// Which object defines the code or data at `address`: this library's own image,
+    /// another object (a dependency), or none. The one ownership rule
+    /// (`SymbolOwnership.owner(of:in:)`), a lookup in the loader's sorted table of objects
+    /// that does not slow down as more plugins are loaded.
+    public func owner(of address: UnsafeRawPointer) -> SymbolOwnership.Owner {
+        SymbolOwnership.owner(of: address, in: handle)
     }
 
     /// The file that defines the code at `address`, as the dynamic loader names it (the
@@ -41,12 +43,6 @@ public final class DynamicLibrary: @unchecked Sendable {
     public static func file(containing address: UnsafeRawPointer) -> String? {
         guard let name = modhost_fast_object_containing(address) ?? modhost_object_containing(address) else { return nil }
         return String(cString: name)
-    }
-
-    /// True when both paths name the same file. The loader keeps the path a library was
-    /// opened by, so equal strings settle it without touching the file system.
-    public static func samePath(_ a: String, _ b: String) -> Bool {
-        a == b || (realPath(a) ?? a) == (realPath(b) ?? b)
     }
 
     static func lastError() -> String {

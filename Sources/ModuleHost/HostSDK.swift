@@ -27,6 +27,11 @@ public struct HostSDK: Sendable {
         return HostSDK(libraryPath: path, buildID: id, compilerVersion: ModuleKitBuild.compilerVersion)
     }()
 
+    /// The host's ModuleKit as an opened library (it is mapped already: opening it again
+    /// maps nothing), for the ownership check of the symbols a Swift plugin resolves; nil
+    /// when the library was not found.
+    static let library: DynamicLibrary? = current.libraryPath.isEmpty ? nil : try? DynamicLibrary(path: current.libraryPath)
+
     /// The ABI version this host implements.
     public static let abiMajor = Int(MODHOST_ABI_MAJOR)
     public static let abiMinor = Int(MODHOST_ABI_MINOR)

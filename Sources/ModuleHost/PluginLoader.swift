@@ -152,14 +152,19 @@ public struct PluginLoader: Sendable {
             throw fail(.entrySymbol, "the file does not export \(MODHOST_ENTRY_SYMBOL)",
                        "export it: MODHOST_PLUGIN_ENTRY in C, @_cdecl(\"\(MODHOST_ENTRY_SYMBOL)\") in Swift")
         }
-        if !library.contains(entry), let owner = DynamicLibrary.file(containing: entry), !DynamicLibrary.samePath(owner, file.resolvedPath) {
+        switch library.owner(of: entry) {
+        case .plugin: break
+        case .other(let owner):
             throw fail(.entrySymbol, "\(MODHOST_ENTRY_SYMBOL) resolves from \(owner), not from this file",
                        "define the entry symbol in this plugin itself")
+        case .unknown:
+            throw fail(.entrySymbol, "\(MODHOST_ENTRY_SYMBOL) resolves to an address in no loaded object, not in this file",
+                       "define the entry symbol in this plugin itself")
         }
-        if file.manifest.language == .swift {
+        if file.manifest.language == .swift, let sdk = HostSDK.library {
             // The ModuleKit this plugin's scope resolves must be the host's.
-            if case .success(let address) = library.symbol("modhost_abi_compatible"),
-               let owner = DynamicLibrary.file(containing: address), !DynamicLibrary.samePath(owner, HostSDK.current.libraryPath) {
+            if case .success(let address) = library.symbol("modhost_abi_compatible"), sdk.owner(of: address) != .plugin {
+                let owner = DynamicLibrary.file(containing: address) ?? "an unknown object"
                 throw fail(.sdkLinkage, "the plugin resolves ModuleKit from \(owner), the host uses \(HostSDK.current.libraryPath)",
                            "build the plugin against the host's SDK and do not ship a libModuleKit.so with it")
             }

@@ -1,5 +1,4 @@
-import CFFI
-import Foundation
+import CSymbolOwnership
 import Glibc
 import PluginFormat
 
@@ -64,10 +63,33 @@ public enum SymbolOwnership {
         return resolved
     }
 
-    /// Resolves one symbol with `dlsym` and checks that the object defining it is the
-    /// plugin's own: the same link map as `handle` (or, failing that, `dladdr`'s file name
-    /// naming the same file as `pluginPath`).
+    /// Which loaded object defines the code or data at an address, relative to a plugin.
+    public enum Owner: Sendable, Equatable {
+        /// The plugin's own image.
+        case plugin
+        /// Another loaded object (a dependency, the SDK, libc): its path as the dynamic
+        /// loader names it.
+        case other(file: String)
+        /// No loaded object contains the address.
+        case unknown
+    }
+
+    /// The one symbol-ownership rule (`modhost_symbol_owner` in C, which modhost-trial
+    /// uses too): the object containing `address` compared with the object `handle` names,
+    /// by link map, never by file name. Safe from any thread.
+    public static func owner(of address: UnsafeRawPointer, in handle: UnsafeMutableRawPointer) -> Owner {
+        var file: UnsafePointer<CChar>?
+        switch modhost_symbol_owner(handle, address, &file) {
+        case MODHOST_SYMBOL_OWNER_SELF: return .plugin
+        case MODHOST_SYMBOL_OWNER_OTHER: return .other(file: file.map { String(cString: $0) } ?? "?")
+        default: return .unknown
+        }
+    }
+
+    /// Resolves one symbol with `dlsym` and checks with `owner(of:in:)` that the plugin's
+    /// own image defines it.
     ///
+    /// - Parameter pluginPath: the plugin's path, for messages.
     /// - Throws: `ExportError.missingSymbol` (with `dlerror()`'s text),
     ///   `.symbolFromDependency` (naming the library that defines it) or `.unknownOrigin`.
     public static func resolve(
@@ -78,39 +100,14 @@ public enum SymbolOwnership {
             let message = dlerror().map { String(cString: $0) } ?? "dlsym returned NULL"
             throw ExportError.missingSymbol(plugin: plugin, function: symbol, message: message)
         }
-        var definingMap: UnsafeRawPointer?
-        var fileName: UnsafePointer<CChar>?
-        guard modhost_symbol_origin(address, &definingMap, &fileName) != 0, let definingMap else {
+        switch owner(of: address, in: handle) {
+        case .plugin:
+            return UnsafeRawPointer(address)
+        case .other(let library):
+            throw ExportError.symbolFromDependency(plugin: plugin, function: symbol, library: library, pluginPath: pluginPath)
+        case .unknown:
             throw ExportError.unknownOrigin(plugin: plugin, function: symbol)
         }
-        let library = fileName.map { String(cString: $0) } ?? "?"
-        if let pluginMap = modhost_handle_link_map(handle) {
-            if pluginMap != definingMap {
-                throw ExportError.symbolFromDependency(
-                    plugin: plugin, function: symbol, library: library, pluginPath: pluginPath)
-            }
-        } else if !sameFile(library, pluginPath) {
-            throw ExportError.symbolFromDependency(
-                plugin: plugin, function: symbol, library: library, pluginPath: pluginPath)
-        }
-        return UnsafeRawPointer(address)
-    }
-
-    /// True when both paths name the same file (same device and inode), or, when either
-    /// cannot be stat'ed, when their real paths are equal.
-    static func sameFile(_ a: String, _ b: String) -> Bool {
-        var statA = stat()
-        var statB = stat()
-        if stat(a, &statA) == 0, stat(b, &statB) == 0 {
-            return statA.st_dev == statB.st_dev && statA.st_ino == statB.st_ino
-        }
-        return realPath(a) == realPath(b)
-    }
-
-    static func realPath(_ path: String) -> String {
-        guard let resolved = realpath(path, nil) else { return path }
-        defer { free(resolved) }
-        return String(cString: resolved)
     }
 
     static func isCIdentifier(_ name: String) -> Bool {

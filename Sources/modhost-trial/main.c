@@ -30,6 +30,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 #include "modulehost.h"
+#include "symbol_ownership.h"
 
 static int reply_fd = 1;
 static char verdict[1024];
@@ -113,9 +114,12 @@ static int load(int argc, char **argv) {
     if (handle == NULL) return refuse("dlopen failed", dlerror());
     void *entry = dlsym(handle, MODHOST_ENTRY_SYMBOL);
     if (entry == NULL) return refuse("the file does not export " MODHOST_ENTRY_SYMBOL, NULL);
-    Dl_info info;
-    if (dladdr(entry, &info) == 0 || info.dli_fname == NULL || strcmp(info.dli_fname, file) != 0)
-        return refuse(MODHOST_ENTRY_SYMBOL " resolves from another file", info.dli_fname);
+    const char *owner = NULL;
+    switch (modhost_symbol_owner(handle, entry, &owner)) {
+    case MODHOST_SYMBOL_OWNER_SELF: break;
+    case MODHOST_SYMBOL_OWNER_OTHER: return refuse(MODHOST_ENTRY_SYMBOL " resolves from another file", owner);
+    default: return refuse(MODHOST_ENTRY_SYMBOL " resolves to an address in no loaded object", NULL);
+    }
     const modhost_plugin *plugin = ((modhost_plugin_entry_fn)entry)();
     if (plugin == NULL) return refuse(MODHOST_ENTRY_SYMBOL " returned NULL", NULL);
     if (plugin->abi_major != MODHOST_ABI_MAJOR) return refuse("the descriptor has another ABI major version", NULL);
