@@ -172,13 +172,13 @@ private final class CModuleInstance: @unchecked Sendable {
 
     /// Calls `create`; false when it returned NULL (the module is refused).
     func create(configuration: String) -> Bool {
-        guard let create = descriptor.pointer.pointee.create else { return false }
+        guard let create = descriptor.create else { return false }
         pointer = configuration.withCString { create(services.table, $0) }
         return pointer != nil
     }
 
     func deliver(_ name: String, _ payload: JSONValue?) {
-        guard !destroyed, let pointer, let handle = descriptor.pointer.pointee.handle_event else { return }
+        guard !destroyed, let pointer, let handle = descriptor.handleEvent else { return }
         name.withCString { name in
             if let payload, payload != .null {
                 payload.jsonText.withCString { handle(pointer, name, $0) }
@@ -191,32 +191,63 @@ private final class CModuleInstance: @unchecked Sendable {
     func destroy() {
         guard !destroyed else { return }
         destroyed = true
-        if let pointer { descriptor.pointer.pointee.destroy?(pointer) }
+        if let pointer { descriptor.destroy?(pointer) }
         pointer = nil
     }
 }
 
-/// A C module descriptor in the plugin's static storage.
+/// A module descriptor (`modhost_module`) in the plugin's static storage, read field by
+/// field within its `struct_size` (`ABIStruct`): `name` and `version` are required, and a
+/// field after them that the plugin's struct does not hold is absent. Which of the
+/// remaining fields a kind needs (a C module's three functions, a Swift module's type) is
+/// checked by the loader.
 ///
-/// `@unchecked Sendable`: it points at memory the plugin declares immutable for the life
-/// of the process (docs/abi.md), and the image is never unloaded; nothing writes to it.
+/// `@unchecked Sendable`: it holds pointers into memory the plugin declares immutable for
+/// the life of the process (docs/abi.md), and the image is never unloaded; nothing writes
+/// to it.
 struct ModuleDescriptor: @unchecked Sendable {
-    let pointer: UnsafePointer<modhost_module>
+    typealias Layout = modhost_module
+    let kind: UInt32
     let name: String
     let version: String
     let notifications: [String]
+    let create: Layout.Create?
+    let handleEvent: Layout.HandleEvent?
+    let destroy: Layout.Destroy?
+    let swiftType: UnsafeRawPointer?
+    /// The plugin's `struct_size`, for messages.
+    let structSize: Int
 
-    init(_ pointer: UnsafePointer<modhost_module>) {
-        self.pointer = pointer
-        name = String(cString: pointer.pointee.name)
-        version = String(cString: pointer.pointee.version)
+    /// The smallest module descriptor: through `version`.
+    static let minimumSize = ABIStruct<Layout>.end(of: \.version)
+
+    init(_ pointer: UnsafeRawPointer) throws(DescriptorProblem) {
+        let raw = ABIStruct<Layout>(pointer)
+        guard let kind = raw.uint32(\.kind), let name = raw.pointer(\.name), let version = raw.pointer(\.version) else {
+            throw DescriptorProblem(check: .descriptor, problem: "a module descriptor says struct_size \(raw.size), or its name or version is NULL",
+                                    fix: "initialise struct_size with sizeof(modhost_module) and set name and version")
+        }
+        self.kind = kind
+        self.name = String(cString: name.assumingMemoryBound(to: CChar.self))
+        self.version = String(cString: version.assumingMemoryBound(to: CChar.self))
         var names: [String] = []
-        if var cursor = pointer.pointee.notifications {
+        if var cursor = raw.pointer(\.notifications)?.assumingMemoryBound(to: UnsafePointer<CChar>?.self) {
             while let name = cursor.pointee {
                 names.append(String(cString: name))
                 cursor += 1
             }
         }
         notifications = names
+        create = raw.pointer(\.create).map { unsafeBitCast($0, to: Layout.Create.self) }
+        handleEvent = raw.pointer(\.handle_event).map { unsafeBitCast($0, to: Layout.HandleEvent.self) }
+        destroy = raw.pointer(\.destroy).map { unsafeBitCast($0, to: Layout.Destroy.self) }
+        swiftType = raw.pointer(\.swift_type)
+        structSize = raw.size
     }
+}
+
+extension modhost_module {
+    typealias Create = @convention(c) (UnsafePointer<modhost_host_api>, UnsafePointer<CChar>) -> UnsafeMutableRawPointer?
+    typealias HandleEvent = @convention(c) (UnsafeMutableRawPointer?, UnsafePointer<CChar>, UnsafePointer<CChar>?) -> Void
+    typealias Destroy = @convention(c) (UnsafeMutableRawPointer?) -> Void
 }

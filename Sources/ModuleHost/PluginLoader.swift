@@ -173,16 +173,17 @@ public struct PluginLoader: Sendable {
         guard let descriptor = function() else {
             throw fail(.descriptor, "\(MODHOST_ENTRY_SYMBOL) returned NULL", "return the plugin descriptor from the entry function")
         }
-        guard modhost_abi_compatible(descriptor) != 0 else {
-            throw fail(.abi, "the descriptor says ABI \(descriptor.pointee.abi_major).\(descriptor.pointee.abi_minor) (struct size \(descriptor.pointee.struct_size)), this host provides \(HostSDK.abiMajor).\(HostSDK.abiMinor)",
-                       "rebuild the plugin against this host's modulehost.h")
+        let modules: [LoadedPlugin.Module]
+        do throws(DescriptorProblem) {
+            let plugin = try PluginDescriptor(UnsafeRawPointer(descriptor))
+            guard plugin.name == file.manifest.name else {
+                throw DescriptorProblem(check: .descriptor, problem: "the entry symbol describes plugin \(plugin.name), the manifest says \(file.manifest.name)",
+                                        fix: "use the same name in the code and in plugin.json")
+            }
+            modules = try describeModules(plugin, file)
+        } catch {
+            throw fail(error.check, error.problem, error.fix)
         }
-        let name = String(cString: descriptor.pointee.name)
-        guard name == file.manifest.name else {
-            throw fail(.descriptor, "the entry symbol describes plugin \(name), the manifest says \(file.manifest.name)",
-                       "use the same name in the code and in plugin.json")
-        }
-        let modules = try describeModules(descriptor, file)
         let described = modules.map(\.factory.name)
         guard described == file.manifest.modules else {
             throw fail(.descriptor, "the entry symbol describes modules [\(described.joined(separator: ", "))], the manifest lists [\(file.manifest.modules.joined(separator: ", "))]",
@@ -200,30 +201,20 @@ public struct PluginLoader: Sendable {
         return LoadedPlugin(file: file, library: library, modules: modules, functions: functions)
     }
 
-    private func describeModules(_ plugin: UnsafePointer<modhost_plugin>, _ file: PluginFile) throws(LoadFailure) -> [LoadedPlugin.Module] {
-        func fail(_ problem: String, _ fix: String) -> LoadFailure {
-            LoadFailure(file: file.path, check: .descriptor, problem: problem, fix: fix)
+    private func describeModules(_ plugin: PluginDescriptor, _ file: PluginFile) throws(DescriptorProblem) -> [LoadedPlugin.Module] {
+        func fail(_ problem: String, _ fix: String) -> DescriptorProblem {
+            DescriptorProblem(check: .descriptor, problem: problem, fix: fix)
         }
-        let count = Int(plugin.pointee.module_count)
-        guard count > 0 || file.manifest.modules.isEmpty else {
+        guard plugin.moduleCount > 0 || file.manifest.modules.isEmpty else {
             throw fail("the descriptor lists no modules", "point `modules` at the module array and set its count")
         }
-        guard count > 0 else { return [] }
-        let first = plugin.pointee.modules
-        let stride = Int(first.pointee.struct_size)
-        guard stride >= MemoryLayout<modhost_module>.size else {
-            throw fail("module descriptors are \(stride) bytes, ABI \(HostSDK.abiMajor).0 needs at least \(MemoryLayout<modhost_module>.size)",
-                       "initialise struct_size with sizeof(modhost_module)")
-        }
         var modules: [LoadedPlugin.Module] = []
-        for index in 0..<count {
-            let pointer = UnsafeRawPointer(first).advanced(by: index * stride).assumingMemoryBound(to: modhost_module.self)
-            let descriptor = ModuleDescriptor(pointer)
+        for descriptor in try plugin.moduleDescriptors() {
             let order = file.manifest.order
-            switch Int(pointer.pointee.kind) {
+            switch Int(descriptor.kind) {
             case Int(MODHOST_MODULE_SWIFT.rawValue):
-                guard let box = pointer.pointee.swift_type, let type = PluginExport.moduleType(box) else {
-                    throw LoadFailure(file: file.path, check: .sdkLinkage,
+                guard let box = descriptor.swiftType, let type = PluginExport.moduleType(box) else {
+                    throw DescriptorProblem(check: .sdkLinkage,
                                       problem: "module \(descriptor.name)'s type is not a ModuleKit type of this process (the plugin uses another copy of ModuleKit)",
                                       fix: "link the plugin against the host's libModuleKit.so with plugin.mk")
                 }
@@ -232,8 +223,9 @@ public struct PluginLoader: Sendable {
                 }
                 modules.append(.init(factory: ModuleFactory(type, plugin: file.name, defaultOrder: order), swiftType: type))
             case Int(MODHOST_MODULE_C.rawValue):
-                guard pointer.pointee.create != nil, pointer.pointee.handle_event != nil, pointer.pointee.destroy != nil else {
-                    throw fail("C module \(descriptor.name) lacks create, handle_event or destroy", "set all three function pointers")
+                guard descriptor.create != nil, descriptor.handleEvent != nil, descriptor.destroy != nil else {
+                    throw fail("C module \(descriptor.name) lacks create, handle_event or destroy (its struct_size is \(descriptor.structSize) bytes)",
+                               "set all three function pointers")
                 }
                 let services = hostServices
                 let workers = workers
@@ -249,7 +241,7 @@ public struct PluginLoader: Sendable {
                 }
                 modules.append(.init(factory: factory, swiftType: nil))
             default:
-                throw fail("module \(descriptor.name) has kind \(pointer.pointee.kind), expected MODHOST_MODULE_C (1) or MODHOST_MODULE_SWIFT (2)",
+                throw fail("module \(descriptor.name) has kind \(descriptor.kind), expected MODHOST_MODULE_C (1) or MODHOST_MODULE_SWIFT (2)",
                            "set kind to MODHOST_MODULE_C")
             }
         }

@@ -19,6 +19,7 @@
  */
 #define _GNU_SOURCE
 #include <dirent.h>
+#include <stddef.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -122,6 +123,12 @@ static int load(int argc, char **argv) {
     }
     const modhost_plugin *plugin = ((modhost_plugin_entry_fn)entry)();
     if (plugin == NULL) return refuse(MODHOST_ENTRY_SYMBOL " returned NULL", NULL);
+    /* Only fields within the struct_size the plugin compiled in are read (docs/abi.md,
+     * "Versioning policy"); the daemon's loader then checks the descriptor in full. */
+    if (plugin->struct_size < offsetof(modhost_plugin, modules) + sizeof plugin->modules) {
+        snprintf(verdict, sizeof verdict, "the plugin descriptor's struct_size is %u bytes, smaller than ABI %d.0's", plugin->struct_size, MODHOST_ABI_MAJOR);
+        return 1;
+    }
     if (plugin->abi_major != MODHOST_ABI_MAJOR) return refuse("the descriptor has another ABI major version", NULL);
     if (plugin->name == NULL || strcmp(plugin->name, name) != 0) return refuse("the descriptor names another plugin", plugin->name);
     snprintf(verdict, sizeof verdict, "ok %u", plugin->module_count);

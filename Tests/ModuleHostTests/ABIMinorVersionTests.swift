@@ -1,0 +1,115 @@
+import Foundation
+@testable import ModuleHost
+import ModuleKit
+import Testing
+import TestSupport
+
+/// docs/abi.md, "Versioning policy": a newer host reads only the fields an older plugin
+/// compiled in (each struct says its size in `struct_size`), and refuses a struct too
+/// small to hold ABI 1.0's fields with one line.
+@Suite struct ABIMinorVersionTests {
+    let dir = TemporaryDirectory("abi-minor")
+    var factory: PluginFactory { PluginFactory(directory: dir.path) }
+    var eventsFile: String { dir.file("events.txt") }
+
+    /// A C plugin whose module descriptors are `old_module`, the layout of `modhost_module`
+    /// cut after `fields` (as a plugin built against an older header has it), and whose
+    /// struct_size says so. `pluginSize` replaces the plugin descriptor's struct_size.
+    /// Each module appends "MODULE EVENT" to `eventsFile` for every event it handles.
+    func olderPlugin(_ name: String, fields: String, pluginSize: String = "sizeof(modhost_plugin)",
+                     minor: String = "MODHOST_ABI_MINOR", modules: [(String, String)]) -> String {
+        let lower = name.lowercased()
+        let descriptors = modules.map { module, version in
+            "{sizeof(old_module), MODHOST_MODULE_C, \"\(module)\", \"\(version)\", notes, create, handle, destroy},"
+        }.joined(separator: "\n")
+        return """
+            #include <modulehost.h>
+            #include <stdio.h>
+            typedef struct old_module {
+                \(fields)
+            } old_module;
+            static const char *const notes[] = {"\(lower)-note", NULL};
+            static const char *names[] = {\(modules.map { "\"\($0.0)\"" }.joined(separator: ", "))};
+            static int next;
+            static void *create(const modhost_host_api *host, const char *config) { (void)host; (void)config; return (void *)names[next++]; }
+            static void handle(void *self, const char *event, const char *payload) {
+                (void)payload;
+                FILE *out = fopen("\(eventsFile)", "a");
+                if (out) { fprintf(out, "%s %s\\n", (const char *)self, event); fclose(out); }
+            }
+            static void destroy(void *self) { (void)self; }
+            static const old_module modules[] = {
+            \(descriptors)
+            };
+            static const modhost_plugin plugin = {\(pluginSize), MODHOST_ABI_MAJOR, \(minor),
+                sizeof(modules) / sizeof(modules[0]), "\(name)", (const modhost_module *)modules};
+            MODHOST_PLUGIN_ENTRY { return &plugin; }
+            """
+    }
+
+    /// `modhost_module` without `swift_type`, its newest field.
+    static let fieldsBeforeSwiftType = """
+        uint32_t struct_size; uint32_t kind; const char *name; const char *version;
+        const char *const *notifications;
+        void *(*create)(const modhost_host_api *, const char *);
+        void (*handle_event)(void *, const char *, const char *);
+        void (*destroy)(void *);
+        """
+
+    func build(_ name: String, _ source: String, modules: [String]) throws -> String {
+        try factory.buildC(name, source: source, manifest: PluginFactory.manifest(plugin: name, modules: modules))
+    }
+
+    @Test func aPluginWhoseModuleStructEndsBeforeTheNewestFieldLoadsAndRuns() async throws {
+        let file = try build("OlderMinor", olderPlugin("OlderMinor", fields: Self.fieldsBeforeSwiftType,
+                                                       modules: [("older-a", "1.0"), ("older-b", "2.0")]),
+                             modules: ["older-a", "older-b"])
+        let report = PluginLoader().load(directories: [dir.path])
+        #expect(report.refused.isEmpty, "\(report.refused)")
+        let plugin = try #require(report.loaded.first { $0.file.path == file })
+        // The second module is read at the plugin's stride (56 bytes), not the host's (64).
+        #expect(plugin.modules.map(\.factory.name) == ["older-a", "older-b"])
+        #expect(plugin.modules.map(\.factory.version) == ["1.0", "2.0"])
+        #expect(MemoryLayout<modhost_module>.size > ModuleDescriptor.minimumSize)
+
+        // Its modules run in a host: every event reaches the function the plugin set.
+        let host = HostInstance(name: "abi-minor")
+        await host.add(plugin.modules.map(\.factory))
+        await host.start()
+        await host.shutdown()
+        let events = try String(contentsOfFile: eventsFile, encoding: .utf8).split(separator: "\n")
+        for module in ["older-a", "older-b"] {
+            #expect(events.filter { $0.hasPrefix(module + " ") }.map { String($0.dropFirst(module.count + 1)) }.prefix(2) == ["init", "start"])
+            #expect(events.contains("\(module) deinit"[...]))
+        }
+    }
+
+    @Test func aModuleStructTooSmallForANameAndVersionIsRefusedWithOneLine() throws {
+        let file = try build("TinyModule", olderPlugin("TinyModule", fields: "uint32_t struct_size; uint32_t kind; const char *name;",
+                                                       modules: [("tiny", "1.0")]).replacingOccurrences(of: ", \"1.0\", notes, create, handle, destroy", with: ""),
+                             modules: ["tiny"])
+        let refused = try #require(PluginLoader().load(directories: [dir.path]).refused.first { $0.file == file })
+        #expect(refused.description == "\(file): descriptor check failed: module descriptors are 16 bytes, ABI 1.0 needs at least 24 (through version). Fix: initialise struct_size with sizeof(modhost_module)")
+    }
+
+    @Test func aPluginStructTooSmallIsRefusedWithOneLineByTheLoaderAndTheTrial() throws {
+        let file = try build("TinyPlugin", olderPlugin("TinyPlugin", fields: Self.fieldsBeforeSwiftType, pluginSize: "12",
+                                                       modules: [("tinyplugin", "1.0")]),
+                             modules: ["tinyplugin"])
+        let refused = try #require(PluginLoader().load(directories: [dir.path]).refused.first { $0.file == file })
+        #expect(refused.description == "\(file): ABI version check failed: the plugin descriptor's struct_size is 12 bytes, ABI 1.0 descriptors have at least 32 (through modules). Fix: rebuild the plugin against this host's modulehost.h (MODHOST_PLUGIN_INIT sets struct_size)")
+
+        let trial = try run(BuildProducts.directory + "/bin/modhost-trial", [file, "TinyPlugin"])
+        #expect(trial.status == 1)
+        #expect(trial.standardOutput == "the plugin descriptor's struct_size is 12 bytes, smaller than ABI 1.0's\n")
+    }
+
+    @Test func aPluginBuiltForANewerMinorIsRefused() throws {
+        let file = try build("NewerMinor", olderPlugin("NewerMinor", fields: Self.fieldsBeforeSwiftType, minor: "MODHOST_ABI_MINOR + 1",
+                                                       modules: [("newerminor", "1.0")]),
+                             modules: ["newerminor"])
+        let refused = try #require(PluginLoader().load(directories: [dir.path]).refused.first { $0.file == file })
+        #expect(refused.check == .abi)
+        #expect(refused.problem == "the descriptor says ABI 1.1, this host provides 1.0")
+    }
+}
