@@ -101,27 +101,12 @@ static size_t append_number(char *out, size_t at, size_t capacity, long value, i
     return at;
 }
 
-/* Now as ISO 8601 UTC, computed without gmtime (days to a civil date). */
-static size_t append_time(char *out, size_t at, size_t capacity) {
+/* Now as seconds since the epoch: the daemon formats it (UTCTimestamp) when it reads the
+ * record, so the signal handler does no date arithmetic. */
+static size_t append_epoch(char *out, size_t at, size_t capacity) {
     struct timespec now;
     clock_gettime(CLOCK_REALTIME, &now);
-    long seconds = (long)now.tv_sec, days = seconds / 86400, rest = seconds % 86400;
-    long z = days + 719468, era = z / 146097, doe = z - era * 146097;
-    long yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
-    long doy = doe - (365 * yoe + yoe / 4 - yoe / 100), mp = (5 * doy + 2) / 153;
-    long day = doy - (153 * mp + 2) / 5 + 1, month = mp < 10 ? mp + 3 : mp - 9, year = yoe + era * 400 + (month <= 2);
-    at = append_number(out, at, capacity, year, 4);
-    at = append(out, at, capacity, "-");
-    at = append_number(out, at, capacity, month, 2);
-    at = append(out, at, capacity, "-");
-    at = append_number(out, at, capacity, day, 2);
-    at = append(out, at, capacity, "T");
-    at = append_number(out, at, capacity, rest / 3600, 2);
-    at = append(out, at, capacity, ":");
-    at = append_number(out, at, capacity, rest / 60 % 60, 2);
-    at = append(out, at, capacity, ":");
-    at = append_number(out, at, capacity, rest % 60, 2);
-    return append(out, at, capacity, "Z");
+    return append_number(out, at, capacity, (long)now.tv_sec, 1);
 }
 
 void modhost_crash_recorder_write(const void *plugin, const char *phase, const char *cause) {
@@ -133,9 +118,9 @@ void modhost_crash_recorder_write(const void *plugin, const char *phase, const c
     length = append(tail, length, sizeof tail, phase);
     length = append(tail, length, sizeof tail, "\",\"cause\":\"");
     length = append(tail, length, sizeof tail, cause);
-    length = append(tail, length, sizeof tail, "\",\"time\":\"");
-    length = append_time(tail, length, sizeof tail);
-    length = append(tail, length, sizeof tail, "\"}\n");
+    length = append(tail, length, sizeof tail, "\",\"epoch\":");
+    length = append_epoch(tail, length, sizeof tail);
+    length = append(tail, length, sizeof tail, "}\n");
     if (pwrite(fd, image->record, image->length, 0) == (ssize_t)image->length)
         (void)pwrite(fd, tail, length, (off_t)image->length);
 }

@@ -57,7 +57,7 @@ public struct TextLogBackend: LogBackend {
     /// The line for a record with these fields, including the newline.
     public func format(level: LogLevel, label: String, message: String, metadata: [(String, String)]) -> String {
         var line = ""
-        if timestamps { line += LogTimestamp.now() + " " }
+        if timestamps { line += UTCTimestamp.now(milliseconds: true) + " " }
         line += "\(level) \(Self.escape(label)): \(Self.escape(message))"
         for (key, value) in metadata {
             line += " \(Self.escape(key))="
@@ -108,7 +108,7 @@ public struct JSONLogBackend: LogBackend {
         var line = "{"
         if timestamps {
             used.insert("time")
-            line += "\"time\":\(JSONValue.quote(LogTimestamp.now())),"
+            line += "\"time\":\(JSONValue.quote(UTCTimestamp.now(milliseconds: true))),"
         }
         line += "\"level\":\(JSONValue.quote(level.description)),"
         line += "\"label\":\(JSONValue.quote(label)),"
@@ -123,22 +123,3 @@ public struct JSONLogBackend: LogBackend {
     }
 }
 
-
-/// Wall-clock timestamps for log lines.
-enum LogTimestamp {
-    /// Now as `YYYY-MM-DDTHH:MM:SS.mmmZ` (UTC).
-    static func now() -> String {
-        var now = timespec()
-        clock_gettime(CLOCK_REALTIME, &now)
-        var seconds = now.tv_sec
-        var parts = tm()
-        gmtime_r(&seconds, &parts)
-        func pad(_ value: Int, _ width: Int) -> String {
-            let digits = String(value)
-            return String(repeating: "0", count: max(0, width - digits.count)) + digits
-        }
-        return "\(pad(Int(parts.tm_year) + 1900, 4))-\(pad(Int(parts.tm_mon) + 1, 2))-\(pad(Int(parts.tm_mday), 2))"
-            + "T\(pad(Int(parts.tm_hour), 2)):\(pad(Int(parts.tm_min), 2)):\(pad(Int(parts.tm_sec), 2))"
-            + ".\(pad(Int(now.tv_nsec) / 1_000_000, 3))Z"
-    }
-}

@@ -32,13 +32,20 @@ struct Arguments {
     var values: [String: [String]] = [:]
     var flags: Set<String> = []
 
+    /// The one tokenizer of modhostd's and modhostctl's command lines.
+    ///
     /// `valueOptions` take a value (`--name VALUE` or `--name=VALUE`); `flagOptions` take
-    /// none. `-h` means `--help`. Anything after `--` is positional.
-    init(_ arguments: some Sequence<String>, valueOptions: Set<String>, flagOptions: Set<String>) throws(UsageError) {
+    /// none. `-h` means `--help`. Anything after `--` is positional. A word that starts
+    /// with a single `-` (other than `-h`) is positional when `dashWordsArePositional`
+    /// says so for the positionals read before it (`modhostctl call` passes negative
+    /// numbers such as `-5` and `-inf` as arguments), and an unknown option otherwise.
+    init(_ arguments: some Sequence<String>, valueOptions: Set<String>, flagOptions: Set<String>,
+         dashWordsArePositional: (_ positionalsBefore: [String]) -> Bool = { _ in false }) throws(UsageError) {
         var iterator = arguments.makeIterator()
         var onlyPositionals = false
         while let argument = iterator.next() {
-            if onlyPositionals || !argument.hasPrefix("-") || argument == "-" {
+            let dashWord = !argument.hasPrefix("--") && argument != "-h"
+            if onlyPositionals || !argument.hasPrefix("-") || argument == "-" || (dashWord && dashWordsArePositional(positionals)) {
                 positionals.append(argument)
                 continue
             }

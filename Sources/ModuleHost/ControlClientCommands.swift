@@ -88,38 +88,6 @@ extension ControlCommand {
           as another user than root or you: not trusted, nothing is sent to it
         """
 
-    /// `arguments` with every word after the command `call` that starts with a single "-"
-    /// (such as "-5" or "-inf") made positional, so negative numbers are arguments. Other
-    /// command lines are returned unchanged.
-    static func separatingCallArguments(_ arguments: [String], valueOptions: Set<String>) -> [String] {
-        var options: [String] = []
-        var positionals: [String] = []
-        var onlyPositionals = false
-        var index = 0
-        while index < arguments.count {
-            let argument = arguments[index]
-            index += 1
-            if onlyPositionals || !argument.hasPrefix("-") || argument == "-" {
-                positionals.append(argument)
-            } else if argument == "--" {
-                onlyPositionals = true
-            } else if argument.hasPrefix("--") {
-                options.append(argument)
-                let name = String(argument.dropFirst(2).prefix { $0 != "=" })
-                if valueOptions.contains(name), !argument.contains("="), index < arguments.count {
-                    options.append(arguments[index])
-                    index += 1
-                }
-            } else if positionals.first == "call" && argument != "-h" {
-                positionals.append(argument)
-            } else {
-                options.append(argument)
-            }
-        }
-        guard positionals.first == "call" else { return arguments }
-        return options + ["--"] + positionals
-    }
-
     /// Runs one daemon command: checks its arguments, sends the request, prints the reply.
     func daemonCommand(_ command: String, _ operands: [String], _ parsed: Arguments) async throws -> ExitCode {
         if parsed.has("help") {

@@ -61,8 +61,9 @@ public struct ControlCommand: Sendable {
 
     private func dispatch(_ arguments: [String]) async throws -> ExitCode {
         let valueOptions: Set<String> = ["language", "sdk", "swift-version", "socket", "timeout", "payload", "to"]
-        let parsed = try Arguments(Self.separatingCallArguments(arguments, valueOptions: valueOptions),
-                                   valueOptions: valueOptions, flagOptions: ["json", "allow-insecure-plugins", "await"])
+        // After `call`, "-5" and "-inf" are the function's arguments, not options.
+        let parsed = try Arguments(arguments, valueOptions: valueOptions, flagOptions: ["json", "allow-insecure-plugins", "await"],
+                                   dashWordsArePositional: { $0.first == "call" })
         guard let command = parsed.positionals.first else {
             if parsed.has("help") { output.out(Self.help); return .success }
             throw UsageError("missing command")

@@ -1,3 +1,4 @@
+import DaemonKit
 import Foundation
 import Glibc
 import ModuleKit
@@ -48,9 +49,43 @@ public final class CrashGuard: Sendable {
         public var subject: String { plugin.isEmpty ? "file \(file)" : "plugin \(plugin)" }
 
         var key: String { hash.isEmpty ? "\(file)@\(identity ?? "")" : hash }
+
+        public init(file: String, plugin: String, hash: String, phase: String, time: String, cause: String? = nil,
+                    identity: String? = nil) {
+            self.file = file
+            self.plugin = plugin
+            self.hash = hash
+            self.phase = phase
+            self.time = time
+            self.cause = cause
+            self.identity = identity
+        }
+
+        /// The fatal-signal recorder, which cannot format a date in a signal handler, writes
+        /// `"epoch": SECONDS` instead of `"time"`; it is formatted here, by `UTCTimestamp`.
+        private enum RecorderKeys: String, CodingKey { case epoch }
+
+        public init(from decoder: any Decoder) throws {
+            let container = try decoder.container(keyedBy: CodingKeys.self)
+            file = try container.decode(String.self, forKey: .file)
+            plugin = try container.decode(String.self, forKey: .plugin)
+            hash = try container.decode(String.self, forKey: .hash)
+            phase = try container.decode(String.self, forKey: .phase)
+            cause = try container.decodeIfPresent(String.self, forKey: .cause)
+            identity = try container.decodeIfPresent(String.self, forKey: .identity)
+            if let text = try container.decodeIfPresent(String.self, forKey: .time) {
+                time = text
+            } else if let seconds = try decoder.container(keyedBy: RecorderKeys.self).decodeIfPresent(Int.self, forKey: .epoch) {
+                time = UTCTimestamp.format(seconds: seconds)
+            } else {
+                time = ""
+            }
+        }
     }
 
     public let directory: String
+    /// Where a crash record that cannot be written is reported.
+    let logger = Logger(label: "crash-guard")
     private var inflightPath: String { directory + "/inflight.json" }
     private var crashedPath: String { directory + "/crashed.json" }
     var fatalPath: String { directory + "/fatal.json" }
@@ -120,7 +155,7 @@ public final class CrashGuard: Sendable {
     /// leaves the record behind. Two system calls on a file kept open: one write (after a
     /// truncation when a record is still there) here, one truncation in `end`.
     public func begin(file: String, plugin: String, hash: String, phase: String, identity: String? = nil) {
-        let crash = Crash(file: file, plugin: plugin, hash: hash, phase: phase, time: utcTimestamp(), identity: identity)
+        let crash = Crash(file: file, plugin: plugin, hash: hash, phase: phase, time: UTCTimestamp.now(), identity: identity)
         var fields: [String: JSONValue] = ["file": .string(file), "plugin": .string(plugin), "hash": .string(hash),
                                            "phase": .string(phase), "time": .string(crash.time)]
         if let identity { fields["identity"] = .string(identity) }
@@ -155,25 +190,25 @@ public final class CrashGuard: Sendable {
     /// Writes `crash` as the record the next start reads first (for an exit from plugin
     /// code; a fatal signal is written by `FatalSignalRecorder`'s handler).
     func recordFatal(_ crash: Crash) {
-        write(try? JSONEncoder().encode(crash), to: fatalPath)
+        write(crash, to: fatalPath)
     }
 
     private func persist() {
         let list = crashes.withLock { Array($0.values) }.sorted { $0.time < $1.time }
-        write(try? JSONEncoder().encode(list), to: crashedPath)
+        write(list, to: crashedPath)
     }
 
-    /// Writes `data` whole: a temporary file, then a rename. No fsync: the guard protects
-    /// against the daemon process dying, and what it wrote survives that in the page
-    /// cache (an fsync per plugin made starting 100 plugins 10 times slower).
-    private func write(_ data: Data?, to path: String) {
-        guard let data else { return }
-        let temporary = path + ".tmp"
-        let fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
-        guard fd >= 0 else { return }
-        _ = data.withUnsafeBytes { Glibc.write(fd, $0.baseAddress, $0.count) }
-        close(fd)
-        rename(temporary, path)
+    /// Replaces the file at `path` with `value` as JSON (`AtomicFile`); a failure is
+    /// logged, since a crash record that could not be kept means the plugin is not
+    /// quarantined at the next start.
+    private func write(_ value: some Encodable, to path: String) {
+        do {
+            let data = try JSONEncoder().encode(value)
+            try AtomicFile.write([UInt8](data), to: path, mode: 0o600)
+        } catch {
+            logger.error("cannot record a crash in \(path): \(error); the plugin will not be quarantined at the next start unless it crashes again",
+                         [("file", path)])
+        }
     }
 }
 
@@ -189,16 +224,6 @@ func contentHash(of file: ReadOnlyFile) throws(ELFError) -> String {
     }
     let hex = String(hash, radix: 16)
     return String(repeating: "0", count: 16 - hex.count) + hex
-}
-
-/// Now as ISO 8601 in UTC, e.g. "2026-11-29T19:08:11Z" (without Foundation's formatter,
-/// which costs more than loading a plugin).
-func utcTimestamp() -> String {
-    var now = time(nil)
-    var parts = tm()
-    gmtime_r(&now, &parts)
-    func two(_ value: Int32) -> String { value < 10 ? "0\(value)" : "\(value)" }
-    return "\(parts.tm_year + 1900)-\(two(parts.tm_mon + 1))-\(two(parts.tm_mday))T\(two(parts.tm_hour)):\(two(parts.tm_min)):\(two(parts.tm_sec))Z"
 }
 
 extension Daemon {

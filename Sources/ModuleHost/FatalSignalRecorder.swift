@@ -1,3 +1,4 @@
+import DaemonKit
 import CDynamicLoader
 import Foundation
 import Glibc
@@ -80,7 +81,7 @@ public enum ExitGuard {
         if var crash {
             if let current, current.plugin == crash.plugin { crash.phase = current.phase }
             crash.cause = cause
-            crash.time = utcTimestamp()
+            crash.time = UTCTimestamp.now()
             crashGuard.recordFatal(crash)
             logger.error("plugin \(crash.plugin) called \(cause) (during \(crash.phase)); modhostd exits with status \(pluginExitStatus) so that it is restarted, and quarantines the plugin at the next start",
                          [("plugin", crash.plugin), ("file", crash.file)])

@@ -1,3 +1,4 @@
+import DaemonKit
 import Glibc
 import PluginFormat
 
@@ -16,9 +17,7 @@ public struct PluginFile: Sendable {
     public var name: String { manifest.name }
 }
 
-/// Lists the candidate plugin files of a directory: names ending in `.so`, without the
-/// dotfiles and temporary names a copy in progress leaves (`.*`, `*.tmp`, `*~`, `*.part`),
-/// sorted by name.
+/// Lists the candidate plugin files of a directory (`isPluginFileName`), sorted by name.
 public func pluginCandidates(in directory: String) throws(LoadFailure) -> [String] {
     guard let dir = opendir(directory) else {
         throw LoadFailure(
@@ -38,10 +37,9 @@ public func pluginCandidates(in directory: String) throws(LoadFailure) -> [Strin
     return names.map { prefix + $0 }
 }
 
-/// True for names the host treats as plugins: `*.so` that is not a dotfile or a
-/// temporary name.
+/// True for names the host treats as plugins: `*.so` that the one ignored-name rule
+/// (`DirectoryWatcher.isIgnoredName`: dotfiles and the temporary names of a copy in
+/// progress) does not ignore. The scan and the watcher agree on every name through it.
 public func isPluginFileName(_ name: String) -> Bool {
-    // A name ending in ".so" cannot also end in ".tmp", "~" or ".part": those temporary
-    // names are refused by the first check.
-    name.hasSuffix(".so") && !name.hasPrefix(".")
+    name.hasSuffix(".so") && !DirectoryWatcher.isIgnoredName(name)
 }
