@@ -225,24 +225,3 @@ func contentHash(of file: ReadOnlyFile) throws(ELFError) -> String {
     let hex = String(hash, radix: 16)
     return String(repeating: "0", count: 16 - hex.count) + hex
 }
-
-extension Daemon {
-    /// Sends `.start` to every module (once, at daemon start), each inside an in-flight
-    /// record naming its plugin, so that a plugin that kills the process in its start is
-    /// quarantined at the next start.
-    func startModules() async {
-        let origins = records.mapValues { (file: $0.source, hash: $0.hash) }
-        let crashGuard = self.crashGuard
-        await host.start { plugin, deliver in
-            guard let origin = origins[plugin] else { return deliver() }
-            crashGuard.begin(file: origin.file, plugin: plugin, hash: origin.hash, phase: "start")
-            deliver()
-            crashGuard.end()
-        }
-    }
-}
-
-extension FileIdentity {
-    /// The identity as text: device, inode, size and modification time.
-    var key: String { "\(device):\(inode):\(size):\(modified)" }
-}

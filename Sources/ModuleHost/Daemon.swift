@@ -4,7 +4,6 @@ import Glibc
 import ModuleKit
 import PluginCall
 import PluginFormat
-import Synchronization
 
 /// Settings of one daemon run, from the command line; the configuration file adds to them.
 public struct DaemonOptions: Sendable {
@@ -30,8 +29,9 @@ public struct DaemonOptions: Sendable {
     public init() {}
 }
 
-/// The daemon: owns one host instance, its plugin directories, the control socket and the
-/// crash guard.
+/// The daemon: a shell over one `PluginSet` (which owns the plugins, their modules and
+/// their lifecycle) that adds the configuration file, the signals, the directory watcher,
+/// the control socket and systemd notifications.
 ///
 /// Start: the crash guard is read, every plugin directory is watched and then scanned,
 /// every valid plugin is loaded in dependency order from a private copy and its modules
@@ -39,50 +39,22 @@ public struct DaemonOptions: Sendable {
 /// the directories (and SIGHUP / `modhostctl reload`) add, replace and remove plugins
 /// while everything else keeps running. SIGTERM/SIGINT stop it.
 ///
-/// All changes to the set of plugins go through one serial queue (`changes`), so a
+/// All changes to the set of plugins go through the plugin set's serial queue, so a
 /// reload, a directory event and a control request never interleave halfway.
 public actor Daemon: DaemonControl {
     public let options: DaemonOptions
     public let host: HostInstance
+    /// The plugins and their lifecycle.
+    public let plugins: PluginSet
     let paths: RuntimePaths
     let stateDirectory: String
-    let imagesDirectory: String
     let socketPath: String
     let logger = Logger(label: "modhostd")
     let notifier = SystemdNotifier()
-    let registry = ModuleRegistry()
     /// Where C module callbacks and calls by name run, off this actor (PluginWorker.swift).
     let workers = PluginWorkers()
     let crashGuard: CrashGuard
     var configuration: DaemonConfiguration
-    var validator: Validator
-    let changes = SerialQueue()
-
-    /// A loaded plugin and where it came from.
-    struct Record {
-        var source: String
-        var identity: FileIdentity
-        var hash: String
-        var loaded: LoadedPlugin
-        var generation: Int
-        /// The SONAME its current image has (generation names differ from the original).
-        var soname: String
-        var originalSoname: String
-        var size: Int64
-    }
-    var records: [String: Record] = [:]
-    /// Files refused, by path, with the identity they had: not tried again until they change
-    /// (except when they only waited for a dependency).
-    var refused: [String: (failure: LoadFailure, identity: FileIdentity?)] = [:]
-    /// Refused files that only wait for a dependency that may still be arriving.
-    var waiting: Set<String> = []
-    /// Files being loaded by the reconcile in progress.
-    var loading: Set<String> = []
-    var retiredCount = 0
-    var retiredBytes: Int64 = 0
-    var generations: [String: Int] = [:]
-    /// `modhostctl enable/disable` on top of the configuration file.
-    var enabledOverrides: [String: Bool] = [:]
     var ready = false
     var reloads = 0
     let startTime = ContinuousClock.now
@@ -94,9 +66,6 @@ public actor Daemon: DaemonControl {
     var socketLock: ExclusiveLock?
     /// Requests waiting for startup to finish (`untilReady()`).
     var readyWaiters: [CheckedContinuation<Void, Never>] = []
-    /// Set by the first SIGTERM/SIGINT, during startup too: from then on no further plugin
-    /// is loaded, replaced or started (`reconcile`, `start`).
-    var stopRequested = false
     /// Why `start()` failed when `run()` runs it; `run()` then exits with it.
     var startFailure: DaemonError?
 
@@ -111,18 +80,17 @@ public actor Daemon: DaemonControl {
         self.paths = paths
         self.stateDirectory = stateDirectory
         self.crashGuard = crashGuard
-        imagesDirectory = stateDirectory + "/images"
         socketPath = options.socketPath ?? paths.socketPath
-        validator = Validator(allowInsecure: options.allowInsecurePlugins || configuration.allowInsecurePlugins)
-        host = HostInstance(
-            name: "modhostd", settings: Self.settings(configuration, [:]),
+        let host = HostInstance(
+            name: "modhostd", settings: configuration.modules,
             eventDeadline: configuration.eventDeadline, logger: Logger(label: "modhostd"))
-    }
-
-    static func settings(_ configuration: DaemonConfiguration, _ overrides: [String: Bool]) -> [String: ModuleSettings] {
-        var settings = configuration.modules
-        for (name, enabled) in overrides { settings[name, default: ModuleSettings()].enabled = enabled }
-        return settings
+        self.host = host
+        plugins = PluginSet(
+            host: host, settings: configuration.modules, directories: configuration.pluginDirectories,
+            imagesDirectory: stateDirectory + "/images", crashGuard: crashGuard,
+            validator: Validator(allowInsecure: options.allowInsecurePlugins || configuration.allowInsecurePlugins),
+            workers: workers, trialLoader: ProcessTrialLoader(executable: options.trialLoader),
+            logger: Logger(label: "modhostd"))
     }
 
     var directories: [String] { configuration.pluginDirectories }
@@ -162,7 +130,7 @@ public actor Daemon: DaemonControl {
                 continue
             }
             logger.info("\(signal) received, shutting down\(ready ? "" : " (startup stops: no further plugin is loaded)")")
-            stopRequested = true
+            plugins.stopChanges()
             break
         }
         if let startFailure {
@@ -214,16 +182,17 @@ public actor Daemon: DaemonControl {
         notify { try $0.status("loading plugins") }
         // Watch first, then scan, so nothing that arrives in between is missed.
         startWatching()
-        _ = await changes.run { await self.reconcile(initial: true) }
-        if !stopRequested { await changes.run { await self.startModules() } }
-        ready = !stopRequested
+        await plugins.reconcile(trial: false)
+        await plugins.start()
+        ready = !plugins.isStopping
         for waiter in readyWaiters { waiter.resume() }
         readyWaiters = []
         // A SIGTERM/SIGINT came first: the shutdown (`run()`) takes over from here.
-        if stopRequested { return }
+        if plugins.isStopping { return }
         let running = await host.moduleNames
+        let snapshot = await plugins.snapshot()
         logger.info("started \(running.count) modules: \(running.joined(separator: ", "))",
-                    [("plugins", "\(records.count)"), ("refused", "\(refused.count)")])
+                    [("plugins", "\(snapshot.plugins.count)"), ("refused", "\(snapshot.filesRefused)")])
         logger.info("control socket ready", [("socket", socketPath)])
         notify { try $0.ready(status: "\(running.count) modules running") }
     }
@@ -369,7 +338,7 @@ public actor Daemon: DaemonControl {
                 logger.debug("\(change.kind) \(change.path)")
             }
         }
-        await changes.run { _ = await self.reconcile(initial: false) }
+        await plugins.reconcile()
     }
 
     // MARK: - DaemonControl
@@ -378,43 +347,50 @@ public actor Daemon: DaemonControl {
     /// module or an update in progress.
     public func moduleRows() async -> [ModuleRow] {
         let statuses = host.registeredModulesSnapshot
+        let snapshot = await plugins.snapshot()
+        let loaded = Dictionary(snapshot.plugins.map { ($0.name, $0) }, uniquingKeysWith: { first, _ in first })
         var rows: [ModuleRow] = []
         for status in statuses {
-            let record = records[status.plugin]
+            let plugin = loaded[status.plugin]
             let stuck = status.running ? workers.stuck(module: status.name) : nil
             rows.append(ModuleRow(
-                module: status.name, plugin: status.plugin, file: record?.source ?? "", version: status.version,
+                module: status.name, plugin: status.plugin, file: plugin?.file ?? "", version: status.version,
                 state: stuck != nil ? "stuck" : status.running ? "running" : (status.enabled ? "stopped" : "disabled"),
-                order: status.order, generation: record?.generation,
-                lastError: record.flatMap { refused[$0.source]?.failure.description },
+                order: status.order, generation: plugin?.generation,
+                lastError: plugin?.lastError?.description,
                 stuckIn: stuck?.what, stuckSeconds: stuck.map { ($0.elapsed.seconds * 10).rounded() / 10 }))
         }
-        for (path, entry) in refused.sorted(by: { $0.key < $1.key }) where !records.values.contains(where: { $0.source == path }) {
-            let state = loading.contains(path) ? "loading"
-                : waiting.contains(path) ? "waiting"
-                : entry.failure.check == .dependency || entry.failure.check == .crashGuard ? "quarantined" : "refused"
-            rows.append(ModuleRow(module: "-", plugin: "-", file: path, version: "-", state: state, lastError: entry.failure.description))
+        for file in snapshot.files {
+            rows.append(ModuleRow(module: "-", plugin: "-", file: file.path, version: "-", state: file.state.rawValue,
+                                  lastError: file.failure.description))
         }
         return rows
     }
 
     public func status() async -> DaemonStatus {
-        DaemonStatus(
+        let snapshot = await plugins.snapshot()
+        return DaemonStatus(
             pid: getpid(), uptimeSeconds: Double((ContinuousClock.now - startTime).components.seconds), ready: ready,
             socketPath: socketPath, stateDirectory: stateDirectory, configPath: options.configPath,
-            pluginDirectories: directories, pluginsLoaded: records.count, modulesRunning: host.runningModuleNames.count,
-            filesRefused: refused.count, retiredGenerations: retiredCount, retiredBytes: retiredBytes,
+            pluginDirectories: directories, pluginsLoaded: snapshot.plugins.count, modulesRunning: host.runningModuleNames.count,
+            filesRefused: snapshot.filesRefused, retiredGenerations: snapshot.retiredGenerations, retiredBytes: snapshot.retiredBytes,
             crashGuarded: crashGuard.count, reloads: reloads)
     }
 
     public func setEnabled(_ enabled: Bool, module: String) async throws(DaemonError) {
         try await untilReadyWithinRequestDeadline()
-        guard registry.entry(named: module) != nil else {
-            throw DaemonError(code: "unknown_module", message: "no module named \(module) is registered; known: \(registry.names.joined(separator: ", "))")
+        let plugins = plugins
+        let outcome = try await withinRequestDeadline("\(enabled ? "enable" : "disable") \(module)") {
+            () async -> Result<Void, UnknownModule> in
+            do throws(UnknownModule) {
+                try await plugins.setEnabled(enabled, module: module)
+                return .success(())
+            } catch {
+                return .failure(error)
+            }
         }
-        enabledOverrides[module] = enabled
-        try await withinRequestDeadline("\(enabled ? "enable" : "disable") \(module)") {
-            await self.changes.run { await self.applyModuleSettings() }
+        if case .failure(let unknown) = outcome {
+            throw DaemonError(code: "unknown_module", message: "no module named \(module) is registered; known: \(unknown.known.joined(separator: ", "))")
         }
         logger.info("module \(module) \(enabled ? "enabled" : "disabled")", [("module", module)])
     }
@@ -435,8 +411,9 @@ public actor Daemon: DaemonControl {
             configurationChanged = fresh != configuration
             if configurationChanged { await applyConfiguration(fresh) }
         }
-        var summary = await changes.run { await self.reconcile(initial: false) }
-        summary.configurationChanged = configurationChanged
+        let changes = await plugins.reconcile()
+        let summary = ReloadSummary(configurationChanged: configurationChanged, added: changes.added,
+                                    replaced: changes.replaced, removed: changes.removed, refused: changes.refused)
         reloads += 1
         logger.info("reloaded: \(summary.added.count) added, \(summary.replaced.count) replaced, \(summary.removed.count) removed, \(summary.refused.count) refused",
                     [("configuration", configurationChanged ? "changed" : "unchanged")])
@@ -447,9 +424,10 @@ public actor Daemon: DaemonControl {
         let old = configuration
         configuration = fresh
         LoggingSystem.setLevel(fresh.logLevel)
-        validator.allowInsecure = options.allowInsecurePlugins || fresh.allowInsecurePlugins
+        await plugins.setValidator(Validator(allowInsecure: options.allowInsecurePlugins || fresh.allowInsecurePlugins))
+        await plugins.setDirectories(fresh.pluginDirectories)
         if fresh.modules != old.modules {
-            await changes.run { await self.applyModuleSettings() }
+            await plugins.updateSettings(fresh.modules)
         }
         for directory in fresh.pluginDirectories where !old.pluginDirectories.contains(directory) {
             if let watcher { follow(directory, with: watcher) }
@@ -457,12 +435,6 @@ public actor Daemon: DaemonControl {
         for directory in old.pluginDirectories where !fresh.pluginDirectories.contains(directory) {
             watcher?.unwatch(directory)
         }
-    }
-
-    /// Hands the configured settings plus the enable/disable overrides to the host, which
-    /// applies only what changed.
-    func applyModuleSettings() async {
-        await host.updateSettings(Self.settings(configuration, enabledOverrides))
     }
 
     public func send(event: String, payload: JSONValue, to module: String?, awaited: Bool) async throws(DaemonError) {
@@ -484,10 +456,11 @@ public actor Daemon: DaemonControl {
 
     public func call(plugin: String, function: String, arguments: CallArguments) async throws(DaemonError) -> CallValue {
         try await untilReadyWithinRequestDeadline()
-        guard let record = records[plugin] else {
-            throw DaemonError(code: "unknown_plugin", message: "no plugin named \(plugin) is loaded; loaded: \(records.keys.sorted().joined(separator: ", "))")
+        guard let loaded = await plugins.plugin(named: plugin) else {
+            let names = await plugins.snapshot().plugins.map(\.name)
+            throw DaemonError(code: "unknown_plugin", message: "no plugin named \(plugin) is loaded; loaded: \(names.joined(separator: ", "))")
         }
-        guard let table = record.loaded.functions else {
+        guard let table = loaded.functions else {
             throw DaemonError(code: "unknown_function", message: "plugin \(plugin) exports no functions for calling by name")
         }
         // Off this actor, on the plugin's call worker, within the request deadline.
@@ -514,47 +487,6 @@ public actor Daemon: DaemonControl {
     /// are asked for within the request deadline.
     public func infoPayload() async throws(DaemonError) -> JSONValue {
         try await withinRequestDeadline("info") { [host] in await host.infoPayload() }
-    }
-}
-
-/// What identifies a file's version without reading it: device, inode, size, mtime.
-struct FileIdentity: Equatable, Sendable {
-    var device: UInt64
-    var inode: UInt64
-    var size: Int64
-    var modified: Int64
-
-    init?(path: String) {
-        var status = stat()
-        guard stat(path, &status) == 0 else { return nil }
-        self.init(status: status)
-    }
-
-    init(status: stat) {
-        device = UInt64(status.st_dev)
-        inode = UInt64(status.st_ino)
-        size = Int64(status.st_size)
-        modified = Int64(status.st_mtim.tv_sec) * 1_000_000_000 + Int64(status.st_mtim.tv_nsec)
-    }
-}
-
-/// Runs async operations one at a time, in the order they were submitted.
-final class SerialQueue: Sendable {
-    private let tail = Mutex<Task<Void, Never>?>(nil)
-
-    /// Runs `operation` after every operation submitted before it has finished.
-    func run<T: Sendable>(_ operation: @escaping @Sendable () async -> T) async -> T {
-        let (result, previous): (Task<T, Never>, Task<Void, Never>?) = tail.withLock { tail in
-            let previous = tail
-            let task = Task<T, Never> {
-                await previous?.value
-                return await operation()
-            }
-            tail = Task { _ = await task.value }
-            return (task, previous)
-        }
-        _ = previous
-        return await result.value
     }
 }
 

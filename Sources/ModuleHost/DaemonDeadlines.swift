@@ -88,12 +88,11 @@ extension Daemon {
         let clock = ContinuousClock()
         let started = clock.now
         let server = server
-        let stopped = await withDeadline(budget) { [host, changes] in
+        let stopped = await withDeadline(budget) { [plugins] in
             await server?.stop()
             // A startup or reload in progress loads nothing more once stopping; the plugin
             // it is loading finishes first, so the host is not shut down halfway through it.
-            await changes.run {}
-            await host.shutdown()
+            await plugins.shutdown()
             return true
         }
         // C callbacks still queued or running (a deinit, a destroy, a call) get what is left.

@@ -4,21 +4,51 @@ import Foundation
 import Glibc
 import Synchronization
 
-extension Daemon {
-    /// Loads the plugin in a short-lived child process first: a plugin that crashes when
-    /// loaded takes the child down, not the daemon.
-    ///
-    /// The trial is bounded by time, not by its output: it runs in a process group of its
-    /// own, which is killed whole at the deadline (`trialTimeout`) and once the trial has
-    /// ended (so nothing a plugin's load-time code forked survives it); its verdict is read
-    /// from what it wrote before it ended, at most `TrialProcess.maximumReply` bytes, never
-    /// by waiting for the end of a pipe that a forked process may hold open. The trial
-    /// loader itself refuses a plugin whose load left a process behind.
-    ///
-    /// The child is awaited off the daemon's actor, so control requests are answered while
-    /// it runs; changes to the plugins wait their turn in the serial change queue.
-    func trialLoad(_ file: PluginFile, preloading extra: [String] = []) async throws(LoadFailure) {
-        let trial = options.trialLoader ?? Self.trialLoaderPath
+/// Loads a plugin somewhere a crash does not reach the caller, before a `PluginSet` loads
+/// it into its own process. Throwing refuses the plugin with that failure.
+public protocol TrialLoader: Sendable {
+    /// Loads `file` (its private copy, `file.resolvedPath`) after the images in
+    /// `preloading` (the plugins it depends on, in order), and returns once that load
+    /// succeeded; throws a `LoadFailure` naming `file.path` otherwise. Called from the plugin
+    /// set's change queue, one trial at a time; it may take time (awaited, not blocking).
+    func trialLoad(_ file: PluginFile, preloading: [String]) async throws(LoadFailure)
+}
+
+/// The default trial loader: `modhost-trial` in a short-lived child process, so that a
+/// plugin that crashes when loaded takes the child down, not this process.
+///
+/// The trial is bounded by time, not by its output: it runs in a process group of its
+/// own, which is killed whole at the deadline (`timeout`) and once the trial has ended (so
+/// nothing a plugin's load-time code forked survives it); its verdict is read from what it
+/// wrote before it ended, at most `TrialProcess.maximumReply` bytes, never by waiting for
+/// the end of a pipe that a forked process may hold open. The trial loader itself refuses
+/// a plugin whose load left a process behind.
+///
+/// The child is awaited off the caller's actor, so a daemon answers control requests while
+/// it runs.
+public struct ProcessTrialLoader: TrialLoader {
+    /// The `modhost-trial` executable.
+    public var executable: String
+    /// How long a trial load may take, in seconds.
+    public var timeout: Double
+
+    /// `executable` nil: `modhost-trial` next to the running executable.
+    public init(executable: String? = nil, timeout: Double = ProcessTrialLoader.defaultTimeout) {
+        self.executable = executable ?? Self.besideExecutable
+        self.timeout = timeout
+    }
+
+    /// How long a trial load may take by default, in seconds.
+    public static let defaultTimeout: Double = 10
+
+    /// `modhost-trial` next to the running executable.
+    public static var besideExecutable: String {
+        let executable = (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0]
+        return (executable as NSString).deletingLastPathComponent + "/modhost-trial"
+    }
+
+    public func trialLoad(_ file: PluginFile, preloading preloads: [String]) async throws(LoadFailure) {
+        let trial = executable
         // A Swift plugin needs the host's ModuleKit (and with it the Swift runtime), which it
         // names `libModuleKit.so` (the library has no SONAME, so a preloaded copy would not
         // match that name): the child finds it on its library path. A C plugin needs
@@ -28,18 +58,13 @@ extension Daemon {
             let directory = (HostSDK.current.libraryPath as NSString).deletingLastPathComponent
             environment["LD_LIBRARY_PATH"] = [directory, environment["LD_LIBRARY_PATH"]].compactMap { $0 }.joined(separator: ":")
         }
-        var preloads: [String] = []
-        for dependency in file.manifest.dependencies {
-            if let record = records[dependency] { preloads.append(record.loaded.file.resolvedPath) }
-        }
-        preloads += extra
         var arguments: [String] = []
         for library in preloads { arguments += ["--preload", library] }
         arguments += [file.resolvedPath, file.name]
 
         let result: TrialProcess.Result
         do {
-            result = try await TrialProcess.run(trial, arguments: arguments, environment: environment, timeout: Self.trialTimeout)
+            result = try await TrialProcess.run(trial, arguments: arguments, environment: environment, timeout: timeout)
         } catch {
             throw LoadFailure(file: file.path, check: .crashGuard, problem: "cannot start the trial loader \(trial): \(error)",
                               fix: "install modhost-trial next to modhostd")
@@ -47,7 +72,7 @@ extension Daemon {
         switch result.ending {
         case .timedOut:
             throw LoadFailure(file: file.path, check: .crashGuard,
-                              problem: "a trial load in a child process did not finish within \(Int(Self.trialTimeout)) s",
+                              problem: "a trial load in a child process did not finish within \(Int(timeout)) s",
                               fix: "fix the plugin's load-time code (its entry point must return promptly)")
         case .signalled(let signal):
             throw LoadFailure(file: file.path, check: .crashGuard,
@@ -63,9 +88,6 @@ extension Daemon {
                               fix: "rebuild the plugin with plugin.mk against this host")
         }
     }
-
-    /// How long a trial load may take.
-    static let trialTimeout: Double = 10
 }
 
 /// One run of the trial loader: spawned in a new process group, killed with its whole group

@@ -5,21 +5,22 @@ import Glibc
 import ModuleKit
 import PluginFormat
 
-/// How the daemon adds, replaces and removes plugins. Every function here runs inside the
-/// daemon's serial change queue.
-extension Daemon {
+/// How a plugin set adds, replaces and removes plugins. Every function here runs inside
+/// its serial change queue.
+extension PluginSet {
     /// Brings the loaded plugins in line with the plugin directories: new files are loaded
-    /// (after a trial load in a child process unless `initial`), changed files replace
-    /// their plugin, vanished files are removed. Refused files are not tried again until
-    /// they change, except those waiting for a dependency.
+    /// (after a trial load when `trial`), changed files replace their plugin, vanished files
+    /// are removed. Refused files are not tried again until they change, except those
+    /// waiting for a dependency.
     ///
-    /// Once a SIGTERM/SIGINT has been seen (`stopRequested`), it loads, replaces and
+    /// Once `stopChanges()` has been called (`stopRequested`), it loads, replaces and
     /// removes nothing more: a plugin already loading finishes (within the event deadline),
     /// the rest is left for the shutdown.
-    func reconcile(initial: Bool) async -> ReloadSummary {
-        var summary = ReloadSummary()
+    func reconcileNow(trial: Bool) async -> PluginChanges {
+        var summary = PluginChanges()
         if stopRequested { return summary }
-        // What is on disk now.
+        // What is on disk now, in the directories as they are when the scan starts.
+        let directories = self.directories
         var present: [String: String] = [:]  // path -> directory
         for directory in directories {
             do {
@@ -144,7 +145,7 @@ extension Daemon {
                                    fix: "fix plugin \(dependency) first"), identity, &summary)
                 continue
             }
-            if await add(file, version: version, hash: hash, identity: identity, trial: !initial) {
+            if await add(file, version: version, hash: hash, identity: identity, trial: trial) {
                 summary.added.append(file.name)
             } else {
                 summary.refused.append(file.path)
@@ -186,7 +187,7 @@ extension Daemon {
 
     /// Records a dependent that waits for `dependency`, which may still be arriving: shown
     /// as `waiting`, logged once at info level, tried again at every scan.
-    func wait(_ failure: LoadFailure, for dependency: String, _ identity: FileIdentity?, _ summary: inout ReloadSummary) {
+    func wait(_ failure: LoadFailure, for dependency: String, _ identity: FileIdentity?, _ summary: inout PluginChanges) {
         let known = refused[failure.file]
         refused[failure.file] = (failure, identity)
         waiting.insert(failure.file)
@@ -197,7 +198,7 @@ extension Daemon {
         }
     }
 
-    func refuse(_ failure: LoadFailure, _ identity: FileIdentity?, _ summary: inout ReloadSummary) {
+    func refuse(_ failure: LoadFailure, _ identity: FileIdentity?, _ summary: inout PluginChanges) {
         let known = refused[failure.file]
         waiting.remove(failure.file)
         refused[failure.file] = (failure, identity)
@@ -210,13 +211,13 @@ extension Daemon {
     // MARK: - Add
 
     /// Loads a new plugin from a private copy and registers, initializes (and, once the
-    /// daemon has started, starts) its modules. `trial` first loads it in a child process.
+    /// host has started, starts) its modules. `trial` first loads it with the trial loader.
     func add(_ file: PluginFile, version: FileIdentity, hash: String, identity: FileIdentity, trial: Bool) async -> Bool {
-        var none = ReloadSummary()
+        var none = PluginChanges()
         let generation = (generations[file.name] ?? 0) + 1
         let image: PrivateImage
         do {
-            // The trial runs in a child process: only the copy is the daemon's own work.
+            // The trial runs apart (a child process): only the copy is this process's own work.
             image = try crashGuard.during(file: file.path, plugin: file.name, hash: hash, phase: "copy") { () throws(LoadFailure) in
                 try privateImage(of: file, version: version, generation: generation, hash: hash)
             }
@@ -305,7 +306,7 @@ extension Daemon {
     /// state to the new ones, which get init, restore(state:) and start; the old ones get
     /// deinit. If anything fails before that update, the old version keeps running.
     func replace(with file: PluginFile, version newVersion: FileIdentity, hash: String, identity: FileIdentity) async -> Bool {
-        var none = ReloadSummary()
+        var none = PluginChanges()
         guard let old = records[file.name] else { return false }
         let chain = [file.name] + dependents(of: file.name)
         var renames: [String: String] = [:]  // current soname -> next generation's soname
@@ -317,7 +318,7 @@ extension Daemon {
                 guard let next = DynamicStringPatch.generationName(record.originalSoname, generation: generation) else {
                     throw LoadFailure(file: file.path, check: .dependency,
                                       problem: "plugin \(name) has been loaded \(generation - 1) times in this process, the most it can tell apart",
-                                      fix: "restart modhostd")
+                                      fix: "restart the process (modhostd)")
                 }
                 renames[record.soname] = next
                 let source: PluginFile
@@ -392,6 +393,14 @@ extension Daemon {
         var size: Int64
     }
 
+    /// Trial-loads `file` with the trial loader, if any, with the images of the plugins it
+    /// depends on and then `extra` loaded first.
+    func trialLoad(_ file: PluginFile, preloading extra: [String] = []) async throws(LoadFailure) {
+        guard let trialLoader else { return }
+        let preloads = file.manifest.dependencies.compactMap { records[$0]?.loaded.file.resolvedPath } + extra
+        try await trialLoader.trialLoad(file, preloading: preloads)
+    }
+
     /// Hashes `contents` (the file at `path`) in bounded chunks.
     func hashContents(_ contents: ReadOnlyFile, of path: String) throws(LoadFailure) -> String {
         do {
@@ -412,7 +421,7 @@ extension Daemon {
     func privateImage(of file: PluginFile, version: FileIdentity?, generation: Int, hash: String,
                       renames extra: [String: String] = [:]) throws(LoadFailure) -> PrivateImage {
         func fail(_ problem: String) -> LoadFailure {
-            LoadFailure(file: file.path, check: .fileType, problem: problem, fix: "check the state directory \(stateDirectory) is writable")
+            LoadFailure(file: file.path, check: .fileType, problem: problem, fix: "check the directory \(imagesDirectory) is writable")
         }
         let source: ReadOnlyFile
         switch ReadOnlyFile.open(file.resolvedPath, followSymlinks: true) {
@@ -427,7 +436,7 @@ extension Daemon {
         guard let soname = DynamicStringPatch.generationName(original, generation: generation) else {
             throw LoadFailure(file: file.path, check: .dependency,
                               problem: "plugin \(file.name) has been loaded \(generation - 1) times in this process, the most it can tell apart",
-                              fix: "restart modhostd")
+                              fix: "restart the process (modhostd)")
         }
         var renames = extra
         if generation > 1 {
@@ -483,12 +492,6 @@ extension Daemon {
         }
         let copy = PluginFile(path: file.path, resolvedPath: target, manifest: file.manifest, dynamic: file.dynamic, warnings: [])
         return PrivateImage(file: copy, generation: generation, soname: soname, originalSoname: original, size: Int64(source.size))
-    }
-
-    /// `modhost-trial` next to the running executable.
-    static var trialLoaderPath: String {
-        let executable = (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0]
-        return (executable as NSString).deletingLastPathComponent + "/modhost-trial"
     }
 }
 

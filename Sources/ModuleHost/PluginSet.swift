@@ -1,0 +1,325 @@
+import Foundation
+import Glibc
+import ModuleKit
+import PluginFormat
+import Synchronization
+
+/// A running set of plugins, loaded into this process from plugin directories and kept in
+/// line with them: the plugin lifecycle without a daemon around it (no signals, sockets,
+/// configuration files or systemd). `modhostd` is a shell over one; a Swift service embeds
+/// one to follow a plugin directory of its own.
+///
+/// What it owns: scanning the directories (`reconcile`), adding, replacing and removing
+/// plugins, the private copies they are loaded from (in `imagesDirectory`, one name per
+/// generation so that glibc never returns an old image for a new version), the trial
+/// loads, the crash guard's records around every step that runs plugin code, enabling and
+/// disabling modules, and a snapshot of all of it (`snapshot()`).
+///
+/// Guarantees:
+/// - **Threading.** An actor: every method may be called from any task. Changes to the set
+///   (`reconcile`, `start`, `updateSettings`, `setEnabled`, `shutdown`) run one at a time,
+///   in the order they were called, each after the previous one has finished, so a rescan
+///   and a settings change never interleave halfway. Reads (`snapshot`, `plugin(named:)`,
+///   `isStopping`) never wait for a change in progress or for plugin code that is running.
+/// - **Order.** New plugins load in dependency order; a removal stops the plugins that
+///   depend on the removed one first (in reverse load order); a replacement reloads its
+///   dependents against the new version in the same update.
+/// - **Failures.** A refused file is logged once (at error level, naming the file, the
+///   check and the fix), shown in `snapshot()` and not tried again until it changes; it
+///   never stops the other files. A replacement that fails leaves the old version running.
+/// - **Logging.** One line per load, refusal, replacement and removal, on `logger`, with
+///   `plugin`, `file` and `module` keys where they apply.
+///
+/// A Swift plugin's image is never unloaded (a process has one Swift runtime, which keeps
+/// its types), so a removed or replaced version stays mapped: `snapshot()` counts them.
+public actor PluginSet {
+    /// The host instance the plugins' modules run in.
+    public nonisolated let host: HostInstance
+    /// Every module type of the loaded plugins, by name.
+    public nonisolated let registry: ModuleRegistry
+    /// Where the C modules' callbacks and calls by name run.
+    public nonisolated let workers: PluginWorkers
+    nonisolated let crashGuard: CrashGuard
+    nonisolated let imagesDirectory: String
+    nonisolated let trialLoader: (any TrialLoader)?
+    nonisolated let logger: Logger
+    var validator: Validator
+    /// The plugin directories, scanned in this order.
+    public private(set) var directories: [String]
+    /// The module settings given (`init`, `updateSettings`), before `setEnabled`'s overrides.
+    var settings: [String: ModuleSettings]
+    /// `setEnabled` on top of `settings`.
+    var enabledOverrides: [String: Bool] = [:]
+    let changes = SerialQueue()
+
+    /// A loaded plugin and where it came from.
+    struct Record {
+        var source: String
+        var identity: FileIdentity
+        var hash: String
+        var loaded: LoadedPlugin
+        var generation: Int
+        /// The SONAME its current image has (generation names differ from the original).
+        var soname: String
+        var originalSoname: String
+        var size: Int64
+    }
+    var records: [String: Record] = [:]
+    /// Files refused, by path, with the identity they had: not tried again until they change
+    /// (except when they only waited for a dependency).
+    var refused: [String: (failure: LoadFailure, identity: FileIdentity?)] = [:]
+    /// Refused files that only wait for a dependency that may still be arriving.
+    var waiting: Set<String> = []
+    /// Files being loaded by the reconcile in progress.
+    var loading: Set<String> = []
+    var retiredCount = 0
+    var retiredBytes: Int64 = 0
+    var generations: [String: Int] = [:]
+    /// Set by `stopChanges()` or `shutdown()`: no further plugin is loaded, replaced or
+    /// started. Atomic, so that a signal handler's task sets it without waiting for this
+    /// actor (which a plugin's entry point may hold).
+    nonisolated let stopFlag = Atomic<Bool>(false)
+    nonisolated var stopRequested: Bool { stopFlag.load(ordering: .sequentiallyConsistent) }
+
+    /// A plugin set that loads nothing until `reconcile` is called.
+    ///
+    /// - `host`: where the modules run; created with `settings`.
+    /// - `directories`: the plugin directories (`setDirectories` changes them).
+    /// - `imagesDirectory`: where the private copies are written. It must exist and be
+    ///   private to this process's user (`modhostd` checks its state directory's `images`
+    ///   with `RuntimePaths.checkPrivateDirectory`): whoever can write there can replace code
+    ///   this process loads.
+    /// - `crashGuard`: records which file is being worked on, and refuses files that
+    ///   crashed the process before.
+    /// - `trialLoader`: loads a new plugin somewhere the process does not depend on before
+    ///   it is loaded here (`ProcessTrialLoader`: a child process); nil loads new plugins
+    ///   directly, so one that crashes while loading takes this process with it.
+    /// - `logger`: where every load, refusal, replacement and removal is logged.
+    public init(host: HostInstance, settings: [String: ModuleSettings] = [:], directories: [String],
+                imagesDirectory: String, crashGuard: CrashGuard, validator: Validator = Validator(),
+                registry: ModuleRegistry = ModuleRegistry(), workers: PluginWorkers = PluginWorkers(),
+                trialLoader: (any TrialLoader)? = ProcessTrialLoader(), logger: Logger = Logger(label: "plugins")) {
+        self.host = host
+        self.settings = settings
+        self.directories = directories
+        self.imagesDirectory = imagesDirectory
+        self.crashGuard = crashGuard
+        self.validator = validator
+        self.registry = registry
+        self.workers = workers
+        self.trialLoader = trialLoader
+        self.logger = logger
+    }
+
+    // MARK: - Changes
+
+    /// Brings the loaded plugins in line with the plugin directories (see
+    /// `PluginSetChanges.swift`): new files are loaded (after a trial load when `trial` and
+    /// a trial loader is set), changed files replace their plugin, vanished files remove
+    /// it. Returns what it changed. Runs after every change called before it; after
+    /// `stopChanges()` it changes nothing.
+    @discardableResult
+    public func reconcile(trial: Bool = true) async -> PluginChanges {
+        await changes.run { await self.reconcileNow(trial: trial) }
+    }
+
+    /// Sends `.start` to every module (call it once, after the first `reconcile`): each
+    /// inside a crash-guard record naming its plugin, so that a plugin that kills the
+    /// process in its start is refused at the next start. Modules added afterwards are
+    /// started as they are added. Does nothing after `stopChanges()`.
+    public func start() async {
+        await changes.run { await self.startModules() }
+    }
+
+    /// Replaces the module settings (the `enabled` overrides of `setEnabled` stay on top);
+    /// the host applies only what changed (docs/modules.md, ModuleSettings).
+    public func updateSettings(_ settings: [String: ModuleSettings]) async {
+        self.settings = settings
+        await changes.run { await self.applySettings() }
+    }
+
+    /// Enables or disables module `module` from now on, over what the settings say, until
+    /// this set ends. Throws, changing nothing, when no loaded plugin provides it.
+    public func setEnabled(_ enabled: Bool, module: String) async throws(UnknownModule) {
+        _ = try registry.factory(named: module)
+        enabledOverrides[module] = enabled
+        await changes.run { await self.applySettings() }
+    }
+
+    /// From now on no plugin is loaded, replaced, removed or started; the plugin being
+    /// loaded finishes. For a process that is about to stop. Never waits.
+    public nonisolated func stopChanges() {
+        stopFlag.store(true, ordering: .sequentiallyConsistent)
+    }
+
+    /// Whether `stopChanges()` or `shutdown()` was called. Never waits.
+    public nonisolated var isStopping: Bool { stopRequested }
+
+    /// Stops changes (`stopChanges`), waits for the change in progress, then shuts the host
+    /// down: every module gets willTerminate (awaited) and deinit, in reverse order.
+    public func shutdown() async {
+        stopChanges()
+        await changes.run { await self.host.shutdown() }
+    }
+
+    /// The plugin directories from the next `reconcile` on; a plugin of a directory no
+    /// longer listed is removed then.
+    public func setDirectories(_ directories: [String]) {
+        self.directories = directories
+    }
+
+    /// The checks for files from the next `reconcile` on (e.g. `allowInsecure`).
+    public func setValidator(_ validator: Validator) {
+        self.validator = validator
+    }
+
+    func applySettings() async {
+        var merged = settings
+        for (name, enabled) in enabledOverrides { merged[name, default: ModuleSettings()].enabled = enabled }
+        await host.updateSettings(merged)
+    }
+
+    func startModules() async {
+        if stopRequested { return }
+        let origins = records.mapValues { (file: $0.source, hash: $0.hash) }
+        let crashGuard = self.crashGuard
+        await host.start { plugin, deliver in
+            guard let origin = origins[plugin] else { return deliver() }
+            crashGuard.begin(file: origin.file, plugin: plugin, hash: origin.hash, phase: "start")
+            deliver()
+            crashGuard.end()
+        }
+    }
+
+    // MARK: - Reading
+
+    /// The plugin loaded under `name`, nil when none is.
+    public func plugin(named name: String) -> LoadedPlugin? { records[name]?.loaded }
+
+    /// What is loaded, refused and retired now.
+    public func snapshot() -> PluginSetSnapshot {
+        let plugins = records.values.sorted { $0.loaded.name < $1.loaded.name }.map { record in
+            PluginSetSnapshot.Plugin(
+                name: record.loaded.name, file: record.source, version: record.loaded.file.manifest.version,
+                generation: record.generation, modules: record.loaded.modules.map(\.factory.name),
+                lastError: refused[record.source]?.failure)
+        }
+        let sources = Set(records.values.map(\.source))
+        let files = refused.sorted { $0.key < $1.key }.filter { !sources.contains($0.key) }.map { path, entry in
+            let state: PluginSetSnapshot.FileState = loading.contains(path) ? .loading
+                : waiting.contains(path) ? .waiting
+                : entry.failure.check == .dependency || entry.failure.check == .crashGuard ? .quarantined : .refused
+            return PluginSetSnapshot.File(path: path, state: state, failure: entry.failure)
+        }
+        return PluginSetSnapshot(plugins: plugins, files: files, filesRefused: refused.count,
+                                 retiredGenerations: retiredCount, retiredBytes: retiredBytes)
+    }
+}
+
+/// What one `PluginSet.reconcile` changed, by plugin name (refused: by file path).
+public struct PluginChanges: Sendable, Equatable {
+    public var added: [String] = []
+    public var replaced: [String] = []
+    /// Plugins removed, and dependents stopped because what they depend on went.
+    public var removed: [String] = []
+    /// Files refused (or waiting for a dependency) in this pass.
+    public var refused: [String] = []
+
+    public init(added: [String] = [], replaced: [String] = [], removed: [String] = [], refused: [String] = []) {
+        self.added = added
+        self.replaced = replaced
+        self.removed = removed
+        self.refused = refused
+    }
+}
+
+/// A `PluginSet` at one moment.
+public struct PluginSetSnapshot: Sendable {
+    /// A loaded plugin.
+    public struct Plugin: Sendable, Equatable {
+        public var name: String
+        /// The file in the plugin directory it was loaded from.
+        public var file: String
+        public var version: String
+        /// How many times it has been loaded in this process (1 for the first load).
+        public var generation: Int
+        /// Its modules, in its manifest's order.
+        public var modules: [String]
+        /// Why the file's current content is not what runs (a newer version was refused).
+        public var lastError: LoadFailure?
+    }
+
+    public enum FileState: String, Sendable {
+        /// Refused until it changes.
+        case refused
+        /// Refused because of a dependency or a crash it caused; tried again when that changes.
+        case quarantined
+        /// Its dependency is missing and may still be arriving (a file could not be read yet).
+        case waiting
+        /// Being loaded by the reconcile in progress.
+        case loading
+    }
+
+    /// A file that provides no loaded plugin.
+    public struct File: Sendable, Equatable {
+        public var path: String
+        public var state: FileState
+        public var failure: LoadFailure
+    }
+
+    /// By name.
+    public var plugins: [Plugin]
+    /// By path.
+    public var files: [File]
+    /// Every file whose current content is refused, including those of plugins whose older
+    /// version still runs.
+    public var filesRefused: Int
+    /// Images of removed or replaced versions that stay mapped.
+    public var retiredGenerations: Int
+    /// Their total size on disk when they were loaded, in bytes.
+    public var retiredBytes: Int64
+}
+
+/// What identifies a file's version without reading it: device, inode, size, mtime.
+struct FileIdentity: Equatable, Sendable {
+    var device: UInt64
+    var inode: UInt64
+    var size: Int64
+    var modified: Int64
+
+    init?(path: String) {
+        var status = stat()
+        guard stat(path, &status) == 0 else { return nil }
+        self.init(status: status)
+    }
+
+    init(status: stat) {
+        device = UInt64(status.st_dev)
+        inode = UInt64(status.st_ino)
+        size = Int64(status.st_size)
+        modified = Int64(status.st_mtim.tv_sec) * 1_000_000_000 + Int64(status.st_mtim.tv_nsec)
+    }
+
+    /// The identity as text: device, inode, size and modification time.
+    var key: String { "\(device):\(inode):\(size):\(modified)" }
+}
+
+/// Runs async operations one at a time, in the order they were submitted.
+final class SerialQueue: Sendable {
+    private let tail = Mutex<Task<Void, Never>?>(nil)
+
+    /// Runs `operation` after every operation submitted before it has finished.
+    func run<T: Sendable>(_ operation: @escaping @Sendable () async -> T) async -> T {
+        let (result, previous): (Task<T, Never>, Task<Void, Never>?) = tail.withLock { tail in
+            let previous = tail
+            let task = Task<T, Never> {
+                await previous?.value
+                return await operation()
+            }
+            tail = Task { _ = await task.value }
+            return (task, previous)
+        }
+        _ = previous
+        return await result.value
+    }
+}
