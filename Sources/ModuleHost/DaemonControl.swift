@@ -85,9 +85,10 @@ public struct DaemonStatus: Codable, Sendable, Equatable {
     public var pluginsLoaded: Int
     public var modulesRunning: Int
     public var filesRefused: Int
-    /// Images of removed or replaced plugin versions that stay mapped (never unloaded).
+    /// Images of removed or replaced plugin versions that stay mapped (never unloaded;
+    /// their private copies are deleted).
     public var retiredGenerations: Int
-    /// Their total size on disk, in bytes.
+    /// Their total size, in bytes.
     public var retiredBytes: Int64
     /// Plugins refused at start because they crashed the daemon before.
     public var crashGuarded: Int

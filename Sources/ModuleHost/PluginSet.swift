@@ -30,8 +30,14 @@ import Synchronization
 /// - **Logging.** One line per load, refusal, replacement and removal, on `logger`, with
 ///   `plugin`, `file` and `module` keys where they apply.
 ///
-/// A Swift plugin's image is never unloaded (a process has one Swift runtime, which keeps
-/// its types), so a removed or replaced version stays mapped: `snapshot()` counts them.
+/// No plugin image is unloaded (a process has one Swift runtime, which keeps a Swift
+/// image's types; C images are linked `-z nodelete` and may still run a stuck callback), so
+/// a removed or replaced version stays mapped: `snapshot()` counts them. Its private copy is
+/// deleted: `imagesDirectory` holds one file per loaded plugin, and the first `reconcile`
+/// deletes the copies an earlier run left there (so give each set a directory of its own).
+///
+/// The process binds a plugin's dependencies by SONAME: two sets in one process must not
+/// load plugins of the same name.
 public actor PluginSet {
     /// The host instance the plugins' modules run in.
     public nonisolated let host: HostInstance
@@ -75,6 +81,8 @@ public actor PluginSet {
     var retiredCount = 0
     var retiredBytes: Int64 = 0
     var generations: [String: Int] = [:]
+    /// Whether the first scan has deleted what an earlier run left in `imagesDirectory`.
+    var imagesSwept = false
     /// Set by `stopChanges()` or `shutdown()`: no further plugin is loaded, replaced or
     /// started. Atomic, so that a signal handler's task sets it without waiting for this
     /// actor (which a plugin's entry point may hold).
@@ -274,9 +282,10 @@ public struct PluginSetSnapshot: Sendable {
     /// Every file whose current content is refused, including those of plugins whose older
     /// version still runs.
     public var filesRefused: Int
-    /// Images of removed or replaced versions that stay mapped.
+    /// Images of removed or replaced versions that stay mapped (their private copies are
+    /// deleted).
     public var retiredGenerations: Int
-    /// Their total size on disk when they were loaded, in bytes.
+    /// Their total size, in bytes.
     public var retiredBytes: Int64
 }
 

@@ -19,6 +19,10 @@ extension PluginSet {
     func reconcileNow(trial: Bool) async -> PluginChanges {
         var summary = PluginChanges()
         if stopRequested { return summary }
+        if !imagesSwept {
+            imagesSwept = true
+            deleteLeftoverImages()
+        }
         // What is on disk now, in the directories as they are when the scan starts.
         let directories = self.directories
         var present: [String: String] = [:]  // path -> directory
@@ -221,8 +225,14 @@ extension PluginSet {
             image = try crashGuard.during(file: file.path, plugin: file.name, hash: hash, phase: "copy") { () throws(LoadFailure) in
                 try privateImage(of: file, version: version, generation: generation, hash: hash)
             }
+        } catch {
+            refuse(error, identity, &none)
+            return false
+        }
+        do throws(LoadFailure) {
             if trial { try await trialLoad(image.file) }
         } catch {
+            deleteImage(image.file)
             refuse(error, identity, &none)
             return false
         }
@@ -234,6 +244,7 @@ extension PluginSet {
             FatalSignalRecorder.track(loaded, file: file.path, hash: hash)
             try registry.register(loaded)
         } catch {
+            deleteImage(image.file)
             refuse(error.relocated(to: file.path), identity, &none)
             return false
         }
@@ -254,7 +265,8 @@ extension PluginSet {
 
     /// Removes a plugin and, first, every plugin that depends on it (they wait, quarantined,
     /// for it to come back). Their modules get willUnload (awaited) and deinit; the images
-    /// stay mapped and are counted as retired. Returns the names removed.
+    /// stay mapped and are counted as retired, their private copies are deleted. Returns the
+    /// names removed.
     func remove(_ name: String, reason: String) async -> [String] {
         let victims = dependents(of: name).reversed() + [name]
         var removed: [String] = []
@@ -293,9 +305,11 @@ extension PluginSet {
             .ordered.map(\.name)
     }
 
+    /// Counts `record`'s image as retired (it stays mapped) and deletes its private copy.
     func retire(_ record: Record) {
         retiredCount += 1
         retiredBytes += record.size
+        deleteImage(record.loaded.file)
     }
 
     // MARK: - Replace
@@ -335,10 +349,11 @@ extension PluginSet {
                     try privateImage(of: source, version: version, generation: generation,
                                      hash: name == file.name ? hash : record.hash, renames: renames)
                 }
-                try await trialLoad(image.file, preloading: chain.prefix { $0 != name }.compactMap { images[$0]?.file.resolvedPath })
                 images[name] = image
+                try await trialLoad(image.file, preloading: chain.prefix { $0 != name }.compactMap { images[$0]?.file.resolvedPath })
             }
         } catch {
+            for image in images.values { deleteImage(image.file) }
             refuse(error, identity, &none)
             logger.error("replacing plugin \(file.name) failed; version \(old.loaded.file.manifest.version) keeps running",
                          [("plugin", file.name), ("file", file.path)])
@@ -354,6 +369,7 @@ extension PluginSet {
                 loaded[name] = opened
             }
         } catch {
+            for image in images.values { deleteImage(image.file) }
             refuse(error.relocated(to: file.path), identity, &none)
             logger.error("replacing plugin \(file.name) failed; version \(old.loaded.file.manifest.version) keeps running",
                          [("plugin", file.name)])
@@ -399,6 +415,58 @@ extension PluginSet {
         guard let trialLoader else { return }
         let preloads = file.manifest.dependencies.compactMap { records[$0]?.loaded.file.resolvedPath } + extra
         try await trialLoader.trialLoad(file, preloading: preloads)
+    }
+
+    /// Deletes the private copy `image` was loaded (or refused) from. What is mapped stays
+    /// mapped: the crash guard names a plugin by its file in the plugin directory and its
+    /// content hash, never by its copy. Each loaded plugin keeps its current copy: a
+    /// dependent's trial load preloads it, and a replacement of what it depends on reloads
+    /// it from there under its next generation's name.
+    func deleteImage(_ image: PluginFile) {
+        guard image.resolvedPath.hasPrefix(imagesDirectory + "/") else { return }
+        if unlink(image.resolvedPath) != 0 && errno != ENOENT {
+            logger.warning("cannot delete the private copy \(image.resolvedPath): \(String(cString: strerror(errno)))",
+                           [("plugin", image.name), ("file", image.path)])
+        }
+    }
+
+    /// Deletes the private copies (and unfinished ones) an earlier run of this images
+    /// directory left: what it names `NAME-GENERATION-HASH.so` (`.so.tmp`). Called before
+    /// the first scan loads anything.
+    func deleteLeftoverImages() {
+        guard let names = try? FileManager.default.contentsOfDirectory(atPath: imagesDirectory) else { return }
+        var deleted = 0
+        for name in names where Self.isImageName(name) {
+            let path = imagesDirectory + "/" + name
+            var status = stat()
+            guard lstat(path, &status) == 0, status.st_mode & S_IFMT == S_IFREG else { continue }
+            if unlink(path) == 0 {
+                deleted += 1
+            } else {
+                logger.warning("cannot delete the private copy \(path) an earlier run left: \(String(cString: strerror(errno)))")
+            }
+        }
+        if deleted > 0 {
+            logger.info("deleted \(deleted) private plugin copies an earlier run left in \(imagesDirectory)", [("directory", imagesDirectory)])
+        }
+    }
+
+    /// Whether `name` is one `privateImage` writes: `NAME-GENERATION-HASH.so`, or that with
+    /// `.tmp`.
+    static func isImageName(_ name: String) -> Bool {
+        let stem: Substring
+        if name.hasSuffix(".so.tmp") {
+            stem = name.dropLast(7)
+        } else if name.hasSuffix(".so") {
+            stem = name.dropLast(3)
+        } else {
+            return false
+        }
+        let parts = stem.split(separator: "-", omittingEmptySubsequences: false)
+        guard parts.count >= 3, let hash = parts.last, let generation = parts.dropLast().last else { return false }
+        return PluginName.problem(String(parts.dropLast(2).joined(separator: "-"))) == nil
+            && !generation.isEmpty && generation.allSatisfy { $0.isASCII && $0.isNumber }
+            && hash.count == 16 && hash.allSatisfy { $0.isASCII && $0.isHexDigit }
     }
 
     /// Hashes `contents` (the file at `path`) in bounded chunks.

@@ -255,6 +255,10 @@ import TestSupport
             #expect(rows["tally"]?["generation"] as? Int == generation)
             #expect(try h.ctl("send", "knock\(generation)", "--to", "tally").status == 0)
             #expect(await h.waitFor("generation \(generation) got knock\(generation)"))
+            // One private copy per loaded plugin: Counter's and the current Tally's.
+            let images = try FileManager.default.contentsOfDirectory(atPath: h.state + "/images").sorted()
+            #expect(images.count == 2, "\(images)")
+            #expect(images.contains { $0.hasPrefix("Tally-\(generation)-") }, "\(images)")
         }
         #expect(await h.stop() == 0)
     }

@@ -122,6 +122,20 @@ struct PluginSetTests {
             return false
         }
 
+        /// The files in the images directory, as paths, sorted.
+        func imageFiles() -> [String] {
+            ((try? FileManager.default.contentsOfDirectory(atPath: images)) ?? []).map { images + "/" + $0 }.sorted()
+        }
+
+        /// The private copies the loaded plugins run from, sorted.
+        func currentImages() async -> [String] {
+            var paths: [String] = []
+            for plugin in await set.snapshot().plugins {
+                if let loaded = await set.plugin(named: plugin.name) { paths.append(loaded.file.resolvedPath) }
+            }
+            return paths.sorted()
+        }
+
         func plugin(_ name: String) async -> PluginSetSnapshot.Plugin? {
             await set.snapshot().plugins.first { $0.name == name }
         }
@@ -175,7 +189,12 @@ struct PluginSetTests {
             #expect(dependent?.version == "1.0")
             #expect(await f.knock("psrepp", "knock-p\(generation)") == "psrepp knock-p\(generation) tag=p\(generation) provider=-")
             #expect(await f.knock("psrepd", "knock-d\(generation)") == "psrepd knock-d\(generation) tag=d1 provider=p\(generation)")
+            // The retired generations' copies are gone: one file per loaded plugin, its own.
+            let images = f.imageFiles()
+            #expect(images.count == 2)
+            #expect(await f.currentImages() == images)
         }
+        #expect(await f.set.snapshot().retiredGenerations == 6)
         await f.set.shutdown()
     }
 
@@ -194,6 +213,7 @@ struct PluginSetTests {
         let providerUnloading = try #require(lines.firstIndex(of: "psremp willUnload tag=p1 provider=-"))
         #expect(dependentGone < providerUnloading)
         #expect(f.host.runningModuleNames.isEmpty)
+        #expect(f.imageFiles().isEmpty)
         let snapshot = await f.set.snapshot()
         #expect(snapshot.plugins.isEmpty)
         #expect(snapshot.retiredGenerations == 2)
@@ -209,6 +229,8 @@ struct PluginSetTests {
         #expect(await f.set.reconcile() == PluginChanges(added: ["PsRemP", "PsRemD"]))
         #expect(await f.knock("psremd", "knock") == "psremd knock tag=d1 provider=p2")
         #expect(await f.set.snapshot().files.isEmpty)
+        #expect(await f.currentImages() == f.imageFiles())
+        #expect(f.imageFiles().count == 2)
         await f.set.shutdown()
     }
 
@@ -248,14 +270,18 @@ struct PluginSetTests {
         #expect(running?.lastError?.check == .descriptor)
         #expect(running?.lastError?.file == f.path(of: "PsBad"))
         #expect(await f.knock("psbad", "knock") == "psbad knock tag=v1 provider=-")
-        // Not tried again until it changes.
+        // Not tried again until it changes; the refused version's copy is gone.
         #expect(await f.set.reconcile() == PluginChanges())
+        #expect(f.imageFiles().count == 1)
+        #expect(await f.currentImages() == f.imageFiles())
 
         try f.install(try f.build("PsBad", version: "3.0", tag: "v3"), as: "PsBad")
         #expect(await f.set.reconcile() == PluginChanges(replaced: ["PsBad"]))
         #expect(await f.plugin("PsBad")?.version == "3.0")
         #expect(await f.plugin("PsBad")?.lastError == nil)
         #expect(await f.knock("psbad", "knock3") == "psbad knock3 tag=v3 provider=-")
+        #expect(f.imageFiles().count == 1)
+        #expect(await f.currentImages() == f.imageFiles())
         await f.set.shutdown()
     }
 
@@ -296,6 +322,7 @@ struct PluginSetTests {
         #expect(await f.set.reconcile() == PluginChanges(refused: [f.path(of: "PsTryP")]))
         #expect(await f.plugin("PsTryP")?.version == "1.0")
         #expect(await f.plugin("PsTryP")?.lastError?.problem == "the test's trial loader refuses 2.0")
+        #expect(await f.currentImages() == f.imageFiles())  // the refused copy is gone
         #expect(await f.knock("pstryd", "knock") == "pstryd knock tag=d1 provider=p1")
 
         // A replacement tries the new provider, then its dependent with the new provider first.
@@ -318,6 +345,7 @@ struct PluginSetTests {
         let refused = try #require(await f.set.snapshot().files.first)
         #expect(refused.failure.check == .crashGuard)
         #expect(refused.failure.problem.contains("crashed a trial load in a child process"))
+        #expect(f.imageFiles().isEmpty)
         await f.set.shutdown()
     }
 
@@ -343,6 +371,20 @@ struct PluginSetTests {
 
         await #expect(throws: UnknownModule.self) { try await f.set.setEnabled(false, module: "no-such-module") }
         #expect(f.host.isRunning(moduleNamed: "psonoff"))
+        await f.set.shutdown()
+    }
+
+    @Test func theFirstScanDeletesTheCopiesAnEarlierRunLeft() async throws {
+        let f = try Fixture()
+        let leftovers = ["PsOld-3-0123456789abcdef.so", "PsOld-4-0123456789abcdef.so.tmp"]
+        for name in leftovers { #expect(FileManager.default.createFile(atPath: f.images + "/" + name, contents: Data("old".utf8))) }
+        // Not a name the set writes: left alone.
+        #expect(FileManager.default.createFile(atPath: f.images + "/notes.txt", contents: Data()))
+        try f.install(try f.build("PsOld", tag: "o1"), as: "PsOld")
+        #expect(await f.set.reconcile(trial: false) == PluginChanges(added: ["PsOld"]))
+        let current = await f.currentImages()
+        #expect(current.count == 1)
+        #expect(f.imageFiles() == (current + [f.images + "/notes.txt"]).sorted())
         await f.set.shutdown()
     }
 
