@@ -61,7 +61,7 @@ sdk: swift-build
 	copy() { cmp -s "$$1" "$$2" || cp -f "$$1" "$$2"; }; \
 	for tool in modhostd modhostctl modhost-trial; do copy $$bin/$$tool $(BUILD)/bin/$$tool; done; \
 	copy $$bin/libModuleKit.so $(BUILD)/lib/libModuleKit.so; \
-	for f in $$bin/Modules/ModuleKit.swiftmodule $$bin/Modules/ModuleKit.swiftdoc; do copy $$f $(BUILD)/lib/modulehost/swift/$$(basename $$f); done; \
+	for f in $$bin/Modules/ModuleKit.swiftmodule $$bin/Modules/ModuleKit.swiftinterface $$bin/Modules/ModuleKit.swiftdoc; do copy $$f $(BUILD)/lib/modulehost/swift/$$(basename $$f); done; \
 	copy Sources/ModuleKit/Sources/CModuleHost/include/modulehost.h $(BUILD)/include/modulehost.h; \
 	copy share/module.modulemap $(BUILD)/include/modulehost/module.modulemap; \
 	copy share/plugin.mk $(BUILD)/share/modulehost/plugin.mk; \

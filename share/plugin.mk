@@ -40,12 +40,15 @@ all: $(TARGET)
 ifeq ($(LANGUAGE),swift)
 # One Swift module per plugin, linked against the one shared libModuleKit.so. Its
 # .swiftmodule goes to MODULES_DIR so that plugins depending on it can import it.
+# include/modulehost holds the C ABI's module map. It is on the search path so that the
+# compiler also finds it when it builds ModuleKit from ModuleKit.swiftinterface (when the
+# installed .swiftmodule is from another compiler build).
 $(UNSTAMPED): $(SOURCES) $(SDK_LIB) | $(OBJ_DIR) $(MODULES_DIR)
 	$(SWIFTC) -emit-library -parse-as-library -swift-version 6 $(SWIFTFLAGS) \
 	  -module-name $(PLUGIN) -module-link-name $(PLUGIN) \
 	  -emit-module -emit-module-path $(MODULES_DIR)/$(PLUGIN).swiftmodule \
 	  -I $(MODHOST_SDK)/lib/modulehost/swift -I $(MODULES_DIR) \
-	  -Xcc -fmodule-map-file=$(MODHOST_SDK)/include/modulehost/module.modulemap \
+	  -I $(MODHOST_SDK)/include/modulehost \
 	  -L $(MODHOST_SDK)/lib -L $(PLUGIN_DIR) -lModuleKit \
 	  -Xlinker -soname=lib$(PLUGIN).so -Xlinker -z -Xlinker nodelete \
 	  $(SOURCES) -o $@

@@ -121,6 +121,8 @@ final class CModule: Module {
         switch event {
         case .custom, .notification: false
         case .initialize, .start, .deinitialize, .configurationChanged: true
+        // A lifecycle event a later ModuleKit adds is the host's too.
+        @unknown default: true
         }
     }
 

@@ -12,10 +12,18 @@ let package = Package(
     targets: [
         // The C ABI: the contract for plugins written in plain C.
         .target(name: "CModuleHost"),
+        // Built with library evolution, so that a plugin compiled against one ModuleKit
+        // keeps working with a later compatible one (docs/abi.md, "Swift plugin
+        // compatibility"), and with a textual interface (.swiftinterface) installed next to
+        // the binary module. The -I lets the interface's verification find CModuleHost.
         .target(
             name: "ModuleKit",
             dependencies: ["CModuleHost"],
-            swiftSettings: [.swiftLanguageMode(.v6)]
+            swiftSettings: [
+                .swiftLanguageMode(.v6),
+                .unsafeFlags(["-enable-library-evolution", "-emit-module-interface",
+                              "-I", Context.packageDirectory + "/Sources/CModuleHost/include"]),
+            ]
         ),
     ]
 )

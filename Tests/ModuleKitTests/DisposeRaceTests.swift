@@ -144,7 +144,7 @@ struct DisposeRaceTests {
         let queue = DispatchQueue(label: "observer")
         let totals = await race(
             subscribe: { host, race in
-                let subscription = host.observeModules { $0.moduleName }.observeOn(queue).subscribe { _ in race.observe() }
+                let subscription = host.observeModules { $0.moduleName }.observeOn { queue.async(execute: $0) }.subscribe { _ in race.observe() }
                 // The subscription is made on the host shortly after subscribe returns: wait
                 // for the first value.
                 while race.started.load(ordering: .acquiring) == 0 {
@@ -218,7 +218,7 @@ struct DisposeRaceTests {
         let queue = DispatchQueue(label: "observer")
         let relayed = Mutex<(any Disposable)?>(nil)
         let relayedCalls = Atomic<Int>(0)
-        let subscribed = host.observeModules { $0.moduleName }.observeOn(queue).subscribe { _ in
+        let subscribed = host.observeModules { $0.moduleName }.observeOn { queue.async(execute: $0) }.subscribe { _ in
             relayedCalls.add(1, ordering: .relaxed)
             relayed.withLock { $0 }?.dispose()
         }

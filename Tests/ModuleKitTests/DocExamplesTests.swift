@@ -184,9 +184,10 @@ struct DocExamplesTests {
     @Test(.timeLimit(.minutes(1)))
     func observingFromOutsideTheHost() async {
         let host = HostInstance(name: "outside")
+        let ui = DispatchQueue(label: "ui")
         let names = host.observeModules { $0.moduleName }  // from any thread
         let done = Recorder()
-        names.observeOn(DispatchQueue(label: "ui")).subscribe { names in
+        names.observeOn { ui.async(execute: $0) }.subscribe { names in
             done.record(names.joined(separator: ","))
         }
         await host.add([ModuleFactory(MemoryStoreModule.self)])

@@ -369,7 +369,7 @@ struct ModuleManagerTests {
         #expect(recorder.all == ["a|ready=true"])
     }
 
-    // To consume values elsewhere, observeOn(queue) subscribes from any thread and delivers
+    // To consume values elsewhere, observeOn { queue.async(execute: $0) } subscribes from any thread and delivers
     // on the queue.
     @Test(.timeLimit(.minutes(1)))
     func observeOnDeliversEveryValueInOrderOnTheGivenQueue() async {
@@ -378,7 +378,7 @@ struct ModuleManagerTests {
         let queue = DispatchQueue(label: "observer")
         let key = DispatchSpecificKey<String>()
         queue.setSpecific(key: key, value: "observer")
-        let subscription = host.observeModules { $0.moduleName }.observeOn(queue).subscribe { names in
+        let subscription = host.observeModules { $0.moduleName }.observeOn { queue.async(execute: $0) }.subscribe { names in
             recorder.record((DispatchQueue.getSpecific(key: key) ?? "elsewhere") + ":" + names.joined(separator: ","))
         }
         await host.add([probe("a", recorder: Recorder())])

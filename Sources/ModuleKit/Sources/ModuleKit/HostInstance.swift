@@ -1,4 +1,4 @@
-import Dispatch
+internal import Dispatch
 import Synchronization
 
 /// One host instance: its modules, their lifecycle events, their notifications and its

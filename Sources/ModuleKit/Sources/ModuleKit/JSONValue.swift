@@ -1,9 +1,14 @@
-import Foundation
+internal import Foundation
 
 /// A JSON value: the type of event payloads, module configuration and module metadata.
 ///
 /// It is a plain `Sendable` value so payloads can cross from the host to any module and
 /// between host instances without sharing mutable state.
+///
+/// `@frozen`: JSON has exactly these six kinds, so its cases and their payloads are a
+/// promise kept across ModuleKit versions; a plugin may switch over them without
+/// `@unknown default`, and payloads pass by value without indirection.
+@frozen
 public enum JSONValue: Sendable, Hashable, Codable, CustomStringConvertible {
     case null
     case bool(Bool)

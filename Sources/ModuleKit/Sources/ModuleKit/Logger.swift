@@ -1,4 +1,4 @@
-import Foundation
+internal import Foundation
 import Synchronization
 
 /// A log level, ordered from the most to the least verbose.

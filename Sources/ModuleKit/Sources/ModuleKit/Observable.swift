@@ -1,4 +1,4 @@
-import Dispatch
+internal import Dispatch
 import Glibc
 import Synchronization
 
@@ -156,7 +156,7 @@ extension Disposable {
 ///   made by `ModuleManager` emit nothing while modules are being created or updated, and
 ///   when subscribed while the modules are ready they emit the current value at once,
 ///   before `subscribe` returns.
-/// - To consume values elsewhere: `observeOn(_:)` (a dispatch queue, subscribable from any
+/// - To consume values elsewhere: `observeOn(_:)` (a serial queue, subscribable from any
 ///   thread; the subscription hops to the host's context), `values`
 ///   (an `AsyncStream`, for `Sendable` values, iterable anywhere) or `valuesOnHost()` (an
 ///   `AsyncSequence` iterated on the host's context, for module objects).
@@ -271,20 +271,27 @@ extension Observable where Element: Sendable {
     }
 
     /// An observable that may be subscribed from any thread (the subscription hops to the
-    /// host's context) and delivers every value, in order, on `queue`.
-    public func observeOn(_ queue: DispatchQueue) -> RelayedObservable<Element> {
-        RelayedObservable(upstream: self, queue: queue)
+    /// host's context) and delivers every value, in order, through `enqueue`: each value
+    /// becomes one work item handed to `enqueue`, which must run the items one at a time in
+    /// the order given, e.g. on a serial dispatch queue:
+    ///
+    ///     names.observeOn { queue.async(execute: $0) }.subscribe { print($0) }
+    ///
+    /// (A closure rather than a `DispatchQueue` parameter: Dispatch is not built with
+    /// library evolution, so ModuleKit's binary interface does not name its types.)
+    public func observeOn(_ enqueue: @escaping @Sendable (_ work: @escaping @Sendable () -> Void) -> Void) -> RelayedObservable<Element> {
+        RelayedObservable(upstream: self, enqueue: enqueue)
     }
 }
 
-/// An observable whose values are delivered on a dispatch queue of the subscriber's
+/// An observable whose values are delivered on a serial queue of the subscriber's
 /// choosing (see `Observable.observeOn(_:)`). `subscribe` may be called from any thread.
 public struct RelayedObservable<Element: Sendable>: Sendable {
     let upstream: Observable<Element>
-    let queue: DispatchQueue
+    let enqueue: @Sendable (@escaping @Sendable () -> Void) -> Void
 
     /// Subscribes from any thread. The subscription is made on the host's context shortly
-    /// after this returns; `observer` is then called on the queue with every value, in
+    /// after this returns; `observer` is then called through the queue with every value, in
     /// emission order, until the returned `Disposable` is disposed of. Values already queued
     /// when `dispose()` is entered are dropped; a call running on the queue at that moment is
     /// waited for (unless `dispose()` is called from inside it), so once `dispose()` has
@@ -294,14 +301,14 @@ public struct RelayedObservable<Element: Sendable>: Sendable {
         let token = SubscriptionToken()
         guard let host = upstream.host else { return token }
         let upstream = self.upstream
-        let queue = self.queue
+        let enqueue = self.enqueue
         Task {
             await host.perform { host in
                 upstream.attachChecked(
                     host, token,
                     ObservationSink(
                         receive: { value in
-                            queue.async { token.deliver { observer(value) } }
+                            enqueue { token.deliver { observer(value) } }
                         },
                         finish: nil))
             }
