@@ -28,10 +28,15 @@ let package = Package(
         // The one check that a symbol is a plugin's own (not a dependency's): plain C, so that
         // the loader, calls by name and modhost-trial (which links only libc) share it.
         .target(name: "CSymbolOwnership"),
-        // Reading plugin files without running them: ELF structure and the manifest.
-        .target(name: "PluginFormat", swiftSettings: swift6),
+        // Reading plugin files without running them: ELF structure and the manifest. JSON is
+        // read with ModuleKit's `JSONValue.parse`, the one strict parser (the SDK is the
+        // lowest layer).
+        .target(name: "PluginFormat", dependencies: [.product(name: "ModuleKit", package: "ModuleKit")],
+                swiftSettings: swift6),
         // Calling plugin functions by name through libffi.
-        .target(name: "PluginCall", dependencies: ["CFFI", "CSymbolOwnership", "PluginFormat"], swiftSettings: swift6),
+        .target(name: "PluginCall", dependencies: ["CFFI", "CSymbolOwnership", "PluginFormat",
+                                                   .product(name: "ModuleKit", package: "ModuleKit")],
+                swiftSettings: swift6),
         // Daemon plumbing that knows nothing of plugins: signals, inotify, the control
         // socket, systemd notification.
         .target(name: "DaemonKit", dependencies: [.product(name: "ModuleKit", package: "ModuleKit")],
@@ -70,7 +75,10 @@ let package = Package(
             name: "ModuleKitTests",
             dependencies: [.product(name: "ModuleKit", package: "ModuleKit"), "TestSupport"],
             swiftSettings: swift6),
-        .testTarget(name: "PluginFormatTests", dependencies: ["PluginFormat", "TestSupport"], swiftSettings: swift6),
+        .testTarget(
+            name: "PluginFormatTests",
+            dependencies: ["PluginFormat", "TestSupport", .product(name: "ModuleKit", package: "ModuleKit")],
+            swiftSettings: swift6),
         .testTarget(name: "PluginCallTests", dependencies: ["PluginCall", "TestSupport"], swiftSettings: swift6),
         .testTarget(name: "DaemonKitTests", dependencies: ["DaemonKit", "TestSupport"], swiftSettings: swift6),
         .testTarget(
@@ -88,7 +96,7 @@ if Context.environment["MODHOST_FUZZ"] == "1" {
         name: "FuzzSupport", dependencies: ["PluginFormat"], path: "Tests/Fuzzing/Support", swiftSettings: swift6))
     let fuzzTargets: [(name: String, dependencies: [Target.Dependency])] = [
         ("fuzz-plugin-file", ["ModuleHost", "PluginFormat"]),
-        ("fuzz-manifest", ["PluginFormat"]),
+        ("fuzz-manifest", ["PluginFormat", .product(name: "ModuleKit", package: "ModuleKit")]),
         ("fuzz-control-request", ["ModuleHost", "DaemonKit", "PluginCall", .product(name: "ModuleKit", package: "ModuleKit")]),
         ("fuzz-configuration", ["ModuleHost"]),
     ]

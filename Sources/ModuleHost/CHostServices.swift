@@ -26,10 +26,10 @@ public final class CHostServices {
             postNotification: { name, payloadJSON in
                 var payload = JSONValue.null
                 if let payloadJSON {
-                    if let value = try? JSONValue(strict: Array(payloadJSON.utf8)) {
-                        payload = value
-                    } else {
-                        logger.warning("post_notification payload for \(name) is not JSON; delivered as a string")
+                    do {
+                        payload = try JSONValue.parse(Array(payloadJSON.utf8))
+                    } catch {
+                        logger.warning("post_notification payload for \(name) is \(error); delivered as a string")
                         payload = .string(payloadJSON)
                     }
                 }

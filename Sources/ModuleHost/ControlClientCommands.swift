@@ -111,7 +111,7 @@ extension ControlCommand {
             fields["event"] = .string(operands[0])
             if let text = parsed.value("payload") {
                 do {
-                    fields["payload"] = try JSONValue(strict: Array(text.utf8))
+                    fields["payload"] = try JSONValue.parse(Array(text.utf8))
                 } catch {
                     throw UsageError("--payload is \(error)")
                 }
@@ -302,7 +302,7 @@ extension ControlCommand {
         } catch {
             return .unreachable(unreachableMessage(error, socketPath: socketPath, timeout: timeout))
         }
-        guard case .object(let members) = try? JSONValue(strict: Array(reply.utf8)),
+        guard case .object(let members) = try? JSONValue.parse(Array(reply.utf8)),
               let ok = members["ok"]?.boolValue
         else {
             return .invalidReply("not a JSON object with \"ok\": \(reply.prefix(200))")

@@ -204,7 +204,7 @@ public struct ControlCommand: Sendable {
         }
         let document: JSONValue
         do {
-            document = try JSONValue(strict: Array(data))
+            document = try JSONValue.parse(Array(data))
         } catch {
             output.err("Error: \(path): \(error). Fix: correct \(path)")
             return .dataError
@@ -224,7 +224,7 @@ public struct ControlCommand: Sendable {
             fields["toolchain"] = ["swift": .string(parsed.value("swift-version") ?? "unknown"), "sdk": .string(buildID)]
         }
         do {
-            let manifest = try Manifest.parse(Array(JSONValue.object(fields).jsonText.utf8))
+            let manifest = try Manifest(json: .object(fields))
             output.out(manifest.jsonText())
             return .success
         } catch {

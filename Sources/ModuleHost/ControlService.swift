@@ -101,7 +101,7 @@ public struct ControlService: Sendable {
             return try Self.encode(try await daemon.reload())
         case "send":
             let event = try request.moduleName("event")
-            let payload = request.fields["payload"].map(JSONValue.init(controlTree:)) ?? .null
+            let payload = request.fields["payload"] ?? .null
             let target = try request.optionalModuleName("to")
             let awaited = try request.optionalBool("await") ?? false
             audit("send \(event)\(target.map { " to \($0)" } ?? "")\(awaited ? " (awaited)" : "")", peer)
@@ -117,7 +117,7 @@ public struct ControlService: Sendable {
             let value = try await daemon.call(plugin: plugin, function: function, arguments: arguments)
             return JSONValue.object([
                 "function": .string(function), "plugin": .string(plugin), "text": .string(value.text),
-                "type": .string(value.type.rawValue), "value": JSONValue(callJSON: value.json),
+                "type": .string(value.type.rawValue), "value": value.json,
             ]).jsonText
         case "version":
             return JSONValue.object([
@@ -163,19 +163,19 @@ public struct ControlService: Sendable {
 /// A request that passed every check that does not need the daemon.
 private struct Request {
     var command: String
-    var fields: [String: JSONTree]
+    var fields: [String: JSONValue]
 
     /// Reads and checks the envelope: JSON object, `id`, `v`, `cmd`. Sets `idText` to the
     /// `id` to echo (JSON text) as soon as it is known, so later errors carry it.
     init(line: String, idText: inout String) throws(DaemonError) {
-        let tree: JSONTree
+        let request: JSONValue
         do {
-            tree = try JSONTree.parse(Array(line.utf8))
+            request = try JSONValue.parse(Array(line.utf8))
         } catch {
             throw DaemonError(code: "malformed_request", message: "request is \(error)")
         }
-        guard case .object(let fields) = tree else {
-            throw DaemonError(code: "malformed_request", message: "request must be a JSON object, not \(tree.kind)")
+        guard case .object(let fields) = request else {
+            throw DaemonError(code: "malformed_request", message: "request must be a JSON object, not \(request.kind)")
         }
         self.fields = fields
         command = ""
@@ -198,7 +198,7 @@ private struct Request {
                                   message: "protocol version \(JSONValue.number(version).jsonText) is not supported; this daemon speaks version \(ControlService.protocolVersion)")
             }
         case let other?:
-            let shown = if case .number = other { JSONValue(controlTree: other).jsonText } else { other.kind }
+            let shown = if case .number = other { other.jsonText } else { other.kind }
             throw Self.invalid("\"v\" must be an integer (the protocol version, 1), not \(shown)")
         }
         switch fields["cmd"] {
@@ -262,10 +262,19 @@ private struct Request {
         }
     }
 
+    /// Whether `value` is or holds an object, which no call argument can be.
+    static func containsObject(_ value: JSONValue) -> Bool {
+        switch value {
+        case .object: true
+        case .array(let elements): elements.contains(where: containsObject)
+        default: false
+        }
+    }
+
     /// `args` with `argsForm`: strings as typed on a command line ("text"), JSON values
     /// ("json"), or, by default ("auto"), text when every element is a string.
     func callArguments() throws(DaemonError) -> CallArguments {
-        let elements: [JSONTree]
+        let elements: [JSONValue]
         switch fields["args"] {
         case nil, .null?: elements = []
         case .array(let list)?: elements = list
@@ -276,7 +285,7 @@ private struct Request {
         case nil, .null?: form = "auto"
         case .string(let name)? where ["auto", "text", "json"].contains(name): form = name
         case let other?:
-            throw Self.invalid("\"argsForm\" must be \"auto\", \"text\" or \"json\", not \(JSONValue(controlTree: other).jsonText)")
+            throw Self.invalid("\"argsForm\" must be \"auto\", \"text\" or \"json\", not \(other.jsonText)")
         }
         let texts = elements.compactMap { element -> String? in
             if case .string(let text) = element { return text }
@@ -288,59 +297,9 @@ private struct Request {
             }
             return .texts(texts)
         }
-        var values: [CallJSON] = []
-        for (index, element) in elements.enumerated() {
-            guard let value = CallJSON(tree: element) else {
-                throw Self.invalid("\"args\"[\(index)]: an object is not a valid call argument")
-            }
-            values.append(value)
+        if let index = elements.firstIndex(where: Self.containsObject) {
+            throw Self.invalid("\"args\"[\(index)]: an object is not a valid call argument")
         }
-        return .json(values)
-    }
-}
-
-extension JSONValue {
-    /// The same value as a `JSONTree` (the strict parser's result), for control requests,
-    /// replies and `--payload`.
-    init(controlTree tree: JSONTree) {
-        switch tree {
-        case .null: self = .null
-        case .bool(let value): self = .bool(value)
-        case .number(let value): self = .number(value)
-        case .string(let value): self = .string(value)
-        case .array(let elements): self = .array(elements.map(JSONValue.init(controlTree:)))
-        case .object(let members): self = .object(members.mapValues(JSONValue.init(controlTree:)))
-        }
-    }
-
-    /// A call result as a payload value.
-    fileprivate init(callJSON: CallJSON) {
-        switch callJSON {
-        case .null: self = .null
-        case .bool(let value): self = .bool(value)
-        case .number(let value): self = .number(value)
-        case .string(let value): self = .string(value)
-        case .array(let elements): self = .array(elements.map(JSONValue.init(callJSON:)))
-        }
-    }
-}
-
-extension CallJSON {
-    /// The call argument for a JSON value; nil if it is or contains an object.
-    fileprivate init?(tree: JSONTree) {
-        switch tree {
-        case .null: self = .null
-        case .bool(let value): self = .bool(value)
-        case .number(let value): self = .number(value)
-        case .string(let value): self = .string(value)
-        case .array(let elements):
-            var values: [CallJSON] = []
-            for element in elements {
-                guard let value = CallJSON(tree: element) else { return nil }
-                values.append(value)
-            }
-            self = .array(values)
-        case .object: return nil
-        }
+        return .json(elements)
     }
 }

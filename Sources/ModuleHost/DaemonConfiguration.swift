@@ -44,7 +44,7 @@ public struct DaemonConfiguration: Sendable, Equatable {
         }
         let value: JSONValue
         do {
-            value = try JSONValue(strict: Array(data))
+            value = try JSONValue.parse(Array(data))
         } catch {
             throw invalid(path, "is \(error)", "correct the JSON there (names once per object, no leading zeros, UTF-8)")
         }

@@ -32,7 +32,7 @@ public protocol DaemonControl: Sendable {
 /// Arguments of a call by name.
 public enum CallArguments: Sendable {
     case texts([String])
-    case json([CallJSON])
+    case json([JSONValue])
 }
 
 /// One line of `modhostctl list`.

@@ -1,4 +1,5 @@
 import Foundation
+import ModuleKit
 
 /// A typed Swift value passed to or returned from a plugin function.
 ///
@@ -75,7 +76,7 @@ public enum CallValue: Sendable, Hashable, CustomStringConvertible {
     /// them exactly (|v| <= 2^53), else decimal strings; finite floats are numbers, NaN and
     /// infinities the strings `"nan"`, `"inf"`, `"-inf"`; bytes are a base64 string;
     /// `void` is `null`. `Signature.arguments(fromJSON:)` accepts every one of these forms.
-    public var json: CallJSON {
+    public var json: JSONValue {
         switch self {
         case .int8(let v): return .number(Double(v))
         case .int16(let v): return .number(Double(v))
@@ -111,26 +112,15 @@ public enum CallValue: Sendable, Hashable, CustomStringConvertible {
     /// 2^53: the largest magnitude below which every integer is an exact JSON number.
     static let exactJSONLimit: Int128 = 1 << 53
 
-    static func jsonInteger(_ value: Int128) -> CallJSON {
+    static func jsonInteger(_ value: Int128) -> JSONValue {
         value.magnitude <= exactJSONLimit.magnitude ? .number(Double(value)) : .string(String(value))
     }
 
-    static func jsonFloat(_ value: Double) -> CallJSON {
+    static func jsonFloat(_ value: Double) -> JSONValue {
         if value.isNaN { return .string("nan") }
         if value.isInfinite { return .string(value < 0 ? "-inf" : "inf") }
         return .number(value)
     }
-}
-
-/// The JSON shapes a control-protocol client can send as a call argument, and the shape
-/// of a result: a mirror of the scalar and array cases of ModuleKit's `JSONValue`, kept
-/// here so PluginCall does not depend on the SDK. Objects are never valid arguments.
-public enum CallJSON: Sendable, Hashable {
-    case null
-    case bool(Bool)
-    case number(Double)
-    case string(String)
-    case array([CallJSON])
 }
 
 /// Why a text or JSON input is not a valid value of a type.
@@ -219,10 +209,10 @@ extension ValueType {
     /// - `bool`: `true` or `false`.
     /// - `str`: a string without NUL.
     /// - `buf`: a base64 string, or an array of integers 0...255.
-    /// - Throws: `ValueError` for any other shape, a fraction for an integer, `null`,
-    ///   or a value out of range.
-    public func value(fromJSON json: CallJSON) throws(ValueError) -> CallValue {
-        func fail(_ reason: String) -> ValueError { ValueError(type: self, input: json.text, reason: reason) }
+    /// - Throws: `ValueError` for any other shape (an object is never an argument), a
+    ///   fraction for an integer, `null`, or a value out of range.
+    public func value(fromJSON json: JSONValue) throws(ValueError) -> CallValue {
+        func fail(_ reason: String) -> ValueError { ValueError(type: self, input: json.jsonText, reason: reason) }
         switch (self, json) {
         case (.void, _):
             throw fail("void is not an argument type")
@@ -234,7 +224,7 @@ extension ValueType {
             guard n.magnitude <= Double(CallValue.exactJSONLimit) else {
                 throw fail("a JSON number holds integers exactly only up to 2^53; pass it as a string")
             }
-            return try integerValue(Int128(n), input: json.text)
+            return try integerValue(Int128(n), input: json.jsonText)
         case (.f32, .number(let n)):
             let value = Float(n)
             if value.isInfinite && n.isFinite {
@@ -261,7 +251,7 @@ extension ValueType {
             }
             return .bytes(bytes)
         default:
-            throw fail("a JSON \(json.kindName) is not accepted for \(self)")
+            throw fail("\(json.kind) is not accepted for \(self)")
         }
     }
 
@@ -335,33 +325,6 @@ extension ValueType {
     }
 }
 
-extension CallJSON {
-    /// Compact JSON spelling, for messages.
-    public var text: String {
-        switch self {
-        case .null: return "null"
-        case .bool(let b): return b ? "true" : "false"
-        case .number(let n):
-            if n.isFinite, n == n.rounded(), n.magnitude < 1e15 { return String(Int64(n)) }
-            return "\(n)"
-        case .string(let s):
-            let data = (try? JSONEncoder().encode(s)) ?? Data()
-            return String(decoding: data, as: UTF8.self)
-        case .array(let elements): return "[" + elements.map(\.text).joined(separator: ",") + "]"
-        }
-    }
-
-    var kindName: String {
-        switch self {
-        case .null: return "null"
-        case .bool: return "boolean"
-        case .number: return "number"
-        case .string: return "string"
-        case .array: return "array"
-        }
-    }
-}
-
 extension Signature {
     /// Converts one command-line text per argument (as `modhostctl call` receives them)
     /// to typed values, with `ValueType.parse(_:)` per declared type.
@@ -389,7 +352,7 @@ extension Signature {
     ///
     /// - Throws: `CallError.wrongArity` or `CallError.invalidArgument` as
     ///   `parseArguments(_:function:)` does.
-    public func arguments(fromJSON json: [CallJSON], function: String = "") throws(CallError) -> [CallValue] {
+    public func arguments(fromJSON json: [JSONValue], function: String = "") throws(CallError) -> [CallValue] {
         guard json.count == argumentTypes.count else {
             throw CallError.wrongArity(function: function, signature: self, given: json.count)
         }

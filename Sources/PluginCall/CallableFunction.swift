@@ -1,5 +1,6 @@
 import CFFI
 import Glibc
+import ModuleKit
 
 #if _endian(big)
 #error("PluginCall stores argument values in 8-byte little-endian slots")
@@ -138,7 +139,7 @@ public final class CallableFunction: Sendable {
     }
 
     /// Converts JSON arguments per the signature (`Signature.arguments(fromJSON:)`) and calls.
-    public func call(json: [CallJSON]) throws(CallError) -> CallValue {
+    public func call(json: [JSONValue]) throws(CallError) -> CallValue {
         try invoke(try signature.arguments(fromJSON: json, function: name))
     }
 

@@ -1,3 +1,4 @@
+import ModuleKit
 import PluginFormat
 import Synchronization
 
@@ -79,7 +80,7 @@ public final class FunctionTable: Sendable {
     }
 
     /// Calls `name` with JSON arguments, converted per its signature.
-    public func call(_ name: String, json: [CallJSON]) throws(CallError) -> CallValue {
+    public func call(_ name: String, json: [JSONValue]) throws(CallError) -> CallValue {
         try function(named: name).call(json: json)
     }
 

@@ -1,4 +1,5 @@
 import Foundation
+@_spi(ModuleHost) import ModuleKit
 
 /// A plugin's manifest: what the host knows about a plugin file before running any of its
 /// code. It is JSON, embedded by `plugin.mk` in the ELF section `.modhost.manifest`
@@ -85,38 +86,46 @@ public struct Manifest: Codable, Sendable, Equatable {
         return (major, minor)
     }
 
-    /// Parses manifest JSON, naming the field that is wrong when it fails.
+    /// Parses manifest JSON (with `JSONValue.parse`'s strict rules), naming the field that
+    /// is wrong when it fails.
     public static func parse(_ bytes: [UInt8]) throws(ManifestError) -> Manifest {
-        let document: JSONTree.TopLevel
+        let document: JSONValue.TopLevel
         do {
-            document = try JSONTree.parseKeepingMembers(bytes)
+            document = try JSONValue.parseKeepingMembers(bytes)
         } catch {
             throw ManifestError(reason: error.description)
         }
-        let manifest: Manifest
         switch document {
-        case .members(let keys, let values): manifest = try Manifest(FieldReader(keys: keys, values: values, path: ""))
-        case .other(let tree): manifest = try Manifest(tree: tree)
+        case .members(let keys, let values):
+            let manifest = try Manifest(FieldReader(keys: keys, values: values, path: ""))
+            try manifest.check()
+            return manifest
+        case .other(let value):
+            return try Manifest(json: value)
         }
-        if manifest.abiVersion == nil {
-            throw ManifestError(reason: "field \"abi\" is \"\(manifest.abi)\", expected \"MAJOR.MINOR\" such as \"1.0\"")
-        }
-        if manifest.modules.isEmpty && manifest.exports.isEmpty {
-            throw ManifestError(reason: "lists no modules and no exports; a plugin must provide at least one")
-        }
-        if manifest.language == .swift && manifest.toolchain == nil {
-            throw ManifestError(reason: "a Swift plugin needs field \"toolchain\" (plugin.mk adds it)")
-        }
-        return manifest
     }
 
-    /// Reads the fields from a parsed document; unknown fields are ignored so that newer
-    /// manifests stay readable.
-    init(tree: JSONTree) throws(ManifestError) {
-        guard case .object(let fields) = tree else {
-            throw ManifestError(reason: "the top level is \(tree.kind), expected an object")
+    /// Reads a manifest from a parsed document, with the same checks as `parse`; unknown
+    /// fields are ignored so that newer manifests stay readable.
+    public init(json: JSONValue) throws(ManifestError) {
+        guard case .object(let fields) = json else {
+            throw ManifestError(reason: "the top level is \(json.kind), expected an object")
         }
         try self.init(FieldReader(fields: fields, path: ""))
+        try check()
+    }
+
+    /// The checks across fields, once every field has been read.
+    private func check() throws(ManifestError) {
+        if abiVersion == nil {
+            throw ManifestError(reason: "field \"abi\" is \"\(abi)\", expected \"MAJOR.MINOR\" such as \"1.0\"")
+        }
+        if modules.isEmpty && exports.isEmpty {
+            throw ManifestError(reason: "lists no modules and no exports; a plugin must provide at least one")
+        }
+        if language == .swift && toolchain == nil {
+            throw ManifestError(reason: "a Swift plugin needs field \"toolchain\" (plugin.mk adds it)")
+        }
     }
 
     private init(_ reader: FieldReader) throws(ManifestError) {
@@ -145,10 +154,8 @@ public struct Manifest: Codable, Sendable, Equatable {
     }
 
     public init(from decoder: any Decoder) throws {
-        // The same rules as `parse`, for manifests embedded in other JSON documents.
-        let container = try decoder.singleValueContainer()
-        let text = try container.decode(JSONTreeBox.self)
-        self = try Manifest(tree: text.tree)
+        // The rules of `init(json:)`, for manifests embedded in other JSON documents.
+        self = try Manifest(json: try decoder.singleValueContainer().decode(JSONValue.self))
     }
 
     /// Pretty JSON with sorted keys, as `plugin.mk` embeds it and `inspect` prints it.
@@ -172,28 +179,28 @@ struct FieldReader {
     /// The object's member names and values, in the same order. A few names are looked up
     /// once each, so a linear search beats hashing every name into a dictionary.
     let keys: [String]
-    let values: [JSONTree]
+    let values: [JSONValue]
     let path: String
 
-    init(keys: [String], values: [JSONTree], path: String) {
+    init(keys: [String], values: [JSONValue], path: String) {
         self.keys = keys
         self.values = values
         self.path = path
     }
 
-    init(fields: [String: JSONTree], path: String) {
+    init(fields: [String: JSONValue], path: String) {
         self.init(keys: Array(fields.keys), values: Array(fields.values), path: path)
     }
 
     /// The value of member `key`, nil when there is none (names are unique: the parser
     /// refuses duplicates).
-    func field(_ key: String) -> JSONTree? {
+    func field(_ key: String) -> JSONValue? {
         guard let index = keys.firstIndex(of: key) else { return nil }
         return values[index]
     }
 
     func missing(_ key: String) -> ManifestError { ManifestError(reason: "required field \"\(path)\(key)\" is missing") }
-    func wrong(_ key: String, _ value: JSONTree, _ expected: String) -> ManifestError {
+    func wrong(_ key: String, _ value: JSONValue, _ expected: String) -> ManifestError {
         ManifestError(reason: "field \"\(path)\(key)\" has the wrong type: \(value.kind), expected \(expected)")
     }
 
@@ -245,41 +252,20 @@ struct FieldReader {
         return result
     }
 
-    func object(_ key: String) throws(ManifestError) -> [String: JSONTree]? {
+    func object(_ key: String) throws(ManifestError) -> [String: JSONValue]? {
         guard let value = field(key) else { return nil }
         guard case .object(let members) = value else { throw wrong(key, value, "an object") }
         return members
     }
 
-    func objects(_ key: String) throws(ManifestError) -> [[String: JSONTree]] {
+    func objects(_ key: String) throws(ManifestError) -> [[String: JSONValue]] {
         guard let value = field(key) else { return [] }
         guard case .array(let elements) = value else { throw wrong(key, value, "an array of objects") }
-        var result: [[String: JSONTree]] = []
+        var result: [[String: JSONValue]] = []
         for (index, element) in elements.enumerated() {
             guard case .object(let members) = element else { throw wrong("\(key)[\(index)]", element, "an object") }
             result.append(members)
         }
         return result
-    }
-}
-
-/// Decodes any JSON value into a `JSONTree` through `Decodable`.
-struct JSONTreeBox: Decodable {
-    let tree: JSONTree
-    init(from decoder: any Decoder) throws {
-        let container = try decoder.singleValueContainer()
-        if container.decodeNil() {
-            tree = .null
-        } else if let value = try? container.decode(Bool.self) {
-            tree = .bool(value)
-        } else if let value = try? container.decode(Double.self) {
-            tree = .number(value)
-        } else if let value = try? container.decode(String.self) {
-            tree = .string(value)
-        } else if let value = try? container.decode([JSONTreeBox].self) {
-            tree = .array(value.map(\.tree))
-        } else {
-            tree = .object(try container.decode([String: JSONTreeBox].self).mapValues(\.tree))
-        }
     }
 }

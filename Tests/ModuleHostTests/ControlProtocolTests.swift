@@ -567,7 +567,7 @@ extension ControlProtocolTests {
         func call(plugin: String, function: String, arguments: CallArguments) throws(DaemonError) -> CallValue {
             switch arguments {
             case .texts(let texts): calls.append("call \(plugin).\(function) text \(texts)")
-            case .json(let values): calls.append("call \(plugin).\(function) json \(values.map(\.text))")
+            case .json(let values): calls.append("call \(plugin).\(function) json \(values.map(\.jsonText))")
             }
             guard plugin == "Calculator" else { throw DaemonError(code: "unknown_plugin", message: "no plugin named \(plugin)") }
             guard let text = Self.signatures[function], let signature = try? Signature(parsing: text) else {

@@ -118,9 +118,9 @@ struct DocExamplesTests {
                 connection.send(example.request + "\n")
                 let (lines, _) = connection.readLines(1)
                 let reply = try #require(lines.first, "\(block.location): no reply to \(example.request)")
-                let shown = try #require(try? JSONValue(strict: Array(example.reply.utf8)),
+                let shown = try #require(try? JSONValue.parse(Array(example.reply.utf8)),
                                          "\(block.location): the example reply is not JSON: \(example.reply)")
-                let real = try JSONValue(strict: Array(reply.utf8))
+                let real = try JSONValue.parse(Array(reply.utf8))
                 let problem = ReplyShape.mismatch(shown: shown, real: real, path: "")
                 #expect(problem == nil, "\(block.location): \(example.request)\n  shown: \(example.reply)\n  real:  \(reply)\n  \(problem ?? "")")
                 checked += 1
@@ -137,7 +137,7 @@ struct DocExamplesTests {
         for block in try Self.blocks("json") {
             let text = block.body.trimmingCharacters(in: .whitespacesAndNewlines)
             let whole = text.hasPrefix("\"") ? "{" + text + "}" : text
-            guard case .object(let members)? = try? JSONValue(strict: Array(whole.utf8)) else {
+            guard case .object(let members)? = try? JSONValue.parse(Array(whole.utf8)) else {
                 Issue.record("\(block.location): not JSON:\n\(block.body)")
                 continue
             }

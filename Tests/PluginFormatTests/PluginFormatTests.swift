@@ -1,4 +1,5 @@
 import Foundation
+import ModuleKit
 @testable import PluginFormat
 import Testing
 import TestSupport
@@ -40,7 +41,7 @@ import TestSupport
 
     @Test func deeplyNestedInputIsRefusedNotACrash() {
         let text = String(repeating: "[", count: 100_000)
-        #expect(throws: JSONSyntaxError.self) { try JSONTree.parse(Array(text.utf8)) }
+        #expect(throws: JSONSyntaxError.self) { try JSONValue.parse(Array(text.utf8)) }
     }
 }
 

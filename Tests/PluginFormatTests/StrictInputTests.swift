@@ -2,44 +2,9 @@ import Foundation
 @testable import PluginFormat
 import Testing
 
-/// The strict JSON rules and the name grammar, at the parser every entry point uses.
-@Suite struct StrictJSONTests {
-    /// `text` must be refused with `message` at byte `offset`.
-    static func refused(_ bytes: [UInt8], offset: Int, _ message: String) {
-        do {
-            let value = try JSONTree.parse(bytes)
-            Issue.record("accepted \(value)")
-        } catch {
-            #expect(error.offset == offset, "\(error)")
-            #expect(error.message.contains(message), "\(error)")
-        }
-    }
-
-    @Test func aDuplicateMemberNameIsAnErrorAtItsOffset() throws {
-        Self.refused(Array(#"{"a":1,"b":2,"a":3}"#.utf8), offset: 13, #"duplicate member name "a""#)
-        Self.refused(Array(#"{"x":{"k":[],"k":{}}}"#.utf8), offset: 13, #"duplicate member name "k""#)
-        // The same name in two different objects is fine.
-        #expect(try JSONTree.parse(Array(#"[{"a":1},{"a":2}]"#.utf8)) == .array([.object(["a": .number(1)]), .object(["a": .number(2)])]))
-    }
-
-    @Test func leadingZerosAreAnError() throws {
-        Self.refused(Array("0123".utf8), offset: 0, "leading zero")
-        Self.refused(Array(#"{"order":-007}"#.utf8), offset: 10, "leading zero")
-        Self.refused(Array("[00]".utf8), offset: 1, "leading zero")
-        #expect(try JSONTree.parse(Array("[0, -0, 0.5, 10, 0e3]".utf8)) == .array([0, -0.0, 0.5, 10, 0].map(JSONTree.number)))
-    }
-
-    @Test func invalidUTF8IsAnErrorNotReplaced() throws {
-        // A stray continuation byte, a truncated sequence, an overlong encoding and an
-        // encoded surrogate, in fast-path and escaped strings and in member names.
-        Self.refused(Array(#"["ab"#.utf8) + [0x80] + Array(#""]"#.utf8), offset: 4, "invalid UTF-8")
-        Self.refused(Array(#"["\n"#.utf8) + [0xE2, 0x82] + Array(#""]"#.utf8), offset: 4, "invalid UTF-8")
-        Self.refused(Array(#"{""#.utf8) + [0xC0, 0xAF] + Array(#"":1}"#.utf8), offset: 2, "invalid UTF-8")
-        Self.refused(Array(#"["x"#.utf8) + [0xED, 0xA0, 0x80] + Array(#""]"#.utf8), offset: 3, "invalid UTF-8")
-        Self.refused([0xFF], offset: 0, "expected a value")
-        #expect(try JSONTree.parse(Array(#"["é€😀\n"]"#.utf8)) == .array([.string("é€😀\n")]))
-    }
-
+/// The strict JSON rules (`JSONValue.parse`, tested in ModuleKitTests) as the manifest
+/// reader reports them.
+@Suite struct StrictManifestTests {
     @Test func aManifestBreakingAnyRuleIsRefusedWithTheOffset() {
         let head = Array(#"{"name":"x","version":"1","abi":"1.0","language":"c","modules":["m"],"#.utf8)
         for (tail, expected) in [(Array(#""name":"y"}"#.utf8), "at byte 69: duplicate member name \"name\""),
@@ -52,27 +17,6 @@ import Testing
             } catch {
                 #expect(error.reason.contains(expected), "\(error.reason)")
             }
-        }
-    }
-
-    @Test func aNumberBeyondTheRangeOfADoubleIsAnError() throws {
-        Self.refused(Array(#"{"v":1e400}"#.utf8), offset: 5, "1e400 is out of range")
-        Self.refused(Array("-1e999".utf8), offset: 0, "out of range")
-        #expect(try JSONTree.parse(Array("1e308".utf8)) == .number(1e308))
-    }
-
-    @Test func anIntegerADoubleDoesNotHoldExactlyIsAnErrorNotRounded() throws {
-        Self.refused(Array(#"{"id":9007199254740993}"#.utf8), offset: 6, "integer 9007199254740993 is not exactly a JSON number")
-        Self.refused(Array("[1,-9007199254740993]".utf8), offset: 3, "not exactly a JSON number")
-        Self.refused(Array("18446744073709551615".utf8), offset: 0, "send it as a decimal string")
-        Self.refused(Array(("1" + String(repeating: "0", count: 22) + "1").utf8), offset: 0, "not exactly")
-        // Integers a double holds exactly, and numbers with a fraction or exponent, stay numbers.
-        let exact: [(String, Double)] = [("9007199254740992", 0x1p53), ("-9007199254740992", -0x1p53),
-                                         ("9007199254740994", 0x1p53 + 2), ("18446744073709551616", 0x1p64),
-                                         ("1" + String(repeating: "0", count: 22), 1e22),
-                                         ("9007199254740993.0", 0x1p53), ("9007199254740993e0", 0x1p53)]
-        for (text, value) in exact {
-            #expect(try JSONTree.parse(Array(text.utf8)) == .number(value), "\(text)")
         }
     }
 }

@@ -1,9 +1,13 @@
-internal import Foundation
-
-/// A JSON value: the type of event payloads, module configuration and module metadata.
+/// A JSON value: the type of event payloads, module configuration and module metadata, and
+/// the one JSON model of the host (manifests, configuration, control requests and replies,
+/// call arguments and results).
 ///
 /// It is a plain `Sendable` value so payloads can cross from the host to any module and
 /// between host instances without sharing mutable state.
+///
+/// Reading and writing: `parse(_:)` is the strict reader (errors carry a byte offset);
+/// `jsonText` is the one writer (compact, keys sorted). Decoding through `Codable` follows
+/// the rules of the decoder used, not those of `parse(_:)`.
 ///
 /// `@frozen`: JSON has exactly these six kinds, so its cases and their payloads are a
 /// promise kept across ModuleKit versions; a plugin may switch over them without
@@ -67,10 +71,27 @@ public enum JSONValue: Sendable, Hashable, Codable, CustomStringConvertible {
         return nil
     }
 
+    /// A name for the kind of value, for messages: "null", "a boolean", "a number",
+    /// "a string", "an array" or "an object".
+    public var kind: String {
+        switch self {
+        case .null: "null"
+        case .bool: "a boolean"
+        case .number: "a number"
+        case .string: "a string"
+        case .array: "an array"
+        case .object: "an object"
+        }
+    }
+
     /// Compact JSON text with sorted keys, the form passed to C modules.
     public var description: String { jsonText }
 
-    /// Compact JSON text with sorted keys.
+    /// Compact JSON text with sorted keys: the one JSON writer, so the same value always
+    /// gives the same text. Whole numbers a double holds exactly (up to 2^53) are written
+    /// as integers (`1`, never `1.0`); NaN and infinities, which JSON cannot hold, as
+    /// `null`; strings as `quote(_:)` writes them. `parse(_:)` reads the text back to an
+    /// equal value (but for NaN and infinities).
     public var jsonText: String {
         switch self {
         case .null: return "null"
@@ -89,8 +110,6 @@ public enum JSONValue: Sendable, Hashable, Codable, CustomStringConvertible {
         }
     }
 
-    /// `text` as a JSON string literal with its quotes; `"`, `\\` and control characters
-    /// (C0, DEL and C1) escaped, so the result is always one line.
     /// `text` for a terminal or a log line: unchanged when it has no control character,
     /// else as `quote` without the quotes (`1\n\u001b[2J`), so text from a plugin never
     /// breaks a line nor sends a terminal escape sequence.
@@ -104,6 +123,8 @@ public enum JSONValue: Sendable, Hashable, Codable, CustomStringConvertible {
         scalar.value < 0x20 || (0x7f...0x9f).contains(scalar.value)
     }
 
+    /// `text` as a JSON string literal with its quotes; `"`, `\\` and control characters
+    /// (C0, DEL and C1) escaped, so the result is always one line.
     public static func quote(_ text: String) -> String {
         var out = "\""
         for scalar in text.unicodeScalars {
@@ -137,9 +158,3 @@ extension JSONValue: ExpressibleByStringLiteral, ExpressibleByIntegerLiteral, Ex
     public init(nilLiteral: ()) { self = .null }
 }
 
-extension JSONValue {
-    /// Parses JSON text; throws when it is not valid JSON.
-    public static func parse(_ bytes: [UInt8]) throws -> JSONValue {
-        try JSONDecoder().decode(JSONValue.self, from: Data(bytes))
-    }
-}

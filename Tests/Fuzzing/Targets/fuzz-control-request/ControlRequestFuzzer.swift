@@ -68,7 +68,7 @@ public func fuzzControlRequest(_ data: UnsafePointer<UInt8>?, _ size: Int) -> CI
     guard let line = String(validating: fuzzBytes(data, size), as: UTF8.self), !line.utf8.contains(10) else { return 0 }
     let reply = waitFor { await service.handle(line, peer: peer) }
     fuzzCheck(!reply.utf8.contains(10), "reply holds a newline: \(reply)")
-    guard case .object(let fields)? = try? JSONTree.parse(Array(reply.utf8)) else {
+    guard case .object(let fields)? = try? JSONValue.parse(Array(reply.utf8)) else {
         fuzzCheck(false, "reply is not a JSON object: \(reply)")
         return 0
     }

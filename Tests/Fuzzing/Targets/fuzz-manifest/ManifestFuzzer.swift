@@ -3,12 +3,13 @@
 // Promise under test: any bytes give a manifest or an error, never a trap; a manifest
 // that parses writes out as JSON that parses back to the same manifest.
 import FuzzSupport
+import ModuleKit
 import PluginFormat
 
 @_cdecl("LLVMFuzzerTestOneInput")
 public func fuzzManifest(_ data: UnsafePointer<UInt8>?, _ size: Int) -> CInt {
     let bytes = fuzzBytes(data, size)
-    _ = try? JSONTree.parse(bytes)
+    _ = try? JSONValue.parse(bytes)
     guard let manifest = try? Manifest.parse(bytes) else { return 0 }
     let text = manifest.jsonText()
     do {

@@ -1,25 +1,28 @@
-/// A parsed JSON document: the one JSON parser for everything the project reads from outside
-/// (manifests, the configuration file, control requests and replies, payloads from C
-/// modules). A small, fast parser: the host reads a manifest for every plugin file on every
-/// scan.
-///
-/// Strict RFC 8259 JSON, and stricter where the RFC leaves a choice, so that one document
-/// never means two things: a duplicate member name in an object, a number with a leading
-/// zero (`0123`), a number beyond the range of a double (`1e400`), invalid UTF-8 and nesting
-/// deeper than 64 levels are errors with the byte offset where they occur, and so is an
-/// integer literal (no fraction, no exponent) that a double does not hold exactly, such as
-/// 9007199254740993 (2^53 + 1): it is never rounded to a neighbour. Nothing is replaced or
-/// guessed. Numbers are kept as Double.
-public enum JSONTree: Sendable, Equatable {
-    case null
-    case bool(Bool)
-    case number(Double)
-    case string(String)
-    case array([JSONTree])
-    case object([String: JSONTree])
+/// The strict JSON reader of `JSONValue.parse(_:)`: the one parser for every JSON document
+/// the host reads from outside (manifests, the configuration file, control requests and
+/// their call arguments, `--payload`, payloads from C modules) and for modules that parse
+/// JSON themselves. Small and fast: the host reads a manifest for every plugin file on
+/// every scan.
+extension JSONValue {
+    /// The deepest nesting `parse(_:)` reads: a document nested deeper is refused, so that
+    /// input from outside cannot exhaust the stack. The top-level value is level 1.
+    public static let maximumDepth = 64
 
-    /// Parses `bytes` as one JSON value (surrounding white space allowed).
-    public static func parse(_ bytes: [UInt8]) throws(JSONSyntaxError) -> JSONTree {
+    /// Parses `bytes` as one JSON value (surrounding white space allowed), by RFC 8259 and
+    /// stricter where the RFC leaves a choice, so that one document never means two things.
+    ///
+    /// These are errors, each with the byte offset where it occurs: anything RFC 8259 does
+    /// not allow (a trailing comma, a comment, a single-quoted string, text after the
+    /// value...); a member name given twice in one object; a number with a leading zero
+    /// (`0123`); a number beyond the range of a double (`1e400`); an integer literal (no
+    /// fraction, no exponent) that a double does not hold exactly, such as
+    /// 9007199254740993 (2^53 + 1), which is never rounded to a neighbour; invalid UTF-8;
+    /// nesting deeper than `maximumDepth`. Nothing is replaced or guessed. Numbers are
+    /// doubles.
+    ///
+    /// The input is read once, from the start, and only as far as the first error; the
+    /// caller bounds its size. Safe to call from any thread.
+    public static func parse(_ bytes: [UInt8]) throws(JSONSyntaxError) -> JSONValue {
         var parser = Parser(bytes: bytes)
         let value = try parser.value(depth: 0)
         parser.skipSpace()
@@ -27,18 +30,20 @@ public enum JSONTree: Sendable, Equatable {
         return value
     }
 
-    /// A document parsed by `parseKeepingMembers`: a top-level object's members in document
-    /// order, or any other value.
-    enum TopLevel {
-        case members(keys: [String], values: [JSONTree])
-        case other(JSONTree)
+    /// A document read by `parseKeepingMembers(_:)`: a top-level object's members in
+    /// document order, or any other value.
+    @_spi(ModuleHost) @frozen
+    public enum TopLevel: Sendable {
+        case members(keys: [String], values: [JSONValue])
+        case other(JSONValue)
     }
 
-    /// `parse` with the same rules, except that a top-level object's members are returned
-    /// in order instead of in a dictionary: cheaper for a reader that looks up a few names
-    /// once (a manifest, read for every plugin file on every scan). Nested objects are
-    /// dictionaries as usual.
-    static func parseKeepingMembers(_ bytes: [UInt8]) throws(JSONSyntaxError) -> TopLevel {
+    /// `parse(_:)` with the same rules, except that a top-level object's members are
+    /// returned in document order instead of in a dictionary: cheaper for a reader that
+    /// looks up a few names once (the host's manifest reader, run for every plugin file on
+    /// every scan). Nested objects are dictionaries as usual.
+    @_spi(ModuleHost)
+    public static func parseKeepingMembers(_ bytes: [UInt8]) throws(JSONSyntaxError) -> TopLevel {
         var parser = Parser(bytes: bytes)
         parser.skipSpace()
         let result: TopLevel
@@ -52,18 +57,6 @@ public enum JSONTree: Sendable, Equatable {
         parser.skipSpace()
         guard parser.index == bytes.count else { throw parser.error("unexpected text after the JSON value") }
         return result
-    }
-
-    /// A name for the kind of value, for messages: "a string", "an array", ...
-    public var kind: String {
-        switch self {
-        case .null: "null"
-        case .bool: "a boolean"
-        case .number: "a number"
-        case .string: "a string"
-        case .array: "an array"
-        case .object: "an object"
-        }
     }
 
     private struct Parser {
@@ -81,20 +74,20 @@ public enum JSONTree: Sendable, Equatable {
             }
         }
 
-        mutating func value(depth: Int) throws(JSONSyntaxError) -> JSONTree {
-            guard depth < 64 else { throw error("nested deeper than 64 levels") }
+        mutating func value(depth: Int) throws(JSONSyntaxError) -> JSONValue {
+            guard depth < JSONValue.maximumDepth else { throw error("nested deeper than \(JSONValue.maximumDepth) levels") }
             skipSpace()
             guard index < bytes.count else { throw error("unexpected end of input") }
             switch bytes[index] {
             case UInt8(ascii: "{"):
                 index += 1
                 let (keys, values) = try members(depth: depth)
-                var members: [String: JSONTree] = .init(minimumCapacity: keys.count)
+                var members: [String: JSONValue] = .init(minimumCapacity: keys.count)
                 for (key, value) in zip(keys, values) { members[key] = value }
                 return .object(members)
             case UInt8(ascii: "["):
                 index += 1
-                var elements: [JSONTree] = []
+                var elements: [JSONValue] = []
                 skipSpace()
                 if index < bytes.count, bytes[index] == UInt8(ascii: "]") { index += 1; return .array(elements) }
                 while true {
@@ -125,9 +118,9 @@ public enum JSONTree: Sendable, Equatable {
         /// including its `}`. A duplicate name is found when it is read: by comparing with
         /// the names before it while there are few (a manifest has about ten), then through
         /// a set.
-        mutating func members(depth: Int) throws(JSONSyntaxError) -> (keys: [String], values: [JSONTree]) {
+        mutating func members(depth: Int) throws(JSONSyntaxError) -> (keys: [String], values: [JSONValue]) {
             var keys: [String] = []
-            var values: [JSONTree] = []
+            var values: [JSONValue] = []
             skipSpace()
             if index < bytes.count, bytes[index] == UInt8(ascii: "}") { index += 1; return (keys, values) }
             keys.reserveCapacity(Self.linearMemberLimit)
@@ -325,9 +318,19 @@ public enum JSONTree: Sendable, Equatable {
     }
 }
 
-/// Where and why JSON text is not valid.
+/// Where and why JSON text is not valid: what `JSONValue.parse(_:)` throws.
 public struct JSONSyntaxError: Error, Sendable, Equatable, CustomStringConvertible {
+    /// The offset in the input, in bytes from 0, of the first byte that is wrong (for a
+    /// duplicate member name, its opening quote; for a number, its first character).
     public var offset: Int
+    /// What is wrong there, e.g. `duplicate member name "id"`.
     public var message: String
+
+    public init(offset: Int, message: String) {
+        self.offset = offset
+        self.message = message
+    }
+
+    /// `not valid JSON at byte OFFSET: MESSAGE`.
     public var description: String { "not valid JSON at byte \(offset): \(message)" }
 }
