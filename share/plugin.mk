@@ -62,7 +62,8 @@ $(UNSTAMPED): $(SOURCES) $(MODHOST_SDK)/include/modulehost.h | $(OBJ_DIR)
 endif
 
 # The manifest: plugin.json checked and completed with the ABI version, the language
-# and, for Swift, the toolchain fingerprint (compiler and SDK build id).
+# and, for Swift, what the plugin is built with and against: the compiler's version and
+# the ModuleKit ABI version recorded in the libModuleKit.so it links.
 $(MANIFEST): $(MANIFEST_SOURCE) $(SDK_LIB) | $(OBJ_DIR)
 	$(MODHOSTCTL) manifest --language $(LANGUAGE) --sdk $(SDK_LIB) \
 	  --swift-version "$$($(SWIFTC) --version 2>/dev/null | head -n 1)" $(MANIFEST_SOURCE) > $@.tmp

@@ -81,7 +81,7 @@ public struct ControlCommand: Sendable {
             guard !operands.isEmpty else { throw UsageError("verify needs at least one DIR or FILE") }
             return verify(operands, validator: validator, json: json)
         case "manifest":
-            if parsed.has("help") { output.out("USAGE: modhostctl manifest --language swift|c --sdk LIBMODULEKIT [--swift-version TEXT] plugin.json\n\nPrints the manifest plugin.mk embeds: plugin.json completed with the ABI version, the language and the toolchain fingerprint."); return .success }
+            if parsed.has("help") { output.out("USAGE: modhostctl manifest --language swift|c --sdk LIBMODULEKIT [--swift-version TEXT] plugin.json\n\nPrints the manifest plugin.mk embeds: plugin.json completed with the ABI version, the language and, for Swift, the compiler and the ModuleKit version of LIBMODULEKIT."); return .success }
             guard operands.count == 1 else { throw UsageError("manifest takes exactly one plugin.json") }
             return try manifest(operands[0], parsed)
         case _ where Self.daemonCommands.contains(command):
@@ -139,7 +139,7 @@ public struct ControlCommand: Sendable {
                 ]
                 if let toolchain = manifest.toolchain {
                     lines.append("toolchain:    \(shown(toolchain.swift))")
-                    lines.append("sdk build id: \(shown(toolchain.sdk))")
+                    lines.append("modulekit:    \(shown(toolchain.moduleKit))")
                 }
                 lines.append("exports:      \(manifest.exports.isEmpty ? "none" : "")")
                 lines += manifest.exports.map { "  \(shown($0.name)): \(shown($0.signature))" }
@@ -217,11 +217,18 @@ public struct ControlCommand: Sendable {
         fields["language"] = .string(language.rawValue)
         if language == .swift {
             guard let sdk = parsed.value("sdk") else { throw UsageError("a Swift plugin needs --sdk PATH/libModuleKit.so") }
-            guard let buildID = (try? ELFImage(path: sdk).buildID()) ?? nil else {
-                output.err("Error: \(sdk): no GNU build id found. Fix: point --sdk at the libModuleKit.so the plugin links against")
+            // The ModuleKit version comes from the library the plugin links, not from this
+            // process's, which may be another build.
+            guard let version = (try? ELFImage(path: sdk).moduleKitABIVersion()) ?? nil else {
+                output.err("Error: \(sdk): no ModuleKit ABI version found (section .modhost.modulekit). Fix: point --sdk at the libModuleKit.so the plugin links against")
                 return .dataError
             }
-            fields["toolchain"] = ["swift": .string(parsed.value("swift-version") ?? "unknown"), "sdk": .string(buildID)]
+            let swift = parsed.value("swift-version") ?? ""
+            guard Manifest.Toolchain.compilerVersion(of: swift) != nil else {
+                output.err("Error: --swift-version \"\(swift)\" names no Swift version. Fix: pass the first line of `swiftc --version` (plugin.mk does)")
+                return .dataError
+            }
+            fields["toolchain"] = ["swift": .string(swift), "moduleKit": .string("\(version.major).\(version.minor)")]
         }
         do {
             let manifest = try Manifest(json: .object(fields))

@@ -1,31 +1,33 @@
-import CDynamicLoader
 import Glibc
 import ModuleKit
 import PluginFormat
 
-/// The identity of the ModuleKit library loaded in this process: which file, which build.
-/// Swift plugins must have been linked against exactly this build (the toolchain check).
+/// The ModuleKit library loaded in this process: which file, which ABI version, which
+/// compiler. Swift plugins are checked against it (docs/abi.md, "Swift plugin
+/// compatibility").
 public struct HostSDK: Sendable {
     /// Real path of the libModuleKit.so this process uses.
     public let libraryPath: String
-    /// Its GNU build id (hex), or "" when it has none.
-    public let buildID: String
-    /// The Swift version that compiled it, e.g. "6.3".
+    /// Its ABI version: a plugin needs the same major and a minor at most this one.
+    public let moduleKitVersion: (major: Int, minor: Int)
+    /// The Swift version that compiled it, e.g. "6.3": a plugin needs the same.
     public let compilerVersion: String
+
+    public init(libraryPath: String, moduleKitVersion: (major: Int, minor: Int), compilerVersion: String) {
+        self.libraryPath = libraryPath
+        self.moduleKitVersion = moduleKitVersion
+        self.compilerVersion = compilerVersion
+    }
 
     /// The SDK of this process, found once.
     public static let current: HostSDK = {
         let anchor = unsafeBitCast(ModuleKitBuild.anchor, to: UnsafeRawPointer.self)
-        guard let loaded = DynamicLibrary.file(containing: anchor) else {
-            return HostSDK(libraryPath: "", buildID: "", compilerVersion: ModuleKitBuild.compilerVersion)
-        }
-        let path = realPath(loaded) ?? loaded
-        // The id is read from the notes of the mapped image, not from the file.
-        var bytes = [UInt8](repeating: 0, count: 64)
-        let length = modhost_build_id_of_object_containing(anchor, &bytes, bytes.count)
-        let id = bytes.prefix(length).map { ($0 < 16 ? "0" : "") + String($0, radix: 16) }.joined()
-        return HostSDK(libraryPath: path, buildID: id, compilerVersion: ModuleKitBuild.compilerVersion)
+        let path = DynamicLibrary.file(containing: anchor).map { realPath($0) ?? $0 } ?? ""
+        return HostSDK(libraryPath: path, moduleKitVersion: ModuleKitBuild.abiVersion, compilerVersion: ModuleKitBuild.compilerVersion)
     }()
+
+    /// "MAJOR.MINOR" of `moduleKitVersion`.
+    public var moduleKit: String { "\(moduleKitVersion.major).\(moduleKitVersion.minor)" }
 
     /// The host's ModuleKit as an opened library (it is mapped already: opening it again
     /// maps nothing), for the ownership check of the symbols a Swift plugin resolves; nil

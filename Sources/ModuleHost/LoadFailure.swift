@@ -13,6 +13,7 @@ public struct LoadFailure: Error, Sendable, Equatable, CustomStringConvertible {
         case manifestSize = "manifest size"
         case manifest
         case abi = "ABI version"
+        case moduleKit = "ModuleKit version"
         case toolchain = "Swift toolchain"
         case sdkLinkage = "ModuleKit linkage"
         case duplicate = "duplicate name"

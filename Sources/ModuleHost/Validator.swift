@@ -158,7 +158,12 @@ public struct Validator: Sendable {
                         : "upgrade the host, or rebuild the plugin against ABI \(HostSDK.abiMajor).\(HostSDK.abiMinor)")
         }
 
-        // ModuleKit linkage and toolchain.
+        // What a Swift plugin was built against and with.
+        if manifest.language == .swift {
+            try checkToolchain(manifest, fail)
+        }
+
+        // ModuleKit linkage.
         let dynamic: DynamicInfo
         let defined: [String]
         do {
@@ -177,18 +182,38 @@ public struct Validator: Sendable {
                        "link with -lModuleKit against the host's SDK (plugin.mk does)")
         }
         if manifest.language == .swift {
-            let toolchain = manifest.toolchain!
             guard dynamic.needed.contains("libModuleKit.so") else {
                 throw fail(.sdkLinkage, "a Swift plugin that does not link libModuleKit.so",
                            "link with -lModuleKit (plugin.mk does)")
             }
-            if toolchain.sdk != sdk.buildID {
-                throw fail(.toolchain,
-                           "plugin was built with \(toolchain.swift) against ModuleKit build \(toolchain.sdk.prefix(12)), this host runs ModuleKit build \(sdk.buildID.prefix(12)) (Swift \(sdk.compilerVersion))",
-                           "rebuild the plugin with this host's plugin.mk (Swift has no stable ABI between SDK builds)")
-            }
         }
         return (PluginFile(path: path, resolvedPath: resolved, manifest: manifest, dynamic: dynamic, warnings: warnings), contents)
+    }
+}
+
+extension Validator {
+    /// The compatibility rule for Swift plugins (docs/abi.md, "Swift plugin
+    /// compatibility"): the ModuleKit the plugin was built against has this host's major
+    /// and a minor at most this host's, and its compiler this host's major.minor.
+    func checkToolchain(_ manifest: Manifest, _ fail: (LoadFailure.Check, String, String) -> LoadFailure) throws(LoadFailure) {
+        // The manifest check made sure both versions parse.
+        let toolchain = manifest.toolchain!
+        let plugin = toolchain.moduleKitVersion!, host = sdk.moduleKitVersion
+        if plugin.major != host.major {
+            throw fail(.moduleKit, "plugin \(manifest.name) was built against ModuleKit \(toolchain.moduleKit), this host runs ModuleKit \(sdk.moduleKit)",
+                       plugin.major < host.major
+                        ? "rebuild the plugin against this host's SDK (ModuleKit \(host.major).x changed the binary interface)"
+                        : "upgrade the host to ModuleKit \(plugin.major).x, or rebuild the plugin against this host's SDK")
+        }
+        if plugin.minor > host.minor {
+            throw fail(.moduleKit, "plugin \(manifest.name) was built against ModuleKit \(toolchain.moduleKit), newer than this host's ModuleKit \(sdk.moduleKit)",
+                       "upgrade the host to ModuleKit \(toolchain.moduleKit) or later, or rebuild the plugin against this host's SDK")
+        }
+        let compiler = toolchain.compilerVersion!
+        if compiler != sdk.compilerVersion {
+            throw fail(.toolchain, "plugin \(manifest.name) was compiled by Swift \(compiler) (\(toolchain.swift)), this host's ModuleKit by Swift \(sdk.compilerVersion)",
+                       "rebuild the plugin with a Swift \(sdk.compilerVersion) toolchain against this host's SDK")
+        }
     }
 }
 

@@ -295,6 +295,15 @@ public struct ELFImage: Sendable {
         return names
     }
 
+    /// The ModuleKit ABI version a libModuleKit.so records in its `.modhost.modulekit`
+    /// section (two little-endian UInt32: major, minor); nil when the file has no such
+    /// section or it is not 8 bytes.
+    public func moduleKitABIVersion() throws(ELFError) -> (major: Int, minor: Int)? {
+        guard let section = section(named: ".modhost.modulekit"), section.size == 8 else { return nil }
+        let reader = FileBytes(try contents(of: section)[...])
+        return (Int(reader.u32(0)), Int(reader.u32(4)))
+    }
+
     /// The GNU build id (lowercase hex) from `.note.gnu.build-id`, nil when absent or when
     /// the note's sizes do not fit in it.
     public func buildID() throws(ELFError) -> String? {

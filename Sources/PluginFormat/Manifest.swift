@@ -31,15 +31,41 @@ public struct Manifest: Codable, Sendable, Equatable {
 
     public enum Language: String, Codable, Sendable { case swift, c }
 
-    /// The build fingerprint of a Swift plugin.
+    /// What a Swift plugin was built with and against: the host runs it when the ModuleKit
+    /// majors are equal, the plugin's minor is at most the host's and the compilers share
+    /// major.minor (docs/abi.md, "Swift plugin compatibility").
     public struct Toolchain: Codable, Sendable, Equatable {
-        /// `swiftc --version`'s first line, for people.
+        /// `swiftc --version`'s first line, e.g. "Swift version 6.3.1 (swift-6.3.1-RELEASE)".
         public var swift: String
-        /// GNU build id (hex) of the libModuleKit.so the plugin was linked against.
-        public var sdk: String
-        public init(swift: String, sdk: String) {
+        /// "MAJOR.MINOR": the ModuleKit ABI version of the SDK the plugin was built against.
+        public var moduleKit: String
+        public init(swift: String, moduleKit: String) {
             self.swift = swift
-            self.sdk = sdk
+            self.moduleKit = moduleKit
+        }
+
+        /// `moduleKit` as (major, minor), nil when it is not "MAJOR.MINOR".
+        public var moduleKitVersion: (major: Int, minor: Int)? { Manifest.majorMinor(moduleKit) }
+
+        /// The compiler's "MAJOR.MINOR" from `swift`, nil when it names none.
+        public var compilerVersion: String? { Self.compilerVersion(of: swift) }
+
+        /// "MAJOR.MINOR" of the first "Swift version X.Y" in a compiler's version text
+        /// ("Swift version 6.3.1 (swift-6.3.1-RELEASE)" and "Swift version 6.3-dev" give
+        /// "6.3"), nil when there is none.
+        public static func compilerVersion(of text: String) -> String? {
+            let bytes = Array(text.utf8), marker = Array("Swift version ".utf8)
+            guard bytes.count >= marker.count,
+                  let start = (0...(bytes.count - marker.count)).first(where: { bytes[$0..<($0 + marker.count)].elementsEqual(marker) })
+            else { return nil }
+            let isDigit = { (byte: UInt8) in byte >= UInt8(ascii: "0") && byte <= UInt8(ascii: "9") }
+            let rest = bytes[(start + marker.count)...]
+            let major = rest.prefix(while: isDigit)
+            guard (1...4).contains(major.count), rest.dropFirst(major.count).first == UInt8(ascii: ".") else { return nil }
+            let minor = rest.dropFirst(major.count + 1).prefix(while: isDigit)
+            guard (1...4).contains(minor.count), let majorValue = Int(String(decoding: major, as: UTF8.self)),
+                  let minorValue = Int(String(decoding: minor, as: UTF8.self)) else { return nil }
+            return "\(majorValue).\(minorValue)"
         }
     }
 
@@ -76,12 +102,15 @@ public struct Manifest: Codable, Sendable, Equatable {
     }
 
     /// The ABI version as (major, minor), or nil when `abi` is not "MAJOR.MINOR".
-    public var abiVersion: (major: Int, minor: Int)? {
+    public var abiVersion: (major: Int, minor: Int)? { Self.majorMinor(abi) }
+
+    /// "MAJOR.MINOR" as two integers, nil for any other text.
+    static func majorMinor(_ text: String) -> (major: Int, minor: Int)? {
         // Only ASCII can be digits and dots; on ASCII, bytes and characters are the same.
         let dot = UInt8(ascii: ".")
-        guard abi.utf8.allSatisfy({ $0 < 0x80 }), let split = abi.utf8.firstIndex(of: dot), let major = Int(abi[..<split])
+        guard text.utf8.allSatisfy({ $0 < 0x80 }), let split = text.utf8.firstIndex(of: dot), let major = Int(text[..<split])
         else { return nil }
-        let rest = abi[abi.utf8.index(after: split)...]
+        let rest = text[text.utf8.index(after: split)...]
         guard !rest.utf8.contains(dot), let minor = Int(rest) else { return nil }
         return (major, minor)
     }
@@ -126,6 +155,14 @@ public struct Manifest: Codable, Sendable, Equatable {
         if language == .swift && toolchain == nil {
             throw ManifestError(reason: "a Swift plugin needs field \"toolchain\" (plugin.mk adds it)")
         }
+        if let toolchain {
+            if toolchain.moduleKitVersion == nil {
+                throw ManifestError(reason: "field \"toolchain.moduleKit\" is \"\(toolchain.moduleKit)\", expected \"MAJOR.MINOR\" such as \"1.0\"")
+            }
+            if toolchain.compilerVersion == nil {
+                throw ManifestError(reason: "field \"toolchain.swift\" is \"\(toolchain.swift)\", which names no \"Swift version MAJOR.MINOR\"")
+            }
+        }
     }
 
     private init(_ reader: FieldReader) throws(ManifestError) {
@@ -140,7 +177,7 @@ public struct Manifest: Codable, Sendable, Equatable {
         self.language = language
         if let toolchainFields = try reader.object("toolchain") {
             let inner = FieldReader(fields: toolchainFields, path: "toolchain.")
-            toolchain = Toolchain(swift: try inner.string("swift"), sdk: try inner.string("sdk"))
+            toolchain = Toolchain(swift: try inner.string("swift"), moduleKit: try inner.string("moduleKit"))
         } else {
             toolchain = nil
         }

@@ -70,7 +70,7 @@ import TestSupport
         let object = try JSONSerialization.jsonObject(with: Data(json.standardOutput.utf8)) as? [String: Any]
         let manifest = object?["manifest"] as? [String: Any]
         #expect(manifest?["name"] as? String == "Greeting")
-        #expect((manifest?["toolchain"] as? [String: Any])?["sdk"] is String)
+        #expect((manifest?["toolchain"] as? [String: Any])?["moduleKit"] as? String == "1.0")
         #expect(object?["valid"] as? Bool == true)
     }
 

@@ -148,7 +148,8 @@ struct DocExamplesTests {
                 let path = try scratch.write("plugin.json", text: whole)
                 let language = members["language"]?.stringValue ?? "c"
                 let result = try run(BuildProducts.modhostctl, ["manifest", "--language", language,
-                                                                "--sdk", BuildProducts.directory + "/lib/libModuleKit.so", path])
+                                                                "--sdk", BuildProducts.directory + "/lib/libModuleKit.so",
+                                                                "--swift-version", "Swift version \(HostSDK.current.compilerVersion)", path])
                 #expect(result.status == 0, "\(block.location): modhostctl manifest refuses it: \(result.standardError)")
                 checkExports(members["exports"], block)
             } else if members.keys.sorted() == ["exports"] {

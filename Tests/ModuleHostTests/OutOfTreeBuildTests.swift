@@ -29,7 +29,7 @@ import TestSupport
         #expect(file.manifest.language.rawValue == language)
         #expect(file.dynamic.soname == "libHello.so")
         if language == "swift" {
-            #expect(file.manifest.toolchain?.sdk == HostSDK.current.buildID)
+            #expect(file.manifest.toolchain?.moduleKit == HostSDK.current.moduleKit)
         }
         // Both variants are called Hello: check the loadable one in a separate process.
         let verify = try run(BuildProducts.modhostctl, ["verify", path])

@@ -179,17 +179,86 @@ import TestSupport
         #expect(failure?.fix.contains("upgrade the host") == true)
     }
 
-    @Test func aSwiftPluginBuiltAgainstAnotherSDKIsRefused() throws {
+    /// The real Greeting plugin with its manifest's toolchain replaced: what another build
+    /// of it would record.
+    func greeting(moduleKit: String? = nil, swift: String? = nil, as name: String) throws -> String {
         let original = try PluginFactory.embeddedManifest(BuildProducts.plugin("Greeting"))
-        let sdk = HostSDK.current.buildID
-        #expect(!sdk.isEmpty)
-        #expect(original.contains(sdk))
-        let other = String(repeating: "0", count: sdk.count)
-        let path = try factory.withManifest(BuildProducts.plugin("Greeting"),
-                                            original.replacingOccurrences(of: sdk, with: other), as: "libOldGreeting.so")
-        let failure = refusal(path)
+        var text = original
+        if let moduleKit {
+            let recorded = "\"moduleKit\" : \"\(HostSDK.current.moduleKit)\""
+            #expect(text.contains(recorded))
+            text = text.replacingOccurrences(of: recorded, with: "\"moduleKit\" : \"\(moduleKit)\"")
+        }
+        if let swift {
+            let recorded = try #require(text.split(separator: "\n").first { $0.contains("\"swift\" : ") })
+            text = text.replacingOccurrences(of: recorded, with: "    \"swift\" : \"\(swift)\"")
+        }
+        return try factory.withManifest(BuildProducts.plugin("Greeting"), text, as: name)
+    }
+
+    func refusal(_ path: String, host: HostSDK) -> LoadFailure? {
+        do {
+            _ = try Validator(sdk: host).validate(path, in: dir.path)
+            return nil
+        } catch {
+            return error
+        }
+    }
+
+    @Test func aSwiftPluginRecordsTheModuleKitAndCompilerItWasBuiltWith() throws {
+        let file = try Validator().validate(BuildProducts.plugin("Greeting"))
+        let toolchain = try #require(file.manifest.toolchain)
+        #expect(toolchain.moduleKit == HostSDK.current.moduleKit)
+        #expect(toolchain.compilerVersion == HostSDK.current.compilerVersion)
+        #expect(HostSDK.current.moduleKit == "1.0")
+    }
+
+    // The rule: equal ModuleKit major, plugin minor at most the host's, same compiler major.minor.
+    @Test func theCompatibilityRuleAcceptsOlderMinorsAndOtherCompilerPatches() throws {
+        let host = HostSDK(libraryPath: HostSDK.current.libraryPath, moduleKitVersion: (1, 3), compilerVersion: "6.3")
+        for moduleKit in ["1.0", "1.3"] {
+            let path = try greeting(moduleKit: moduleKit, swift: "Swift version 6.3.0 (swift-6.3-RELEASE)", as: "libGreeting\(moduleKit).so")
+            #expect(refusal(path, host: host) == nil, "ModuleKit \(moduleKit) on a 1.3 host")
+        }
+    }
+
+    @Test func aSwiftPluginBuiltAgainstAnotherModuleKitMajorIsRefused() throws {
+        let host = HostSDK(libraryPath: HostSDK.current.libraryPath, moduleKitVersion: (2, 0), compilerVersion: HostSDK.current.compilerVersion)
+        let older = refusal(try greeting(as: "libOldGreeting.so"), host: host)
+        #expect(older?.check == .moduleKit)
+        #expect(older?.description.contains("ModuleKit version check failed: plugin Greeting was built against ModuleKit 1.0, this host runs ModuleKit 2.0. Fix: rebuild the plugin against this host's SDK") == true,
+                "\(String(describing: older))")
+        let newer = refusal(try greeting(moduleKit: "3.0", as: "libNewGreeting.so"))
+        #expect(newer?.check == .moduleKit)
+        #expect(newer?.problem == "plugin Greeting was built against ModuleKit 3.0, this host runs ModuleKit 1.0")
+        #expect(newer?.fix.contains("upgrade the host to ModuleKit 3.x") == true)
+    }
+
+    @Test func aSwiftPluginBuiltAgainstANewerModuleKitMinorIsRefused() throws {
+        let failure = refusal(try greeting(moduleKit: "1.7", as: "libNewerGreeting.so"))
+        #expect(failure?.check == .moduleKit)
+        #expect(failure?.problem == "plugin Greeting was built against ModuleKit 1.7, newer than this host's ModuleKit 1.0")
+        #expect(failure?.fix == "upgrade the host to ModuleKit 1.7 or later, or rebuild the plugin against this host's SDK")
+    }
+
+    @Test func aSwiftPluginFromAnotherCompilerIsRefused() throws {
+        let failure = refusal(try greeting(swift: "Swift version 6.2.4 (swift-6.2.4-RELEASE)", as: "libOtherCompiler.so"))
         #expect(failure?.check == .toolchain)
-        #expect(failure?.problem.contains("against ModuleKit build 000000000000, this host runs ModuleKit build \(sdk.prefix(12))") == true)
+        #expect(failure?.problem == "plugin Greeting was compiled by Swift 6.2 (Swift version 6.2.4 (swift-6.2.4-RELEASE)), this host's ModuleKit by Swift \(HostSDK.current.compilerVersion)")
+        #expect(failure?.fix == "rebuild the plugin with a Swift \(HostSDK.current.compilerVersion) toolchain against this host's SDK")
+    }
+
+    @Test(arguments: [("1", "toolchain.moduleKit"), ("one.0", "toolchain.moduleKit"), ("", "toolchain.moduleKit")])
+    func anUnreadableModuleKitVersionIsAManifestError(moduleKit: String, field: String) throws {
+        let failure = refusal(try greeting(moduleKit: moduleKit, as: "libBadVersion.so"))
+        #expect(failure?.check == .manifest)
+        #expect(failure?.problem.contains("\"\(field)\" is \"\(moduleKit)\", expected \"MAJOR.MINOR\"") == true, "\(String(describing: failure))")
+    }
+
+    @Test func aCompilerTextWithoutAVersionIsAManifestError() throws {
+        let failure = refusal(try greeting(swift: "some compiler", as: "libNoCompiler.so"))
+        #expect(failure?.check == .manifest)
+        #expect(failure?.problem.contains("names no \"Swift version MAJOR.MINOR\"") == true, "\(String(describing: failure))")
     }
 
     @Test func aPluginCarryingItsOwnSDKCopyIsRefused() throws {

@@ -8,16 +8,30 @@ import TestSupport
     @Test func aCompleteManifestRoundTrips() throws {
         let text = #"""
             {"name":"Greeting","version":"1.0.0","description":"d \"quoted\" \u00e9","abi":"1.0","language":"swift",
-             "toolchain":{"swift":"Swift 6.3.1","sdk":"abc"},"dependencies":["A"],"order":-3,
+             "toolchain":{"swift":"Swift version 6.3.1","moduleKit":"1.2"},"dependencies":["A"],"order":-3,
              "modules":["greeting"],"exports":[{"name":"f","signature":"i32(str)"}],"future":{"ignored":[1,2,3]}}
             """#
         let manifest = try Manifest.parse(Array(text.utf8))
         #expect(manifest.description == "d \"quoted\" é")
         #expect(manifest.order == -3)
-        #expect(manifest.toolchain == .init(swift: "Swift 6.3.1", sdk: "abc"))
+        #expect(manifest.toolchain == .init(swift: "Swift version 6.3.1", moduleKit: "1.2"))
+        #expect(manifest.toolchain?.moduleKitVersion ?? (0, 0) == (1, 2))
+        #expect(manifest.toolchain?.compilerVersion == "6.3")
         #expect(manifest.exports == [.init(name: "f", signature: "i32(str)")])
         // What plugin.mk embeds parses back to the same manifest.
         #expect(try Manifest.parse(Array(manifest.jsonText().utf8)) == manifest)
+    }
+
+    @Test(arguments: [
+        ("Swift version 6.3.1 (swift-6.3.1-RELEASE)", "6.3"),
+        ("Apple Swift version 6.2 (swiftlang-6.2.0.19.9 clang-1700.3.19.1)", "6.2"),
+        ("Swift version 6.3-dev (LLVM abc, Swift def)", "6.3"),
+        ("Swift version 10.12.1", "10.12"),
+        ("Swift version 6", nil), ("Swift version .3", nil), ("swift 6.3.1", nil), ("", nil),
+        ("Swift version 99999.1", nil),
+    ] as [(String, String?)])
+    func theCompilerVersionIsTakenFromSwiftcVersion(text: String, expected: String?) {
+        #expect(Manifest.Toolchain.compilerVersion(of: text) == expected)
     }
 
     @Test(arguments: [

@@ -10,11 +10,6 @@ const char *modhost_object_containing(const void *address);
 #include <stddef.h>
 #include <stdint.h>
 
-/* Copies the GNU build id of the loaded object containing `address` into `out` (at most
- * `capacity` bytes), reading the object's notes in memory. Returns the id's length, or 0
- * when the object has none. */
-size_t modhost_build_id_of_object_containing(const void *address, uint8_t *out, size_t capacity);
-
 /* The path of the loaded object that contains `address`, as the dynamic loader names it,
  * found with _dl_find_object (a lookup that does not walk every loaded object, unlike
  * dladdr); NULL when no object contains it. */

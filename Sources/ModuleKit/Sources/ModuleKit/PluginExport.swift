@@ -71,12 +71,32 @@ public enum PluginExport {
     }
 }
 
-/// Facts about the ModuleKit build in this process, for the toolchain fingerprint.
+/// Facts about the ModuleKit build in this process: what a Swift plugin is checked against
+/// (docs/abi.md, "Swift plugin compatibility").
 public enum ModuleKitBuild {
-    /// The Swift language version of the compiler that built this ModuleKit, e.g. "6.3".
+    /// ModuleKit's binary interface version. A plugin records the version it was built
+    /// against; a host runs it when the majors are equal and the plugin's minor is at most
+    /// the host's. The minor grows with every release that adds to the interface, the
+    /// major with a release that breaks it (`make abi-check` tells which).
+    public static var abiVersion: (major: Int, minor: Int) { (Int(moduleKitABIRecord.0), Int(moduleKitABIRecord.1)) }
+
+    /// The Swift language version of the compiler that built this ModuleKit, "MAJOR.MINOR"
+    /// such as "6.3". A Swift plugin must come from the same major.minor.
     public static var compilerVersion: String {
-        #if compiler(>=6.5)
-        return "6.5 or later"
+        #if compiler(>=7.1)
+        return "7.1 or later"
+        #elseif compiler(>=7.0)
+        return "7.0"
+        #elseif compiler(>=6.9)
+        return "6.9"
+        #elseif compiler(>=6.8)
+        return "6.8"
+        #elseif compiler(>=6.7)
+        return "6.7"
+        #elseif compiler(>=6.6)
+        return "6.6"
+        #elseif compiler(>=6.5)
+        return "6.5"
         #elseif compiler(>=6.4)
         return "6.4"
         #elseif compiler(>=6.3)
@@ -91,6 +111,22 @@ public enum ModuleKitBuild {
     }
 
     /// Any function of ModuleKit; its address tells the host which file the SDK was
-    /// loaded from (dladdr), whose GNU build id is the SDK's fingerprint.
+    /// loaded from (dladdr).
     public static let anchor: @convention(c) () -> Int32 = { Int32(MODHOST_ABI_MAJOR) }
 }
+
+// The ABI version, also kept in the ELF section .modhost.modulekit of libModuleKit.so as
+// two little-endian UInt32 (major, minor), so that `modhostctl manifest` reads the version
+// of the SDK a plugin links against from the file, without loading it. The release step
+// in docs/abi.md bumps it. The two test conditions are defined only by the ABI upgrade
+// test (Tests/ModuleHostTests/ABIUpgradeTests.swift), which builds changed ModuleKits.
+#if MODULEKIT_ABI_TEST_BREAKING
+@section(".modhost.modulekit") @used
+let moduleKitABIRecord: (UInt32, UInt32) = (2, 0)
+#elseif MODULEKIT_ABI_TEST_ADDITIONS
+@section(".modhost.modulekit") @used
+let moduleKitABIRecord: (UInt32, UInt32) = (1, 1)
+#else
+@section(".modhost.modulekit") @used
+let moduleKitABIRecord: (UInt32, UInt32) = (1, 0)
+#endif
