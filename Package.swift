@@ -13,7 +13,10 @@ let package = Package(
         .executable(name: "modhostctl", targets: ["modhostctl"]),
         .executable(name: "modhost-bench", targets: ["modhost-bench"]),
         .executable(name: "modhost-trial", targets: ["modhost-trial"]),
-        .library(name: "ModuleHost", targets: ["ModuleHost"]),
+        // For a Swift service that embeds the plugin host (docs/embedding.md); with it, the
+        // types its API uses: the directory watcher and calls by name. ModuleKit is the
+        // nested package's product.
+        .library(name: "ModuleHost", targets: ["ModuleHost", "DaemonKit", "PluginCall"]),
     ],
     dependencies: [
         // The SDK lives in a nested package so that it is one shared library per process.

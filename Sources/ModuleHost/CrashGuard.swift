@@ -136,6 +136,14 @@ public final class CrashGuard: Sendable {
         return crash
     }
 
+    /// `recoverFromPreviousRun()`, logging the crash found (error level) on `logger`.
+    func recoverFromPreviousRun(logging logger: Logger) {
+        if let crash = recoverFromPreviousRun() {
+            logger.error("\(crash.subject) \(crash.what) at \(crash.time); that file is refused until it changes",
+                         [("plugin", crash.plugin), ("file", crash.file)])
+        }
+    }
+
     /// The recorded crash of a file with this content hash, if any.
     public func crash(forHash hash: String) -> Crash? { crashes.withLock { $0[hash] } }
 

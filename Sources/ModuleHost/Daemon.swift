@@ -73,7 +73,7 @@ public actor Daemon: DaemonControl {
     public init(options: DaemonOptions, configuration: DaemonConfiguration) throws(DaemonError) {
         let paths = RuntimePaths()
         let stateDirectory = options.stateDirectory ?? paths.stateDirectory
-        try Self.checkStateDirectory(stateDirectory)
+        try PluginSet.checkStateDirectory(stateDirectory, alternative: "pass another --state-dir")
         let crashGuard = try CrashGuard(directory: stateDirectory)
         self.options = options
         self.configuration = configuration
@@ -172,10 +172,7 @@ public actor Daemon: DaemonControl {
     /// `ready: false`); those that act on modules wait until startup is done.
     public func start() async throws(DaemonError) {
         try takeOwnership()
-        if let crash = crashGuard.recoverFromPreviousRun() {
-            logger.error("\(crash.subject) \(crash.what) at \(crash.time); that file is refused until it changes",
-                         [("plugin", crash.plugin), ("file", crash.file)])
-        }
+        crashGuard.recoverFromPreviousRun(logging: logger)
         if let problem = FatalSignalRecorder.install(crashGuard) {
             logger.warning("\(problem); a crash in a plugin's own threads cannot be attributed to it")
         }
@@ -202,29 +199,6 @@ public actor Daemon: DaemonControl {
     func untilReady() async {
         if ready { return }
         await withCheckedContinuation { readyWaiters.append($0) }
-    }
-
-    /// Checks, before anything is read or written there, that nobody else can change the
-    /// state directory or its `images` (the private plugin copies this process loads): each
-    /// must be a real directory (not a symlink) of this process's user that group and
-    /// others cannot write. Missing ones are created with mode 0700 (parents as needed);
-    /// existing ones are never changed. Throws `state_directory` (exit 71) naming the
-    /// directory, what is wrong and the fix.
-    static func checkStateDirectory(_ directory: String) throws(DaemonError) {
-        try? FileManager.default.createDirectory(atPath: (directory as NSString).deletingLastPathComponent, withIntermediateDirectories: true)
-        let checked = [
-            (directory, "the state directory \(directory)"),
-            (directory + "/images", "the private copies' directory \(directory)/images in the state directory"),
-        ]
-        for (path, what) in checked {
-            do {
-                try RuntimePaths.checkPrivateDirectory(path, create: true, allowingRead: true)
-            } catch .notPrivate(_, let problem) {
-                throw DaemonError(code: "state_directory", message: "\(what) is unsafe: \(problem). Fix: make it a directory (not a symlink) of uid \(geteuid()) that group and others cannot write (chown \(geteuid()) \(path); chmod 700 \(path)), or pass another --state-dir")
-            } catch {
-                throw DaemonError(code: "state_directory", message: "cannot create \(what): \(error). Fix: create it or pass --state-dir")
-            }
-        }
     }
 
     /// Locks the state directory, prepares the socket's directory, locks the socket path

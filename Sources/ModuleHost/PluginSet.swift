@@ -1,3 +1,4 @@
+import DaemonKit
 import Foundation
 import Glibc
 import ModuleKit
@@ -49,6 +50,8 @@ public actor PluginSet {
     nonisolated let imagesDirectory: String
     nonisolated let trialLoader: (any TrialLoader)?
     nonisolated let logger: Logger
+    /// The state directory's lock, held while this set exists (`init(stateDirectory:)`).
+    nonisolated let stateLock: ExclusiveLock?
     var validator: Validator
     /// The plugin directories, scanned in this order.
     public private(set) var directories: [String]
@@ -107,6 +110,15 @@ public actor PluginSet {
                 imagesDirectory: String, crashGuard: CrashGuard, validator: Validator = Validator(),
                 registry: ModuleRegistry = ModuleRegistry(), workers: PluginWorkers = PluginWorkers(),
                 trialLoader: (any TrialLoader)? = ProcessTrialLoader(), logger: Logger = Logger(label: "plugins")) {
+        self.init(host: host, settings: settings, directories: directories, imagesDirectory: imagesDirectory,
+                  crashGuard: crashGuard, validator: validator, registry: registry, workers: workers,
+                  trialLoader: trialLoader, logger: logger, stateLock: nil)
+    }
+
+    init(host: HostInstance, settings: [String: ModuleSettings], directories: [String], imagesDirectory: String,
+         crashGuard: CrashGuard, validator: Validator, registry: ModuleRegistry, workers: PluginWorkers,
+         trialLoader: (any TrialLoader)?, logger: Logger, stateLock: ExclusiveLock?) {
+        self.stateLock = stateLock
         self.host = host
         self.settings = settings
         self.directories = directories
@@ -117,6 +129,67 @@ public actor PluginSet {
         self.workers = workers
         self.trialLoader = trialLoader
         self.logger = logger
+    }
+
+    /// A plugin set that keeps its state in `stateDirectory` as `modhostd` keeps its own: for
+    /// a process that embeds one (docs/embedding.md). Before anything is read or written
+    /// there:
+    /// - the directory and its `images` (the private copies this process loads) are checked
+    ///   by `checkStateDirectory`: created with mode 0700 when missing, refused when someone
+    ///   else could write to them;
+    /// - the directory is locked (`modhostd.lock`, an exclusive `flock` holding this pid) for
+    ///   as long as the set exists: another process, an embedder or a `modhostd`, cannot use
+    ///   the same state directory (`already_running`);
+    /// - the crash guard is opened there, and what the previous run of this process left is
+    ///   read: a plugin that crashed it while it was loaded, initialized or started is
+    ///   logged (error level, on `logger`) and its file refused until it changes.
+    ///
+    /// Throws `DaemonError` with code `state_directory` or `already_running`, a message
+    /// naming the directory, what is wrong and the fix; nothing is loaded or run then.
+    /// Loads nothing until `reconcile` is called; the other arguments are those of
+    /// `init(host:settings:directories:imagesDirectory:crashGuard:...)`.
+    public init(host: HostInstance, settings: [String: ModuleSettings] = [:], directories: [String],
+                stateDirectory: String, validator: Validator = Validator(),
+                trialLoader: (any TrialLoader)? = ProcessTrialLoader(), logger: Logger = Logger(label: "plugins")) throws(DaemonError) {
+        try Self.checkStateDirectory(stateDirectory)
+        let lock: ExclusiveLock
+        do {
+            lock = try ExclusiveLock(path: stateDirectory + "/modhostd.lock")
+        } catch .held(_, let pid) {
+            throw DaemonError(code: "already_running",
+                              message: "another process\(pid.map { " (pid \($0))" } ?? "") is using the state directory \(stateDirectory). Fix: stop it, or give this one its own state directory")
+        } catch {
+            throw DaemonError(code: "state_directory", message: "cannot lock the state directory \(stateDirectory): \(error)")
+        }
+        let crashGuard = try CrashGuard(directory: stateDirectory)
+        crashGuard.recoverFromPreviousRun(logging: logger)
+        self.init(host: host, settings: settings, directories: directories, imagesDirectory: stateDirectory + "/images",
+                  crashGuard: crashGuard, validator: validator, registry: ModuleRegistry(), workers: PluginWorkers(),
+                  trialLoader: trialLoader, logger: logger, stateLock: lock)
+    }
+
+    /// Checks, before anything is read or written there, that nobody else can change the
+    /// state directory `directory` or its `images` (the private plugin copies a plugin set
+    /// loads): each must be a real directory (not a symlink) of this process's user that
+    /// group and others cannot write. Missing ones are created with mode 0700 (parents as
+    /// needed); existing ones are never changed. Throws `state_directory` naming the
+    /// directory, what is wrong and the fix (`alternative`: how to use another directory).
+    public static func checkStateDirectory(_ directory: String, alternative: String = "use another state directory")
+        throws(DaemonError) {
+        try? FileManager.default.createDirectory(atPath: (directory as NSString).deletingLastPathComponent, withIntermediateDirectories: true)
+        let checked = [
+            (directory, "the state directory \(directory)"),
+            (directory + "/images", "the private copies' directory \(directory)/images in the state directory"),
+        ]
+        for (path, what) in checked {
+            do {
+                try RuntimePaths.checkPrivateDirectory(path, create: true, allowingRead: true)
+            } catch .notPrivate(_, let problem) {
+                throw DaemonError(code: "state_directory", message: "\(what) is unsafe: \(problem). Fix: make it a directory (not a symlink) of uid \(geteuid()) that group and others cannot write (chown \(geteuid()) \(path); chmod 700 \(path)), or \(alternative)")
+            } catch {
+                throw DaemonError(code: "state_directory", message: "cannot create \(what): \(error). Fix: create it or \(alternative)")
+            }
+        }
     }
 
     // MARK: - Changes

@@ -67,7 +67,7 @@ public struct ProcessTrialLoader: TrialLoader {
             result = try await TrialProcess.run(trial, arguments: arguments, environment: environment, timeout: timeout)
         } catch {
             throw LoadFailure(file: file.path, check: .crashGuard, problem: "cannot start the trial loader \(trial): \(error)",
-                              fix: "install modhost-trial next to modhostd")
+                              fix: "install modhost-trial next to this executable, or give ProcessTrialLoader(executable:) its path")
         }
         switch result.ending {
         case .timedOut:

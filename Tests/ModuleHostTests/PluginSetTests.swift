@@ -349,6 +349,85 @@ struct PluginSetTests {
         await f.set.shutdown()
     }
 
+    @Test func withoutItsTrialLoaderANewPluginIsRefusedWithTheWayToGiveItOne() async throws {
+        let missing = "/nonexistent/modhost-trial"
+        let f = try Fixture(trialLoader: ProcessTrialLoader(executable: missing))
+        await f.set.reconcile(trial: false)
+        await f.set.start()
+        try f.install(try f.build("PsNoTrial", tag: "n1"), as: "PsNoTrial")
+        #expect(await f.set.reconcile() == PluginChanges(refused: [f.path(of: "PsNoTrial")]))
+        let refused = try #require(await f.set.snapshot().files.first)
+        #expect(refused.failure.problem.hasPrefix("cannot start the trial loader \(missing)"))
+        #expect(refused.failure.fix.contains("ProcessTrialLoader(executable:)"))
+        #expect(f.lines().isEmpty)
+        await f.set.shutdown()
+    }
+
+    // MARK: - A set on a state directory (init(stateDirectory:)), as an embedder makes one
+
+    @Test func aSetOnAStateDirectoryMakesItPrivateAndHoldsItAgainstOthers() async throws {
+        let root = TemporaryDirectory("plugin-set-state")
+        let state = root.file("state/of/my-service")
+        let host = HostInstance(name: "state-test")
+        let set = try PluginSet(host: host, directories: [root.directory("plugins")], stateDirectory: state, trialLoader: nil)
+        for directory in [state, state + "/images"] {
+            var info = stat()
+            #expect(lstat(directory, &info) == 0 && info.st_mode & S_IFMT == S_IFDIR && info.st_mode & 0o7777 == 0o700, "\(directory)")
+        }
+        // A second set (or a modhostd) on the same state directory is refused while this one lives.
+        #expect {
+            _ = try PluginSet(host: HostInstance(name: "second"), directories: [], stateDirectory: state, trialLoader: nil)
+        } throws: { error in
+            let error = error as? DaemonError
+            return error?.code == "already_running" && error?.message.contains("pid \(getpid())") == true
+                && error?.message.contains(state) == true
+        }
+        await set.shutdown()
+
+        // A directory others may write is refused, naming it and the fix; it is not changed.
+        let open = root.directory("open")
+        chmod(open, 0o777)
+        #expect {
+            _ = try PluginSet(host: HostInstance(name: "open"), directories: [], stateDirectory: open, trialLoader: nil)
+        } throws: { error in
+            let error = error as? DaemonError
+            return error?.code == "state_directory" && error?.message.contains("the state directory \(open) is unsafe") == true
+                && error?.message.contains("Fix:") == true && error?.message.hasSuffix("or use another state directory") == true
+        }
+        var info = stat()
+        lstat(open, &info)
+        #expect(info.st_mode & 0o7777 == 0o777)
+        #expect(!FileManager.default.fileExists(atPath: open + "/images"))
+    }
+
+    @Test func aSetOnAStateDirectoryRefusesTheFileThatCrashedThePreviousRun() async throws {
+        let f = try Fixture()
+        try f.install(try f.build("PsCrashed", tag: "c1"), as: "PsCrashed")
+        try f.install(try f.build("PsHealthy", tag: "h1"), as: "PsHealthy")
+        let state = f.root.file("service-state")
+        // The previous run died while it read PsCrashed's file: the crash guard's record of
+        // what it was working on stays behind (a file is known by path and identity until it
+        // is hashed: device, inode, size, modification time in nanoseconds).
+        do {
+            var info = stat()
+            #expect(stat(f.path(of: "PsCrashed"), &info) == 0)
+            let identity = "\(info.st_dev):\(info.st_ino):\(info.st_size):\(Int64(info.st_mtim.tv_sec) * 1_000_000_000 + Int64(info.st_mtim.tv_nsec))"
+            let previous = try CrashGuard(directory: state)
+            previous.begin(file: f.path(of: "PsCrashed"), plugin: "", hash: "", phase: "validation", identity: identity)
+        }
+        let set = try PluginSet(host: f.host, directories: [f.plugins], stateDirectory: state, trialLoader: nil)
+        #expect(await set.reconcile(trial: false) == PluginChanges(added: ["PsHealthy"], refused: [f.path(of: "PsCrashed")]))
+        let refused = try #require(await set.snapshot().files.first)
+        #expect(refused.state == .quarantined)
+        #expect(refused.failure.check == .crashGuard)
+        #expect(refused.failure.problem.contains("crashed the daemon during validation"))
+        #expect(!f.lines().contains { $0.hasPrefix("pscrashed") })
+        // A new build of it is tried again.
+        try f.install(try f.build("PsCrashed", version: "2.0", tag: "c2"), as: "PsCrashed")
+        #expect(await set.reconcile() == PluginChanges(added: ["PsCrashed"]))
+        await set.shutdown()
+    }
+
     @Test func modulesAreDisabledAndEnabledByName() async throws {
         let f = try Fixture()
         try f.install(try f.build("PsOnOff", tag: "o1"), as: "PsOnOff")
