@@ -1,6 +1,9 @@
+import PluginFormat
+
 /// Puts plugins in load order: every plugin after the plugins it depends on, ties broken
 /// by order (configured, else the manifest's) and then by name. Plugins that cannot be
-/// loaded because of their dependencies are returned as failures, never silently dropped.
+/// loaded because of their dependencies, or whose names `NameClaims` refuses (the first
+/// candidate keeps a name), are returned as failures, never silently dropped.
 ///
 /// Cost: linear in plugins and dependency edges, plus a heap for the ties.
 public struct DependencyOrder: Sendable {
@@ -10,17 +13,16 @@ public struct DependencyOrder: Sendable {
     /// `loaded` names plugins already running (a dependency on them is satisfied);
     /// `orderOverride` maps plugin names to configured orders.
     public init(_ candidates: [PluginFile], loaded: Set<String> = [], orderOverride: [String: Int] = [:]) {
-        // A plugin name given twice: the first file keeps it, the others are refused.
-        var seen: [String: String] = .init(minimumCapacity: candidates.count)
+        // A plugin or module name given twice: the first file keeps it, the others are refused.
+        var claims = NameClaims(capacity: candidates.count)
         var plugins: [PluginFile] = []
         plugins.reserveCapacity(candidates.count)
         for plugin in candidates {
-            if let first = seen[plugin.name] {
-                refused.append(LoadFailure(file: plugin.path, check: .duplicate, problem: "plugin name \(plugin.name) is already used by \(first)",
-                                           fix: "remove one of the two files or rename one plugin"))
+            if let conflict = claims.conflict(plugin: plugin.name, modules: plugin.manifest.modules, file: plugin.path) {
+                refused.append(LoadFailure(file: plugin.path, conflict: conflict))
                 continue
             }
-            seen[plugin.name] = plugin.path
+            claims.claim(plugin: plugin.name, modules: plugin.manifest.modules, file: plugin.path)
             plugins.append(plugin)
         }
         // Nothing depends on anything (the common case): order and name decide.

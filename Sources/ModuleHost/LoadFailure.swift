@@ -1,3 +1,5 @@
+import PluginFormat
+
 /// Why a plugin file was refused: one line naming the file, the check that failed, what
 /// was found against what was expected, and the fix.
 public struct LoadFailure: Error, Sendable, Equatable, CustomStringConvertible {
@@ -43,4 +45,9 @@ public struct LoadFailure: Error, Sendable, Equatable, CustomStringConvertible {
     }
 
     public var description: String { "\(file): \(check.rawValue) check failed: \(problem). Fix: \(fix)" }
+
+    /// The refusal of `file` for a name `NameClaims` refuses (check `duplicate`).
+    public init(file: String, conflict: NameConflict) {
+        self.init(file: file, check: .duplicate, problem: conflict.problem, fix: conflict.fix)
+    }
 }

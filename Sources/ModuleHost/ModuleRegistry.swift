@@ -1,4 +1,5 @@
 import ModuleKit
+import PluginFormat
 import Synchronization
 
 /// Every module type the host knows, by name: ModuleHost's stand-in for
@@ -13,38 +14,41 @@ public final class ModuleRegistry: Sendable {
         public let file: String
     }
 
-    private let entries = Mutex<[String: Entry]>([:])
+    private struct State {
+        var entries: [String: Entry] = [:]
+        var claims = NameClaims()
+    }
+    private let state = Mutex(State())
 
     public init() {}
 
-    /// Registers every module of `plugin`, all or none: a module name another plugin
-    /// already registered refuses the whole plugin.
+    /// Registers every module of `plugin`, all or none: a plugin name or a module name
+    /// that `NameClaims` refuses (already registered by another plugin) refuses the whole
+    /// plugin. A new version of a registered plugin registers after `unregister`.
     public func register(_ plugin: LoadedPlugin) throws(LoadFailure) {
-        let result: Result<Void, LoadFailure> = entries.withLock { entries in
+        let names = plugin.modules.map(\.factory.name)
+        let conflict: NameConflict? = state.withLock { state in
+            if let conflict = state.claims.conflict(plugin: plugin.name, modules: names, file: plugin.file.path) { return conflict }
+            state.claims.claim(plugin: plugin.name, modules: names, file: plugin.file.path)
             for module in plugin.modules {
-                if let existing = entries[module.factory.name], existing.plugin != plugin.name {
-                    return .failure(LoadFailure(
-                        file: plugin.file.path, check: .duplicate,
-                        problem: "module \(module.factory.name) is already provided by plugin \(existing.plugin) (\(existing.file))",
-                        fix: "rename the module or remove one of the two plugins"))
-                }
-            }
-            for module in plugin.modules {
-                entries[module.factory.name] = Entry(
+                state.entries[module.factory.name] = Entry(
                     factory: module.factory, swiftType: module.swiftType, plugin: plugin.name, file: plugin.file.path)
             }
-            return .success(())
+            return nil
         }
-        try result.get()
+        if let conflict { throw LoadFailure(file: plugin.file.path, conflict: conflict) }
     }
 
-    /// Forgets the modules of `plugin` (after a removal or before its replacement).
+    /// Forgets `plugin` and its modules (after a removal or before its replacement).
     public func unregister(plugin: String) {
-        entries.withLock { entries in entries = entries.filter { $0.value.plugin != plugin } }
+        state.withLock { state in
+            state.claims.release(plugin: plugin)
+            state.entries = state.entries.filter { $0.value.plugin != plugin }
+        }
     }
 
     /// The module registered as `name`, nil when none is.
-    public func entry(named name: String) -> Entry? { entries.withLock { $0[name] } }
+    public func entry(named name: String) -> Entry? { state.withLock { $0.entries[name] } }
 
     /// The factory of module `name`; throws an error listing the known names.
     public func factory(named name: String) throws(UnknownModule) -> ModuleFactory {
@@ -57,7 +61,7 @@ public final class ModuleRegistry: Sendable {
     public func moduleType(named name: String) -> (any PluginModule.Type)? { entry(named: name)?.swiftType }
 
     /// Registered module names, sorted.
-    public var names: [String] { entries.withLock { $0.keys.sorted() } }
+    public var names: [String] { state.withLock { $0.entries.keys.sorted() } }
 }
 
 /// A module name nothing registered.

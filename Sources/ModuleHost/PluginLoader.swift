@@ -69,25 +69,17 @@ public struct PluginLoader: Sendable {
             }
         }
         let directoryStatus = directories.map(Validator.status(of:))
-        var pluginNames: [String: String] = .init(minimumCapacity: candidates.count)
-        var moduleNames: [String: String] = .init(minimumCapacity: candidates.count)
+        var claims = NameClaims(capacity: candidates.count)
         valid.reserveCapacity(candidates.count)
         for candidate in candidates {
             do throws(LoadFailure) {
                 let file = try validator.validate(
                     candidate.path, in: candidate.directory.map { directories[$0] },
                     directoryStatus: candidate.directory.flatMap { directoryStatus[$0] })
-                if let other = pluginNames[file.name] {
-                    throw LoadFailure(file: file.path, check: .duplicate, problem: "plugin name \(file.name) is already used by \(other)",
-                                      fix: "remove one of the two files or rename one plugin")
+                if let conflict = claims.conflict(plugin: file.name, modules: file.manifest.modules, file: file.path) {
+                    throw LoadFailure(file: file.path, conflict: conflict)
                 }
-                if let module = file.manifest.modules.first(where: { moduleNames[$0] != nil }) {
-                    throw LoadFailure(file: file.path, check: .duplicate,
-                                      problem: "module \(module) is already provided by \(moduleNames[module]!)",
-                                      fix: "rename the module or remove one of the two plugins")
-                }
-                pluginNames[file.name] = file.path
-                for module in file.manifest.modules { moduleNames[module] = file.path }
+                claims.claim(plugin: file.name, modules: file.manifest.modules, file: file.path)
                 valid.append(file)
             } catch {
                 refused.append(error)

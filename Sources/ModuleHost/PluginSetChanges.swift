@@ -53,6 +53,12 @@ extension PluginSet {
         // Candidates refused before their manifest was read (e.g. still being copied): one
         // of them may be a dependency that is on its way.
         var unidentified = 0
+        // The names held: the loaded plugins', then each candidate's in path order (the first
+        // file keeps a name), all checked before any dlopen.
+        var claims = NameClaims(capacity: records.count + present.count)
+        for record in records.values {
+            claims.claim(plugin: record.loaded.name, modules: record.loaded.file.manifest.modules, file: record.source)
+        }
         for (path, directory) in present.sorted(by: { $0.key < $1.key }) {
             guard let identity = FileIdentity(path: path) else {
                 // Listed, but stat cannot follow it: validation names why (a dangling symlink
@@ -105,22 +111,21 @@ extension PluginSet {
             for warning in file.warnings { logger.warning(warning, [("file", path)]) }
             // The file now holds another plugin than the one loaded from it: that one goes.
             if let previous = records.values.first(where: { $0.source == path }), previous.loaded.name != file.name {
-                summary.removed += await remove(previous.loaded.name, reason: "its file \(path) now holds plugin \(file.name)")
+                let removed = await remove(previous.loaded.name, reason: "its file \(path) now holds plugin \(file.name)")
+                for name in removed { claims.release(plugin: name) }
+                summary.removed += removed
             }
-            // A module name another loaded plugin provides: refused before any dlopen.
-            if let module = file.manifest.modules.first(where: { registry.entry(named: $0).map { $0.plugin != file.name } ?? false }) {
-                refuse(LoadFailure(file: path, check: .duplicate,
-                                   problem: "module \(module) is already provided by plugin \(registry.entry(named: module)!.plugin)",
-                                   fix: "rename the module or remove one of the two plugins"), identity, &summary)
+            // A new version of the plugin loaded from this file takes over its names.
+            let loadedHere = records[file.name].flatMap { $0.source == path ? $0 : nil }
+            if loadedHere != nil { claims.release(plugin: file.name) }
+            if let conflict = claims.conflict(plugin: file.name, modules: file.manifest.modules, file: path) {
+                if let loadedHere { claims.claim(plugin: file.name, modules: loadedHere.loaded.file.manifest.modules, file: path) }
+                refuse(LoadFailure(file: path, conflict: conflict), identity, &summary)
                 continue
             }
+            claims.claim(plugin: file.name, modules: file.manifest.modules, file: path)
             hashes[path] = (hash, identity, version)
-            if let existing = records[file.name] {
-                guard existing.source == path || present[existing.source] == nil else {
-                    refuse(LoadFailure(file: path, check: .duplicate, problem: "plugin name \(file.name) is already used by \(existing.source)",
-                                       fix: "remove one of the two files or rename one plugin"), identity, &summary)
-                    continue
-                }
+            if loadedHere != nil {
                 replacements.append((file, version, hash, identity))
             } else {
                 fresh.append(file)

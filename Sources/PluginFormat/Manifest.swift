@@ -152,6 +152,9 @@ public struct Manifest: Codable, Sendable, Equatable {
         if modules.isEmpty && exports.isEmpty {
             throw ManifestError(reason: "lists no modules and no exports; a plugin must provide at least one")
         }
+        if let repeated = NameClaims.repeated(modules) {
+            throw ManifestError(reason: "field \"modules\": \(repeated.problem)")
+        }
         if language == .swift && toolchain == nil {
             throw ManifestError(reason: "a Swift plugin needs field \"toolchain\" (plugin.mk adds it)")
         }

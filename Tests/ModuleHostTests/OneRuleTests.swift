@@ -1,6 +1,7 @@
 import DaemonKit
 import Foundation
 import Glibc
+import ModuleKit
 @testable import ModuleHost
 import PluginCall
 import PluginFormat
@@ -142,5 +143,83 @@ import TestSupport
         #expect(crash.time == "2000-02-29T00:00:00Z")
         let now = UTCTimestamp.now()
         #expect(now.wholeMatch(of: #/\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z/#) != nil)
+    }
+
+    // MARK: - Duplicate names
+
+    @Test func theNameRuleKeepsANameForItsFirstClaimant() {
+        var claims = NameClaims()
+        #expect(claims.conflict(plugin: "A", modules: ["a1", "a2"], file: "/p/a.so") == nil)
+        claims.claim(plugin: "A", modules: ["a1", "a2"], file: "/p/a.so")
+        #expect(claims.conflict(plugin: "A", modules: ["x"], file: "/p/other.so")?.problem == "plugin name A is already used by /p/a.so")
+        // A new version, even from the same file, claims the names once the old one released them.
+        #expect(claims.conflict(plugin: "A", modules: ["a1"], file: "/p/a.so") != nil)
+        let module = claims.conflict(plugin: "B", modules: ["b", "a2"], file: "/p/b.so")
+        #expect(module?.problem == "module a2 is already provided by plugin A (/p/a.so)")
+        #expect(module?.fix == "rename the module or remove one of the two plugins")
+        #expect(claims.conflict(plugin: "B", modules: ["b", "c", "b"], file: "/p/b.so")?.problem == "module b is listed twice")
+        claims.release(plugin: "A")
+        #expect(claims.conflict(plugin: "A", modules: ["a1", "a2"], file: "/p/a.so") == nil)
+        #expect(claims.conflict(plugin: "B", modules: ["a1", "a2"], file: "/p/b.so") == nil)
+    }
+
+    /// Two C plugins providing module `shared`, the second noting in `opened` when its code
+    /// is loaded; returns their paths.
+    func sharingAModule(_ first: String, _ second: String, in directory: String, opened: String) throws -> (String, String) {
+        let factory = PluginFactory(directory: directory)
+        let a = try factory.buildC(first, source: PluginFactory.cSource(plugin: first, modules: ["shared"]),
+                                   manifest: PluginFactory.manifest(plugin: first, modules: ["shared"]))
+        let b = try factory.buildC(
+            second,
+            source: PluginFactory.cSource(plugin: second, modules: ["shared"], extra: """
+                __attribute__((constructor)) static void opened(void) { FILE *f = fopen("\(opened)", "w"); if (f) fclose(f); }
+                """),
+            manifest: PluginFactory.manifest(plugin: second, modules: ["shared"]))
+        return (a, b)
+    }
+
+    @Test func everyPlaceRefusesADuplicateNameWithTheOneWording() throws {
+        let opened = dir.file("opened")
+        let (a, b) = try sharingAModule("DupRuleA", "DupRuleB", in: dir.directory("dup"), opened: opened)
+        let expected = LoadFailure(file: b, conflict: NameConflict(.moduleName(module: "shared", heldBy: .init(plugin: "DupRuleA", file: a))))
+        #expect(expected.description.hasSuffix("duplicate name check failed: module shared is already provided by plugin DupRuleA (\(a)). Fix: rename the module or remove one of the two plugins"))
+
+        // Validating a directory (modhostctl verify).
+        let loader = PluginLoader()
+        let validated = loader.validate(directories: [dir.file("dup")])
+        #expect(validated.valid.map(\.path) == [a])
+        #expect(validated.refused == [expected])
+        // Ordering candidates.
+        let files = try [a, b].map { try loader.validator.validate($0) }
+        #expect(DependencyOrder(files).refused == [expected])
+        #expect(DependencyOrder(files).ordered.map(\.path) == [a])
+        #expect(!FileManager.default.fileExists(atPath: opened))  // nothing so far ran B's code
+        // Registering modules.
+        try loader.registry.register(try loader.open(files[0]))
+        #expect(throws: expected) { try loader.registry.register(try loader.open(files[1])) }
+        // A manifest that lists a module twice.
+        let twice = PluginFactory.manifest(plugin: "DupTwice", modules: ["m", "n", "m"])
+        #expect(throws: ManifestError(reason: "field \"modules\": module m is listed twice")) { try Manifest.parse(Array(twice.utf8)) }
+    }
+
+    @Test func aRunningPluginSetRefusesADuplicateNameBeforeLoadingIt() async throws {
+        let opened = dir.file("opened")
+        let plugins = dir.directory("plugins")
+        let (a, b) = try sharingAModule("DupSetA", "DupSetB", in: dir.directory("build"), opened: opened)
+        for file in [a, b] { try FileManager.default.copyItem(atPath: file, toPath: plugins + "/" + (file as NSString).lastPathComponent) }
+        let state = dir.directory("state")
+        let images = dir.directory("state/images")
+        chmod(images, 0o700)
+        let host = HostInstance(name: "dup")
+        let set = PluginSet(host: host, directories: [plugins], imagesDirectory: images,
+                            crashGuard: try CrashGuard(directory: state), trialLoader: nil)
+        let changes = await set.reconcile(trial: false)
+        #expect(changes == PluginChanges(added: ["DupSetA"], refused: [plugins + "/libDupSetB.so"]))
+        let refused = try #require(await set.snapshot().files.first)
+        #expect(refused.failure == LoadFailure(
+            file: plugins + "/libDupSetB.so",
+            conflict: NameConflict(.moduleName(module: "shared", heldBy: .init(plugin: "DupSetA", file: plugins + "/libDupSetA.so")))))
+        #expect(!FileManager.default.fileExists(atPath: opened))  // refused before dlopen
+        await set.shutdown()
     }
 }

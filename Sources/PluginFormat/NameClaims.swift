@@ -1,0 +1,111 @@
+/// The one rule for names that must be unique, wherever plugins meet (validating a
+/// directory, ordering candidates, registering modules, rescanning a running set):
+///
+/// - a plugin name belongs to one file at a time;
+/// - a module name belongs to one plugin at a time;
+/// - a manifest lists each of its modules once.
+///
+/// The first to claim a name keeps it; later claimants are refused with a `NameConflict`,
+/// which says which rule, who holds the name and the fix, in one wording for every place.
+/// A new version of a plugin claims its names once the old one has released them.
+///
+/// Cost: one dictionary look-up per name.
+public struct NameClaims: Sendable {
+    /// Who holds a module name.
+    public struct Holder: Sendable, Equatable {
+        public var plugin: String
+        /// The plugin's file, as found in the plugin directory.
+        public var file: String
+
+        public init(plugin: String, file: String) {
+            self.plugin = plugin
+            self.file = file
+        }
+    }
+
+    /// Plugin name → the file that holds it.
+    public private(set) var plugins: [String: String]
+    /// Module name → the plugin that holds it.
+    public private(set) var modules: [String: Holder]
+
+    /// No name claimed; room for `capacity` plugins without rehashing.
+    public init(capacity: Int = 0) {
+        plugins = .init(minimumCapacity: capacity)
+        modules = .init(minimumCapacity: capacity)
+    }
+
+    /// The first rule that `plugin` (from `file`, providing `modules`) breaks against the
+    /// names claimed so far, nil when it breaks none: its name held by another file, then a
+    /// module listed twice, then a module held by another plugin.
+    public func conflict(plugin: String, modules: [String], file: String) -> NameConflict? {
+        if let holder = plugins[plugin] {
+            return NameConflict(.pluginName(plugin: plugin, heldBy: holder))
+        }
+        if let repeated = Self.repeated(modules) { return repeated }
+        for module in modules {
+            if let holder = self.modules[module] {
+                return NameConflict(.moduleName(module: module, heldBy: holder))
+            }
+        }
+        return nil
+    }
+
+    /// Gives `plugin` (from `file`) its name and `modules`. Call it once `conflict` returned
+    /// nil.
+    public mutating func claim(plugin: String, modules: [String], file: String) {
+        plugins[plugin] = file
+        for module in modules { self.modules[module] = Holder(plugin: plugin, file: file) }
+    }
+
+    /// Frees `plugin`'s name and its modules' names.
+    public mutating func release(plugin: String) {
+        guard plugins.removeValue(forKey: plugin) != nil else { return }
+        modules = modules.filter { $0.value.plugin != plugin }
+    }
+
+    /// The first module `modules` lists twice, nil when each is listed once.
+    public static func repeated(_ modules: [String]) -> NameConflict? {
+        // Manifests list a handful of modules: comparing pairs beats hashing them.
+        for (index, module) in modules.enumerated() where modules[..<index].contains(module) {
+            return NameConflict(.listedTwice(module: module))
+        }
+        return nil
+    }
+}
+
+/// A name `NameClaims` refuses: which rule, the name, who holds it, and the fix.
+public struct NameConflict: Error, Sendable, Equatable, CustomStringConvertible {
+    public enum Kind: Sendable, Equatable {
+        /// `plugin` is the name of the plugin in file `heldBy`.
+        case pluginName(plugin: String, heldBy: String)
+        /// `module` is provided by `heldBy`.
+        case moduleName(module: String, heldBy: NameClaims.Holder)
+        /// The manifest lists `module` more than once.
+        case listedTwice(module: String)
+    }
+
+    public var kind: Kind
+
+    public init(_ kind: Kind) { self.kind = kind }
+
+    /// What is wrong, e.g. `module counter is already provided by plugin Counter
+    /// (/srv/plugins/libCounter.so)`.
+    public var problem: String {
+        switch kind {
+        case .pluginName(let plugin, let file): "plugin name \(plugin) is already used by \(file)"
+        case .moduleName(let module, let holder): "module \(module) is already provided by plugin \(holder.plugin) (\(holder.file))"
+        case .listedTwice(let module): "module \(module) is listed twice"
+        }
+    }
+
+    /// What to do about it.
+    public var fix: String {
+        switch kind {
+        case .pluginName: "remove one of the two files or rename one plugin"
+        case .moduleName: "rename the module or remove one of the two plugins"
+        case .listedTwice: "list each module once, in plugin.json and in the plugin's descriptor"
+        }
+    }
+
+    public var description: String { "\(problem). Fix: \(fix)" }
+}
