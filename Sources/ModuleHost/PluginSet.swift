@@ -20,8 +20,10 @@ import Synchronization
 /// - **Threading.** An actor: every method may be called from any task. Changes to the set
 ///   (`reconcile`, `start`, `updateSettings`, `setEnabled`, `shutdown`) run one at a time,
 ///   in the order they were called, each after the previous one has finished, so a rescan
-///   and a settings change never interleave halfway. Reads (`snapshot`, `plugin(named:)`,
-///   `isStopping`) never wait for a change in progress or for plugin code that is running.
+///   and a settings change never interleave halfway. Reads (`snapshot`, `plugin(named:)`)
+///   never wait for a whole change, a trial load or a module's callbacks, only for the
+///   step on this actor in progress (reading or copying one file, one `dlopen` and the
+///   plugin's entry point); `isStopping` and `stopChanges` never wait.
 /// - **Order.** New plugins load in dependency order; a removal stops the plugins that
 ///   depend on the removed one first (in reverse load order); a replacement reloads its
 ///   dependents against the new version in the same update.
