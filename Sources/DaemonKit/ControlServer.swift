@@ -45,8 +45,9 @@ public enum ControlRejection: Sendable, Hashable, CustomStringConvertible {
     /// A request line exceeded the limit (bytes, without the newline); the connection is
     /// closed after the reply.
     case lineTooLong(limit: Int)
-    /// A request line was not valid UTF-8; the connection stays open.
-    case invalidUTF8
+    /// A request line was not valid UTF-8 (`offset`: of its first bad byte, from the start
+    /// of the line); the connection stays open.
+    case invalidUTF8(offset: Int)
     /// A request line was started but not finished within the request timeout; the
     /// connection is closed after the reply.
     case timedOut
@@ -72,7 +73,7 @@ public enum ControlRejection: Sendable, Hashable, CustomStringConvertible {
                 ? "peer uid \(peer.uid) is not permitted: only uid 0 (root) may use this socket"
                 : "peer uid \(peer.uid) is not permitted: only uid \(geteuid()) (the daemon's user) and uid 0 (root) may use this socket"
         case .lineTooLong(let limit): "request line longer than \(limit) bytes"
-        case .invalidUTF8: "request line is not valid UTF-8"
+        case .invalidUTF8(let offset): "request line is not valid UTF-8 at byte \(offset)"
         case .timedOut: "request not completed in time"
         case .tooManyConnections(let limit): "more than \(limit) connections"
         }
@@ -409,7 +410,8 @@ private final class ServerCore: Sendable {
                 if let request = String(validating: line, as: UTF8.self) {
                     reply = callHandler(request, peer)
                 } else {
-                    reply = configuration.errorReply(.invalidUTF8)
+                    let offset = JSONSyntaxError(invalidUTF8In: line)?.offset ?? 0
+                    reply = configuration.errorReply(.invalidUTF8(offset: offset))
                 }
                 guard writeLine(fd, reply, deadline: .now.advanced(by: configuration.writeTimeout)) else { return }
                 if isStopping { return }

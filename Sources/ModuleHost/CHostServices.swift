@@ -24,15 +24,8 @@ public final class CHostServices {
         callbacks = try HostCallbacks(
             log: { level, message in logger.log(LogLevel(rawValue: Int(level)) ?? .info, message) },
             postNotification: { name, payloadJSON in
-                var payload = JSONValue.null
-                if let payloadJSON {
-                    do {
-                        payload = try JSONValue.parse(Array(payloadJSON.utf8))
-                    } catch {
-                        logger.warning("post_notification payload for \(name) is \(error); delivered as a string")
-                        payload = .string(payloadJSON)
-                    }
-                }
+                let (payload, problem) = Self.payload(payloadJSON, name: name)
+                if let problem { logger.warning(problem) }
                 post(name, payload)
             },
             hasModule: hasModule)
@@ -40,6 +33,19 @@ public final class CHostServices {
         table.initialize(to: modhost_host_api(
             struct_size: UInt32(MemoryLayout<modhost_host_api>.size), abi_minor: UInt32(MODHOST_ABI_MINOR),
             log: callbacks.log, post_notification: callbacks.postNotification, has_module: callbacks.hasModule))
+    }
+
+    /// The payload a C module passed to `post_notification`: null for NULL, the JSON value
+    /// when the bytes are JSON by `JSONValue.parse`'s rules, else the text as a string, with
+    /// the warning to log (it gives the parser's byte offset).
+    static func payload(_ bytes: [UInt8]?, name: String) -> (JSONValue, warning: String?) {
+        guard let bytes else { return (.null, nil) }
+        do {
+            return (try JSONValue.parse(bytes), nil)
+        } catch {
+            return (.string(String(decoding: bytes, as: UTF8.self)),
+                    "post_notification payload for \(name) is \(error); delivered as a string")
+        }
     }
 
     deinit {

@@ -26,6 +26,24 @@ public struct UsageError: Error, Sendable {
     public init(_ message: String) { self.message = message }
 }
 
+/// This process's arguments after the program name, each required to be UTF-8:
+/// `CommandLine.arguments` replaces bad bytes with U+FFFD silently, so a `--payload` or a
+/// name would not be what was typed. The first argument that is not UTF-8 is a usage error
+/// naming it (1 is the first after the program name) and its first bad byte, located as
+/// `JSONValue.parse` locates one.
+func processArguments() throws(UsageError) -> [String] {
+    var arguments: [String] = []
+    for index in 1..<Int(CommandLine.argc) {
+        guard let pointer = CommandLine.unsafeArgv[index] else { break }
+        let bytes = UnsafeRawBufferPointer(start: pointer, count: strlen(pointer))
+        if let error = JSONSyntaxError(invalidUTF8In: ArraySlice(bytes)) {
+            throw UsageError("argument \(index) is not valid UTF-8 at byte \(error.offset)")
+        }
+        arguments.append(String(decoding: bytes, as: UTF8.self))
+    }
+    return arguments
+}
+
 /// Parsed arguments: positionals in order, options with their values (repeatable), flags.
 struct Arguments {
     var positionals: [String] = []

@@ -46,10 +46,20 @@ public struct ControlCommand: Sendable {
 
     public init(output: any CommandOutput = StandardStreams()) { self.output = output }
 
+    /// Runs this process's command line and returns the exit code; an argument that is
+    /// not UTF-8 is a usage error giving the offset of its first bad byte.
+    public func runProcessArguments() async -> ExitCode {
+        await run { () throws(UsageError) in try processArguments() }
+    }
+
     /// Runs the command line (without the program name) and returns the exit code.
     public func run(_ arguments: [String]) async -> ExitCode {
+        await run { arguments }
+    }
+
+    private func run(_ arguments: () throws(UsageError) -> [String]) async -> ExitCode {
         do {
-            return try await dispatch(arguments)
+            return try await dispatch(try arguments())
         } catch let error as UsageError {
             output.err("Error: \(error.message)\nUsage: \(Self.usage)\nSee 'modhostctl --help'.")
             return .usage

@@ -1,4 +1,5 @@
 import CFFI
+import Glibc
 
 /// A C function pointer that runs a Swift closure: a libffi closure
 /// (`ffi_closure_alloc` + `ffi_prep_closure_loc`) whose user data is the closure's own
@@ -97,9 +98,11 @@ public final class FFIClosure: @unchecked Sendable {
     }
 
     /// A `post_notification` pointer (signature `void(str,str)` where the second may be
-    /// NULL); `handler` gets copies, `nil` for a NULL payload.
+    /// NULL); `handler` gets a copy of the name and of the payload's bytes as they are (not
+    /// decoded, so that the JSON parser sees and locates any byte that is not UTF-8), `nil`
+    /// for a NULL payload.
     public static func postNotification(
-        _ handler: @escaping @Sendable (_ name: String, _ payloadJSON: String?) -> Void
+        _ handler: @escaping @Sendable (_ name: String, _ payloadJSON: [UInt8]?) -> Void
     ) throws(FFIClosureError) -> FFIClosure {
         try FFIClosure(signature: Self.postSignature, body: ClosureBody(kind: .postNotification(handler)))
     }
@@ -153,7 +156,7 @@ public final class HostCallbacks: Sendable {
     /// - Throws: `FFIClosureError` when libffi cannot allocate a closure.
     public init(
         log: @escaping @Sendable (_ level: Int32, _ message: String) -> Void,
-        postNotification: @escaping @Sendable (_ name: String, _ payloadJSON: String?) -> Void,
+        postNotification: @escaping @Sendable (_ name: String, _ payloadJSON: [UInt8]?) -> Void,
         hasModule: @escaping @Sendable (_ name: String) -> Bool
     ) throws(FFIClosureError) {
         let logClosure = try FFIClosure.log(log)
@@ -180,7 +183,7 @@ final class ClosureBody: Sendable {
     enum Kind: Sendable {
         case generic(Signature, @Sendable ([CallValue]) -> CallValue)
         case log(@Sendable (Int32, String) -> Void)
-        case postNotification(@Sendable (String, String?) -> Void)
+        case postNotification(@Sendable (String, [UInt8]?) -> Void)
         case hasModule(@Sendable (String) -> Bool)
     }
 
@@ -199,7 +202,9 @@ final class ClosureBody: Sendable {
         case .log(let handler):
             handler(argument(0, as: Int32.self), string(1) ?? "")
         case .postNotification(let handler):
-            handler(string(0) ?? "", string(1))
+            handler(string(0) ?? "", argument(1, as: UnsafePointer<CChar>?.self).map {
+                Array(UnsafeRawBufferPointer(start: $0, count: strlen($0)))
+            })
         case .hasModule(let handler):
             result.storeBytes(of: handler(string(0) ?? "") ? 1 : 0, as: UInt64.self)
         case .generic(let signature, let handler):

@@ -1,4 +1,4 @@
 import Glibc
 import ModuleHost
 
-exit(await ControlCommand().run(Array(CommandLine.arguments.dropFirst())).rawValue)
+exit(await ControlCommand().runProcessArguments().rawValue)

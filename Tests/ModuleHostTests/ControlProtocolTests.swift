@@ -273,7 +273,7 @@ import TestSupport
         guard lines.count == 3 else { return }
         let malformed = try Reply(lines[0]), ping = try Reply(lines[1]), slow = try Reply(lines[2])
         #expect(malformed.code == "malformed_request")
-        #expect(malformed.message == "request line is not valid UTF-8")
+        #expect(malformed.message == "request line is not valid UTF-8 at byte 1")
         #expect(ping.ok == true && ping.id == 1)
         #expect(slow.code == "request_timeout")
         #expect(slow.version == 1)

@@ -27,15 +27,21 @@ struct ClosureTests {
         #expect(alpha.asLog != nil && alpha.asHasModule == nil && alpha.asPostNotification == nil)
     }
 
-    @Test("post_notification gets nil for a NULL payload; has_module returns bool")
+    @Test("post_notification gets nil for a NULL payload and the payload's bytes as they are; has_module returns bool")
     func shapes() throws {
         let table = try Fixtures.table(.c)
         let recorder = Recorder()
-        let post = try FFIClosure.postNotification { name, payload in recorder.record("\(name)|\(payload ?? "nil")") }
+        let post = try FFIClosure.postNotification { name, payload in
+            recorder.record("\(name)|\(payload.map { $0.map(String.init).joined(separator: ",") } ?? "nil")")
+        }
         let post2 = pointerValue(post.functionPointer)
         _ = try table.call("c_call_post", [post2, .string("ping"), .bool(false), .string("ignored")])
         _ = try table.call("c_call_post", [post2, .string("pong"), .bool(true), .string("{\"a\":1}")])
-        #expect(recorder.all == ["ping|nil", "pong|{\"a\":1}"])
+        // Bytes that are not UTF-8 arrive unchanged, for the JSON parser to locate.
+        let function = try #require(post.asPostNotification)
+        let hostile: [CChar] = [0x22, -1, 0x22, 0].map { CChar(truncatingIfNeeded: $0) }
+        hostile.withUnsafeBufferPointer { payload in "raw".withCString { function($0, payload.baseAddress) } }
+        #expect(recorder.all == ["ping|nil", "pong|123,34,97,34,58,49,125", "raw|34,255,34"])
         let has = try FFIClosure.hasModule { $0 == "present" }
         #expect(try table.call("c_call_has", [pointerValue(has.functionPointer), .string("present")]) == .bool(true))
         #expect(try table.call("c_call_has", [pointerValue(has.functionPointer), .string("absent")]) == .bool(false))
@@ -48,7 +54,9 @@ struct ClosureTests {
         let module = "mod.alpha"
         let callbacks = try HostCallbacks(
             log: { level, message in recorder.record("\(module) log \(level) \(message)") },
-            postNotification: { name, payload in recorder.record("\(module) post \(name) \(payload ?? "-")") },
+            postNotification: { name, payload in
+                recorder.record("\(module) post \(name) \(payload.map { String(decoding: $0, as: UTF8.self) } ?? "-")")
+            },
             hasModule: { $0 == module })
         func bits<F>(_ f: F) -> CallValue { .uint64(UInt64(UInt(bitPattern: unsafeBitCast(f, to: UnsafeRawPointer.self)))) }
         _ = try table.call("c_call_log", [bits(callbacks.log), .int32(1), .string("hello")])

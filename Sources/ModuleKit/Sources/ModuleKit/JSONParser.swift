@@ -291,10 +291,7 @@ extension JSONValue {
             }
             if let ascii { return ascii }
             if let text = String(validating: bytes[range], as: UTF8.self) { return text }
-            var iterator = bytes[range].makeIterator()
-            var decoder = UTF8()
-            var offset = range.lowerBound
-            while case .scalarValue(let scalar) = decoder.decode(&iterator) { offset += UTF8.width(scalar) }
+            let offset = range.lowerBound + (JSONSyntaxError(invalidUTF8In: bytes[range])?.offset ?? 0)
             throw JSONSyntaxError(offset: offset, message: "invalid UTF-8 in a string")
         }
 
@@ -333,4 +330,20 @@ public struct JSONSyntaxError: Error, Sendable, Equatable, CustomStringConvertib
 
     /// `not valid JSON at byte OFFSET: MESSAGE`.
     public var description: String { "not valid JSON at byte \(offset): \(message)" }
+}
+
+extension JSONSyntaxError {
+    /// The first byte of `bytes` that is not valid UTF-8, located as `JSONValue.parse(_:)`
+    /// locates it: `offset` counts from the start of `bytes`, `message` is "invalid UTF-8";
+    /// nil when every byte is valid. For input checked before a parser sees it (a control
+    /// request line, a command-line argument), so that a bad byte has one offset whichever
+    /// layer finds it.
+    public init?(invalidUTF8In bytes: ArraySlice<UInt8>) {
+        guard String(validating: bytes, as: UTF8.self) == nil else { return nil }
+        var iterator = bytes.makeIterator()
+        var decoder = UTF8()
+        var offset = 0
+        while case .scalarValue(let scalar) = decoder.decode(&iterator) { offset += UTF8.width(scalar) }
+        self.init(offset: offset, message: "invalid UTF-8")
+    }
 }
