@@ -91,10 +91,16 @@ public final class CrashGuard: Sendable {
     var fatalPath: String { directory + "/fatal.json" }
     private let crashes: Mutex<[String: Crash]>
 
-    /// The open in-flight file and whether it holds a record.
+    /// The open in-flight file, whether it holds a record, and its length.
+    ///
+    /// The file is never truncated while the daemon runs (on ext4 a truncation costs ten
+    /// times a write): a record is written over the previous contents, padded with spaces
+    /// to the file's length, and cleared by writing spaces over it. A file of spaces holds
+    /// no record.
     private struct InFlight {
         var fd: Int32 = -1
         var holdsRecord = false
+        var length = 0
         var current: Crash?
     }
     private let inflight = Mutex(InFlight())
@@ -124,7 +130,10 @@ public final class CrashGuard: Sendable {
     /// code that failed; else the in-flight record), records it as a crash and returns it.
     public func recoverFromPreviousRun() -> Crash? {
         func read(_ path: String) -> Crash? {
-            guard let data = FileManager.default.contents(atPath: path), !data.isEmpty else { return nil }
+            // Only spaces: a cleared in-flight record.
+            guard let data = FileManager.default.contents(atPath: path), data.contains(where: { $0 != UInt8(ascii: " ") }) else {
+                return nil
+            }
             return try? JSONDecoder().decode(Crash.self, from: data)
         }
         let found = read(fatalPath) ?? read(inflightPath)
@@ -160,19 +169,22 @@ public final class CrashGuard: Sendable {
 
     /// Records on disk that the daemon is about to work on `file` (`plugin`'s code, or the
     /// file's bytes) in `phase`. Call `end()` when that is over; only a process death
-    /// leaves the record behind. Two system calls on a file kept open: one write (after a
-    /// truncation when a record is still there) here, one truncation in `end`.
+    /// leaves the record behind. One write on a file kept open here, one in `end`; a
+    /// `begin` without `end` in between replaces the record with that one write.
     public func begin(file: String, plugin: String, hash: String, phase: String, identity: String? = nil) {
         let crash = Crash(file: file, plugin: plugin, hash: hash, phase: phase, time: UTCTimestamp.now(), identity: identity)
         var fields: [String: JSONValue] = ["file": .string(file), "plugin": .string(plugin), "hash": .string(hash),
                                            "phase": .string(phase), "time": .string(crash.time)]
         if let identity { fields["identity"] = .string(identity) }
         let text = JSONValue.object(fields).jsonText
+        var bytes = Array(text.utf8)
         inflight.withLock { state in
             if state.fd < 0 { state.fd = open(inflightPath, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600) }
             guard state.fd >= 0 else { return }
-            if state.holdsRecord { _ = ftruncate(state.fd, 0) }
-            _ = text.withCString { pwrite(state.fd, $0, strlen($0), 0) }
+            // Over a longer previous record, the rest is blanked in the same write.
+            if bytes.count < state.length { bytes += repeatElement(UInt8(ascii: " "), count: state.length - bytes.count) }
+            _ = bytes.withUnsafeBytes { pwrite(state.fd, $0.baseAddress, $0.count, 0) }
+            state.length = bytes.count
             state.holdsRecord = true
             state.current = crash
         }
@@ -186,10 +198,13 @@ public final class CrashGuard: Sendable {
         return try body()
     }
 
-    /// Clears the record `begin` wrote.
+    /// Clears the record `begin` wrote (spaces over it).
     public func end() {
         inflight.withLock { state in
-            if state.holdsRecord { _ = ftruncate(state.fd, 0) }
+            if state.holdsRecord {
+                let blank = [UInt8](repeating: UInt8(ascii: " "), count: state.length)
+                _ = blank.withUnsafeBytes { pwrite(state.fd, $0.baseAddress, $0.count, 0) }
+            }
             state.holdsRecord = false
             state.current = nil
         }

@@ -1,5 +1,6 @@
 import Foundation
 import Glibc
+import ModuleHost
 import Testing
 import TestSupport
 
@@ -214,6 +215,30 @@ import TestSupport
         let first = try setup.start()
         #expect(await first.wait(timeout: .seconds(60)) == 128 + SIGKILL)
         try await setup.restartQuarantining("Killer", reason: "crashed the daemon during start")
+    }
+
+    /// The in-flight record is written over the previous one, never truncated (a
+    /// truncation costs ten writes): what a death leaves must still name exactly the last
+    /// file begun, even after a longer record, and a record ended must name none.
+    @Test func theInFlightRecordNamesTheLastFileBegunAndNoneOnceEnded() throws {
+        let scratch = TemporaryDirectory("inflight")
+        let state = scratch.file("state")
+        let long = "/plugins/" + String(repeating: "long", count: 60) + ".so"
+        do {
+            let dying = try CrashGuard(directory: state)
+            dying.begin(file: long, plugin: "", hash: "", phase: "validation", identity: "1:2:3:4")
+            dying.end()
+            dying.begin(file: long, plugin: "Long", hash: "aaaa", phase: "copy")
+            dying.begin(file: "/p/libS.so", plugin: "S", hash: "bbbb", phase: "init")
+        }  // the process "dies" here: the guard is gone, its record stays
+        let next = try CrashGuard(directory: state)
+        let crash = next.recoverFromPreviousRun()
+        #expect(crash?.file == "/p/libS.so" && crash?.plugin == "S" && crash?.hash == "bbbb" && crash?.phase == "init",
+                "recovered: \(String(describing: crash))")
+        #expect(next.crash(forHash: "aaaa") == nil)
+        next.begin(file: long, plugin: "Long", hash: "aaaa", phase: "start")
+        next.end()
+        #expect(try CrashGuard(directory: state).recoverFromPreviousRun() == nil)
     }
 
     /// A file whose program-header offset is near 2^64 (finding 1): validation must refuse
