@@ -15,11 +15,14 @@ final class PluginWorker: Sendable {
     let label: String
     private let queue: DispatchQueue
     private let state = Mutex(State())
+    /// The last job number given out. Jobs are numbered and enqueued under this lock, which
+    /// the queue's own jobs never take: a job woken by `submit` does not wait for the
+    /// submitter to let go of `state`.
+    private let lastJob = Mutex<UInt64>(0)
 
     private struct State {
         var current: Running?
         /// Jobs are numbered in queue order, so those up to `lastStarted` have started.
-        var nextJob: UInt64 = 0
         var lastStarted: UInt64 = 0
         /// Jobs a waiting caller gave up on before they started (the queue was slow to
         /// reach them): they count as overrun from their first instant.
@@ -60,12 +63,15 @@ final class PluginWorker: Sendable {
         state.withLock { state in state.current.map { Stuck(what: $0.what, elapsed: ContinuousClock.now - $0.since) } }
     }
 
-    /// Queues `job` (named `what` in `stuck`) and returns at once.
+    /// Queues `job` (named `what` in `stuck`) and returns at once. `finished`, if given,
+    /// runs on the worker once `job` has returned and the worker no longer counts it as
+    /// running.
     @discardableResult
-    func submit(_ what: String, deadline: Duration, _ job: @escaping @Sendable () -> Void) -> UInt64 {
-        state.withLock { state -> UInt64 in
-            state.nextJob += 1
-            let id = state.nextJob
+    func submit(_ what: String, deadline: Duration, _ job: @escaping @Sendable () -> Void,
+                finished: (@Sendable () -> Void)? = nil) -> UInt64 {
+        lastJob.withLock { last -> UInt64 in
+            last += 1
+            let id = last
             // Enqueued under the lock, so queue order is number order.
             queue.async { [self] in
                 self.state.withLock { state in
@@ -75,6 +81,7 @@ final class PluginWorker: Sendable {
                 }
                 job()
                 self.state.withLock { $0.current = nil }
+                finished?()
             }
             return id
         }
@@ -98,10 +105,8 @@ final class PluginWorker: Sendable {
     func run<T: Sendable>(_ what: String, deadline: Duration, _ job: @escaping @Sendable () -> T) -> T? {
         let result = FirstResult<T>()
         let done = DispatchSemaphore(value: 0)
-        let id = submit(what, deadline: deadline) {
-            result.finish(job())
-            done.signal()
-        }
+        // Woken once the job is over, so a next `run` does not find it still current.
+        let id = submit(what, deadline: deadline, { result.finish(job()) }, finished: { done.signal() })
         guard done.wait(timeout: .now() + deadline.dispatchInterval) == .success else {
             abandon(id)
             return nil
@@ -112,8 +117,9 @@ final class PluginWorker: Sendable {
     /// Runs `job` and suspends (without holding a thread) until it returns, however long
     /// that takes. Callers race it against their own deadline (see `withDeadline`).
     func run<T: Sendable>(_ what: String, deadline: Duration, _ job: @escaping @Sendable () -> T) async -> T {
-        await withCheckedContinuation { continuation in
-            submit(what, deadline: deadline) { continuation.resume(returning: job()) }
+        let result = FirstResult<T>()
+        return await withCheckedContinuation { continuation in
+            submit(what, deadline: deadline, { result.finish(job()) }, finished: { continuation.resume(returning: result.value!) })
         }
     }
 }
