@@ -276,6 +276,33 @@ struct LifecycleTests {
         #expect(kinds == ["exceeded", "late"])
     }
 
+    // Every awaited handler gets its whole deadline, counted from its own start, although
+    // one timer serves all deliveries of an instance: here it is first armed for the
+    // deadline of a handler that finishes late but in time, and must not cut the next one
+    // short when it fires.
+    @Test(.timeLimit(.minutes(1)))
+    func aHandlerAfterASlowOneStillGetsItsWholeDeadline() async {
+        let deadline = Duration.seconds(1)
+        let recorder = Recorder()
+        let gate = Gate()
+        let host = makeHost(deadline: deadline)
+        let diagnostics = host.diagnostics()
+        await host.add([
+            ModuleFactory(name: "pause", version: "1.0", defaultOrder: 0) { _, _ in Pause(pause: .milliseconds(600)) },
+            probe("stuck", order: 1, recorder: recorder, behavior: ProbeBehavior(blockOn: ["flush"], gate: gate)),
+        ])
+        await host.send(AsyncModuleEvent.custom(name: "flush", payload: .null))
+        var elapsed: Duration?
+        for await diagnostic in diagnostics {
+            if case .deadlineExceeded(module: "stuck", event: "flush", let taken) = diagnostic {
+                elapsed = taken
+                break
+            }
+        }
+        #expect((elapsed ?? .zero) >= deadline, "stuck was given up on after \(String(describing: elapsed))")
+        gate.open()
+    }
+
     // Cancelling the task that awaits an event cancels the module's handler too (it does not
     // wait for the deadline when the handler honours cancellation).
     @Test(.timeLimit(.minutes(1)))
@@ -357,4 +384,14 @@ struct LifecycleTests {
         #expect(await host.moduleNames.isEmpty)
         #expect(recorder.all == ["a.init", "a.willTerminate", "a.willTerminate.done", "a.deinit"])
     }
+}
+
+/// A module whose awaited handlers take `pause` (less if cancelled).
+private final class Pause: Module {
+    let pause: Duration
+    init(pause: Duration) { self.pause = pause }
+    var moduleName: String { "pause" }
+    var info: ModuleInfo { ModuleInfo(name: "pause", version: "1.0") }
+    func handle(_ event: ModuleEvent, host: isolated HostInstance) {}
+    func handle(_ event: AsyncModuleEvent, host: isolated HostInstance) async { try? await Task.sleep(for: pause) }
 }

@@ -1,3 +1,4 @@
+internal import Dispatch
 import Synchronization
 
 /// Decides, once, whether an awaited handler or its deadline came first.
@@ -43,6 +44,80 @@ final class DeadlineRace: Sendable {
             }
             if let decided { continuation.resume(returning: decided) }
         }
+    }
+}
+
+/// Decides `.deadlineExceeded` for every awaited handler of one host instance whose
+/// deadline passes before it finishes, with one timer for all of them.
+///
+/// Handlers nearly always finish long before their deadline. Arming and cancelling a timer
+/// for each would cost more than the rest of a delivery; here a delivery only enters and
+/// leaves a table, and a single timer, armed for the earliest deadline in the table, fires
+/// only when one may have passed. Safe from any thread.
+final class DeadlineWatch: Sendable {
+    private struct Entry {
+        let race: DeadlineRace
+        let due: ContinuousClock.Instant
+    }
+
+    private struct State {
+        var pending: [UInt64: Entry] = [:]
+        var lastID: UInt64 = 0
+        /// When the timer fires next; nil when no timer is armed.
+        var armedFor: ContinuousClock.Instant?
+    }
+
+    private let state = Mutex(State())
+
+    /// Watches `race` from now on: it is decided `.deadlineExceeded` once `due` has passed,
+    /// unless `end` removed it first. Returns the ticket for `end`.
+    func start(_ race: DeadlineRace, due: ContinuousClock.Instant) -> UInt64 {
+        let (ticket, arm) = state.withLock { state -> (UInt64, Bool) in
+            state.lastID += 1
+            state.pending[state.lastID] = Entry(race: race, due: due)
+            guard state.armedFor.map({ due < $0 }) ?? true else { return (state.lastID, false) }
+            state.armedFor = due
+            return (state.lastID, true)
+        }
+        if arm { schedule(due) }
+        return ticket
+    }
+
+    /// Stops watching the race of `ticket` (its handler finished, or its outcome is known).
+    func end(_ ticket: UInt64) {
+        state.withLock { _ = $0.pending.removeValue(forKey: ticket) }
+    }
+
+    private func schedule(_ due: ContinuousClock.Instant) {
+        let (seconds, attoseconds) = (due - ContinuousClock.now).components
+        let nanoseconds = seconds.multipliedReportingOverflow(by: 1_000_000_000)
+        let delay: DispatchTimeInterval = nanoseconds.overflow
+            ? .never : .nanoseconds(Int(clamping: nanoseconds.partialValue + attoseconds / 1_000_000_000))
+        // The timer holds the watch weakly: a host instance that goes away takes it along.
+        DispatchQueue.global().asyncAfter(deadline: .now() + delay) { [weak self] in self?.fire(armedFor: due) }
+    }
+
+    /// Decides every race whose deadline has passed, then arms the timer for the earliest
+    /// one left, if this was the armed timer (an earlier, superseded one only decides).
+    private func fire(armedFor: ContinuousClock.Instant) {
+        let now = ContinuousClock.now
+        let (expired, next) = state.withLock { state -> ([DeadlineRace], ContinuousClock.Instant?) in
+            var expired: [DeadlineRace] = []
+            var earliest: ContinuousClock.Instant?
+            for (ticket, entry) in state.pending {
+                if entry.due <= now {
+                    expired.append(entry.race)
+                    state.pending[ticket] = nil
+                } else if earliest.map({ entry.due < $0 }) ?? true {
+                    earliest = entry.due
+                }
+            }
+            guard state.armedFor == armedFor else { return (expired, nil) }
+            state.armedFor = earliest
+            return (expired, earliest)
+        }
+        for race in expired { race.finish(.deadlineExceeded) }
+        if let next { schedule(next) }
     }
 }
 

@@ -1,4 +1,3 @@
-internal import Dispatch
 import Synchronization
 
 /// One host instance: its modules, their lifecycle events, their notifications and its
@@ -47,6 +46,8 @@ public actor HostInstance {
     private nonisolated let runningNames = Mutex<[String]>([])
     private nonisolated let registeredSnapshot = Mutex<[ModuleStatus]>([])
     private nonisolated let diagnosticsHub = DiagnosticsHub()
+    /// The deadlines of the async handlers running now.
+    private nonisolated let deadlines = DeadlineWatch()
     private nonisolated let mailbox: AsyncStream<MailboxMessage>.Continuation
 
     private enum MailboxMessage: Sendable {
@@ -600,12 +601,8 @@ public actor HostInstance {
                 self.diagnosticsHub.emit(.finishedLate(module: moduleName, event: event.name, elapsed: elapsed))
             }
         }
-        // A dispatch timer rather than a sleeping Task: arming and cancelling it costs a
-        // fraction of a task, and it runs for every module of every awaited event.
-        let timer = DispatchWorkItem { race.finish(.deadlineExceeded) }
-        let (seconds, attoseconds) = deadline.components
-        DispatchQueue.global().asyncAfter(
-            deadline: .now() + .nanoseconds(Int(seconds) * 1_000_000_000 + Int(attoseconds / 1_000_000_000)), execute: timer)
+        // One timer for every delivery of this instance, not one per module and event.
+        let ticket = deadlines.start(race, due: started + deadline)
         // A cancelled caller (e.g. a shutdown being cancelled) cancels the handler too; the
         // host still waits for it or for the deadline.
         let outcome = await withTaskCancellationHandler {
@@ -613,7 +610,7 @@ public actor HostInstance {
         } onCancel: {
             handler.cancel()
         }
-        timer.cancel()
+        deadlines.end(ticket)
         guard outcome == .deadlineExceeded else { return }
         handler.cancel()
         let elapsed = clock.now - started
