@@ -12,7 +12,7 @@ SWIFTFLAGS ?= $(if $(CI),-Xswiftc -warnings-as-errors,)
 
 PLUGINS := $(patsubst Plugins/%/Makefile,%,$(wildcard Plugins/*/Makefile))
 
-.PHONY: all help deps swift-build build sdk plugins test run bench install clean fuzz fuzz-build fuzz-smoke
+.PHONY: all help deps swift-build build sdk plugins test run bench install clean fuzz fuzz-build fuzz-smoke abi-dump abi-check abi-baseline
 all: plugins
 
 help:
@@ -21,6 +21,8 @@ help:
 	@echo "make test       build, then run every test"
 	@echo "make bench      build in release mode and write build/bench/results.json"
 	@echo "make fuzz       run every libFuzzer target FUZZ_SECONDS (default 300) each; crash inputs in build/fuzz/crashes"
+	@echo "make abi-check  compare ModuleKit's binary interface with the committed baseline (run by make test)"
+	@echo "make abi-baseline  record the current ModuleKit ABI as the baseline (release step, docs/abi.md)"
 	@echo "make install    install into PREFIX (default /usr/local)"
 	@echo "make clean      remove build/ and .build/"
 
@@ -82,9 +84,26 @@ plugin-Welcome: plugin-Greeting
 # deadline-based tests in the same process need (~30 s either way).
 # The fuzz smoke run (about a minute) comes last and fails the run on a crash.
 test: plugins
+	@$(MAKE) --no-print-directory abi-check
 	MODHOST_BUILD=$(BUILD) $(SWIFT) test -c $(CONFIG) --skip-build --no-parallel
 	@$(FUZZ_BUILD_STEPS)
 	$(FUZZ_RUN) $(FUZZ_SMOKE_SECONDS) smoke $(FUZZ_TARGETS)
+
+# ModuleKit's binary interface against the committed baseline (docs/abi.md, "Swift plugin
+# compatibility"). ModuleKit is built alone, optimized and without testing hooks (which
+# would put internal declarations in the dump), in a build directory of its own.
+# ABI_DEFINES adds compile-time conditions (the ABI upgrade test's changed ModuleKits).
+ABI_DEFINES ?=
+ABI_OUT := $(BUILD)/abi
+ABI_SWIFT_BUILD = $(SWIFT) build -c release --package-path Sources/ModuleKit --scratch-path $(ABI_OUT)/.build \
+	$(SWIFTFLAGS) $(foreach define,$(ABI_DEFINES),-Xswiftc -D$(define))
+abi-dump:
+	$(ABI_SWIFT_BUILD)
+	Sources/ModuleKit/abi/check-abi dump "$$($(ABI_SWIFT_BUILD) --show-bin-path)" $(ABI_OUT)/ModuleKit.abi.json
+abi-check: abi-dump
+	Sources/ModuleKit/abi/check-abi compare $(ABI_OUT)/ModuleKit.abi.json
+abi-baseline: abi-dump
+	Sources/ModuleKit/abi/check-abi baseline $(ABI_OUT)/ModuleKit.abi.json
 
 # libFuzzer targets (Tests/Fuzzing), built with the toolchain's own libFuzzer and
 # AddressSanitizer runtimes in a build directory of their own. Optimized, since that

@@ -149,6 +149,10 @@ extension SubBus {
 /// requested type, else the first item, in installation order, that casts to it (so
 /// `access() as SomeProtocol?` works).
 public final class Bus: Sendable, CustomStringConvertible {
+    #if MODULEKIT_ABI_TEST_ADDITIONS
+    // ABI upgrade test only: a stored property added first, moving the others.
+    public let abiTestNote = "added"
+    #endif
     /// A label for descriptions and logs.
     public let label: String
 
@@ -183,12 +187,14 @@ public final class Bus: Sendable, CustomStringConvertible {
     /// An empty bus.
     public init(label: String = "bus") { self.label = label }
 
+    #if !MODULEKIT_ABI_TEST_BREAKING  // the ABI upgrade test's breaking change removes it
     /// Creates a bus and lets `configure` install its contents before returning it.
     public static func new(label: String = "bus", _ configure: (Bus) -> Void) -> Bus {
         let bus = Bus(label: label)
         configure(bus)
         return bus
     }
+    #endif
 
     /// "Bus(label)".
     public var description: String { "Bus(\(label))" }

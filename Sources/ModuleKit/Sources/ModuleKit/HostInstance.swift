@@ -353,6 +353,10 @@ public actor HostInstance {
             return
         case .configurationChanged, .custom:
             break
+        #if MODULEKIT_ABI_TEST_ADDITIONS
+        case .abiTestAddition:
+            break
+        #endif
         }
         if let name {
             moduleManager.slot(named: name)?.module.handle(event, host: self)

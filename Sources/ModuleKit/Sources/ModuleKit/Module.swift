@@ -40,6 +40,11 @@ public protocol Module: AnyObject {
     /// Called on the new instance, after `.initialize` and before `.start`, with what the
     /// instance it replaces returned from `stateForReplacement`.
     func restore(state: JSONValue, host: isolated HostInstance)
+
+    #if MODULEKIT_ABI_TEST_ADDITIONS
+    // ABI upgrade test only: a requirement added with a default implementation.
+    func abiTestRequirement() -> String
+    #endif
 }
 
 extension Module {
@@ -49,6 +54,9 @@ extension Module {
     public func updateConfiguration(_ configuration: JSONValue, host: isolated HostInstance) -> (any Module)? { self }
     public func stateForReplacement(host: isolated HostInstance) -> JSONValue? { nil }
     public func restore(state: JSONValue, host: isolated HostInstance) {}
+    #if MODULEKIT_ABI_TEST_ADDITIONS
+    public func abiTestRequirement() -> String { "default" }
+    #endif
 }
 
 /// A module type that can be created by name: what a Swift plugin exports.
@@ -78,6 +86,10 @@ extension PluginModule {
 /// Name, version and free-form metadata of a module, as `info` commands and
 /// `HostInstance.infoPayload()` report them.
 public struct ModuleInfo: Sendable, Hashable, Codable {
+    #if MODULEKIT_ABI_TEST_ADDITIONS
+    // ABI upgrade test only: a stored property added first, moving the others.
+    public var abiTestNote: String = "added"
+    #endif
     public var name: String
     public var version: String
     public var metadata: [String: JSONValue]
@@ -103,6 +115,10 @@ public enum ModuleEvent: Sendable, Hashable {
     case notification(name: String, payload: JSONValue)
     /// An event the host application defines.
     case custom(name: String, payload: JSONValue)
+    #if MODULEKIT_ABI_TEST_ADDITIONS
+    // ABI upgrade test only: a case added, with a payload.
+    case abiTestAddition(note: String)
+    #endif
 
     /// The event's name as C modules receive it.
     public var name: String {
@@ -112,6 +128,9 @@ public enum ModuleEvent: Sendable, Hashable {
         case .deinitialize: "deinit"
         case .configurationChanged: "configurationChanged"
         case .notification(let name, _), .custom(let name, _): name
+        #if MODULEKIT_ABI_TEST_ADDITIONS
+        case .abiTestAddition: "abiTestAddition"
+        #endif
         }
     }
 
@@ -131,6 +150,9 @@ public enum ModuleEvent: Sendable, Hashable {
         case .initialize, .start, .deinitialize: .null
         case .configurationChanged(let configuration): configuration
         case .notification(_, let payload), .custom(_, let payload): payload
+        #if MODULEKIT_ABI_TEST_ADDITIONS
+        case .abiTestAddition(let note): .string(note)
+        #endif
         }
     }
 }
@@ -214,7 +236,15 @@ public struct ModuleFactory: Sendable {
     /// A factory that creates `type` with its `init?(host:configuration:)`.
     public init<M: PluginModule>(_ type: M.Type, plugin: String = "", defaultOrder: Int = 0) {
         self.init(name: M.name, version: M.version, plugin: plugin, defaultOrder: defaultOrder) { host, configuration in
+            #if MODULEKIT_ABI_TEST_ADDITIONS
+            // ABI upgrade test only: the added requirement, called on a module that may
+            // come from a plugin built before it existed.
+            let module = M(host: host, configuration: configuration)
+            if let module { host.logger(for: M.name).info("abi test requirement: \(module.abiTestRequirement())") }
+            return module
+            #else
             M(host: host, configuration: configuration)
+            #endif
         }
     }
 }
