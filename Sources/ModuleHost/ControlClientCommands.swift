@@ -261,7 +261,7 @@ extension ControlCommand {
 
     private static func decode<T: Decodable>(_ type: T.Type, from value: JSONValue) throws -> T {
         do {
-            return try JSONDecoder().decode(T.self, from: Data(value.jsonText.utf8))
+            return try value.decode(T.self)
         } catch {
             throw ReplyError(message: "the result is not a \(T.self): \(error)")
         }

@@ -251,9 +251,7 @@ public struct ControlCommand: Sendable {
     }
 }
 
-/// Pretty JSON with sorted keys.
+/// Pretty JSON with sorted keys (`JSONValue.prettyJSONText`).
 func encodeJSON(_ value: some Encodable) -> String {
-    let encoder = JSONEncoder()
-    encoder.outputFormatting = [.prettyPrinted, .sortedKeys, .withoutEscapingSlashes]
-    return String(decoding: (try? encoder.encode(value)) ?? Data(), as: UTF8.self)
+    (try? JSONValue(encoding: value))?.prettyJSONText ?? "null"
 }

@@ -85,7 +85,7 @@ public struct ControlService: Sendable {
     private func perform(_ request: Request, peer: PeerCredentials) async throws(DaemonError) -> String {
         switch request.command {
         case "list":
-            return "{\"modules\":\(try Self.encode(await daemon.moduleRows()))}"
+            return try Self.encode(["modules": await daemon.moduleRows()])
         case "status":
             return try Self.encode(await daemon.status())
         case "info":
@@ -139,14 +139,13 @@ public struct ControlService: Sendable {
 
     // MARK: Encoding
 
-    /// Compact JSON with sorted keys, for Codable results.
+    /// Compact JSON with sorted keys (`JSONValue.jsonText`, as every reply), for Codable
+    /// results.
     private static func encode(_ value: some Encodable) throws(DaemonError) -> String {
-        let encoder = JSONEncoder()
-        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
         do {
-            return String(decoding: try encoder.encode(value), as: UTF8.self)
+            return try JSONValue(encoding: value).jsonText
         } catch {
-            // Only a non-finite Double can get here.
+            // Only a non-finite Double or an integer beyond 2^53 can get here.
             throw DaemonError(code: "internal_error", message: "the result cannot be written as JSON: \(error)")
         }
     }

@@ -116,7 +116,7 @@ public final class CrashGuard: Sendable {
         }
         var known: [String: Crash] = [:]
         if let data = FileManager.default.contents(atPath: directory + "/crashed.json"),
-           let list = try? JSONDecoder().decode([Crash].self, from: data) {
+           let list = try? JSONValue.parse([UInt8](data)).decode([Crash].self) {
             for crash in list { known[crash.key] = crash }
         }
         crashes = Mutex(known)
@@ -134,7 +134,7 @@ public final class CrashGuard: Sendable {
             guard let data = FileManager.default.contents(atPath: path), data.contains(where: { $0 != UInt8(ascii: " ") }) else {
                 return nil
             }
-            return try? JSONDecoder().decode(Crash.self, from: data)
+            return try? JSONValue.parse([UInt8](data)).decode(Crash.self)
         }
         let found = read(fatalPath) ?? read(inflightPath)
         unlink(fatalPath)
@@ -226,8 +226,8 @@ public final class CrashGuard: Sendable {
     /// quarantined at the next start.
     private func write(_ value: some Encodable, to path: String) {
         do {
-            let data = try JSONEncoder().encode(value)
-            try AtomicFile.write([UInt8](data), to: path, mode: 0o600)
+            let text = try JSONValue(encoding: value).jsonText
+            try AtomicFile.write(Array(text.utf8), to: path, mode: 0o600)
         } catch {
             logger.error("cannot record a crash in \(path): \(error); the plugin will not be quarantined at the next start unless it crashes again",
                          [("file", path)])

@@ -74,7 +74,7 @@ public enum ExitGuard {
         var record: UnsafePointer<CChar>?
         var crash: CrashGuard.Crash?
         if modhost_crash_recorder_caller(&record) != nil, let record {
-            crash = try? JSONDecoder().decode(CrashGuard.Crash.self, from: Data((String(cString: record) + #","phase":"run","time":""}"#).utf8))
+            crash = try? JSONValue.parse(Array((String(cString: record) + #","phase":"run","time":""}"#).utf8)).decode(CrashGuard.Crash.self)
         }
         let current = crashGuard.current
         if crash == nil, let current, !current.plugin.isEmpty { crash = current }

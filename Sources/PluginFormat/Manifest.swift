@@ -198,11 +198,11 @@ public struct Manifest: Codable, Sendable, Equatable {
         self = try Manifest(json: try decoder.singleValueContainer().decode(JSONValue.self))
     }
 
-    /// Pretty JSON with sorted keys, as `plugin.mk` embeds it and `inspect` prints it.
+    /// Pretty JSON with sorted keys (`JSONValue.prettyJSONText`), as `plugin.mk` embeds it
+    /// and `inspect` prints it.
     public func jsonText() -> String {
-        let encoder = JSONEncoder()
-        encoder.outputFormatting = [.prettyPrinted, .sortedKeys, .withoutEscapingSlashes]
-        return String(decoding: (try? encoder.encode(self)) ?? Data(), as: UTF8.self)
+        // A manifest holds strings, integers within `orderRange` and arrays: it always encodes.
+        (try? JSONValue(encoding: self))?.prettyJSONText ?? "{}"
     }
 }
 

@@ -100,3 +100,76 @@ import Testing
         #expect(kinds == ["null", "a boolean", "a number", "a string", "an array", "an object"])
     }
 }
+
+/// `Codable` types to and from `JSONValue` (`init(encoding:)`, `decode(_:)`) and the
+/// indented writer.
+@Suite struct JSONValueCodingTests {
+    struct Row: Codable, Equatable {
+        enum State: String, Codable { case running, stopped }
+        var name: String
+        var state: State
+        var order: Int?
+        var seconds: Double
+        var flags: [Bool]
+        var nested: [String: [UInt8]]
+        var extra: JSONValue
+    }
+
+    static let row = Row(name: "greeting \u{1B}", state: .running, order: nil, seconds: 0.25, flags: [true, false],
+                         nested: ["a": [0, 255]], extra: ["k": [1, "x", nil]])
+
+    @Test func aValueEncodesAndDecodesWithoutText() throws {
+        let value = try JSONValue(encoding: Self.row)
+        #expect(value == [
+            "name": "greeting \u{1B}", "state": "running", "seconds": 0.25, "flags": [true, false],
+            "nested": ["a": [0, 255]], "extra": ["k": [1, "x", nil]],
+        ])
+        #expect(try value.decode(Row.self) == Self.row)
+        // The same as through text and Foundation's coders, but for what jsonText escapes.
+        #expect(try JSONValue.parse(Array(value.jsonText.utf8)).decode(Row.self) == Self.row)
+    }
+
+    @Test func numbersJSONCannotHoldExactlyAreEncodingErrors() throws {
+        #expect(throws: EncodingError.self) { try JSONValue(encoding: [Double.nan]) }
+        #expect(throws: EncodingError.self) { try JSONValue(encoding: ["x": Double.infinity]) }
+        #expect(throws: EncodingError.self) { try JSONValue(encoding: Int64(1) << 53 + 1) }
+        #expect(throws: EncodingError.self) { try JSONValue(encoding: UInt64.max) }
+        #expect(try JSONValue(encoding: -(Int64(1) << 53)) == .number(-0x1p53))
+    }
+
+    @Test func decodingRefusesAnythingButTheExactType() throws {
+        struct Small: Decodable { var n: UInt8 }
+        #expect(throws: DecodingError.self) { try (["n": 300] as JSONValue).decode(Small.self) }
+        #expect(throws: DecodingError.self) { try (["n": 1.5] as JSONValue).decode(Small.self) }
+        #expect(throws: DecodingError.self) { try (["n": "1"] as JSONValue).decode(Small.self) }
+        #expect(throws: DecodingError.self) { try (["m": 1] as JSONValue).decode(Small.self) }
+        #expect(throws: DecodingError.self) { try ("1" as JSONValue).decode(Double.self) }
+        #expect(throws: DecodingError.self) { try (1 as JSONValue).decode(String.self) }
+        #expect(throws: DecodingError.self) { try ([1, 2] as JSONValue).decode([String: Int].self) }
+        // Unknown members are ignored; a missing optional is nil.
+        #expect(try (["n": 7, "future": [1]] as JSONValue).decode(Small.self).n == 7)
+        struct Maybe: Decodable { var n: Int? }
+        #expect(try ([:] as JSONValue).decode(Maybe.self).n == nil)
+        #expect(try (["n": nil] as JSONValue).decode(Maybe.self).n == nil)
+    }
+
+    @Test func theIndentedTextIsTheSameValueOneMemberALine() throws {
+        let value: JSONValue = ["b": [1, "two"], "a": ["x": true], "c": [], "d": [:], "e": "\u{1B}"]
+        #expect(value.prettyJSONText == """
+            {
+              "a" : {
+                "x" : true
+              },
+              "b" : [
+                1,
+                "two"
+              ],
+              "c" : [],
+              "d" : {},
+              "e" : "\\u001b"
+            }
+            """)
+        #expect(try JSONValue.parse(Array(value.prettyJSONText.utf8)) == value)
+        #expect(JSONValue.string("x").prettyJSONText == #""x""#)
+    }
+}

@@ -158,3 +158,392 @@ extension JSONValue: ExpressibleByStringLiteral, ExpressibleByIntegerLiteral, Ex
     public init(nilLiteral: ()) { self = .null }
 }
 
+
+/// `Codable` types to and from `JSONValue`, without text in between: the host writes its
+/// replies and files as `JSONValue` (so `jsonText` is the one JSON writer) and reads what
+/// `parse(_:)` produced into its types (so the strict parser is the one reader).
+extension JSONValue {
+    /// `value` as a JSON value, through its `Encodable` conformance.
+    ///
+    /// Numbers must be ones JSON holds exactly: a NaN or an infinity, or an integer beyond
+    /// ±2^53, throws `EncodingError.invalidValue` naming the coding path. Optionals that are
+    /// nil are left out by the synthesized conformances, as with `JSONEncoder`; a type that
+    /// encodes nothing is an empty object. `Date`, `Data` and `URL` encode as their own
+    /// conformances say (no special forms). Safe to call from any thread.
+    public init(encoding value: some Encodable) throws {
+        let root = EncodedNode()
+        try root.encode(value, codingPath: [])
+        self = root.value
+    }
+
+    /// This value as a `T`, through its `Decodable` conformance.
+    ///
+    /// Types must match exactly: a string is never read as a number nor a number as a
+    /// string; an integer type reads only a whole number within its range (`1.5` or `300`
+    /// for a `UInt8` throws). Errors are `DecodingError`s naming the coding path. Unknown
+    /// object members are ignored, as the synthesized conformances do. Safe to call from any
+    /// thread.
+    public func decode<T: Decodable>(_ type: T.Type) throws -> T {
+        try ValueDecoder(value: self, codingPath: []).decodeLeaf(T.self)
+    }
+
+    /// The same text as `jsonText`, indented for people: one member or element a line,
+    /// two spaces a level, `"key" : value`, keys sorted; empty arrays and objects as `[]`
+    /// and `{}`.
+    public var prettyJSONText: String {
+        var out = ""
+        writePretty(into: &out, indent: "")
+        return out
+    }
+
+    private func writePretty(into out: inout String, indent: String) {
+        let inner = indent + "  "
+        switch self {
+        case .array(let elements) where !elements.isEmpty:
+            out += "[\n"
+            for (index, element) in elements.enumerated() {
+                out += inner
+                element.writePretty(into: &out, indent: inner)
+                out += index == elements.count - 1 ? "\n" : ",\n"
+            }
+            out += indent + "]"
+        case .object(let members) where !members.isEmpty:
+            out += "{\n"
+            let keys = members.keys.sorted()
+            for (index, key) in keys.enumerated() {
+                out += inner + Self.quote(key) + " : "
+                members[key]!.writePretty(into: &out, indent: inner)
+                out += index == keys.count - 1 ? "\n" : ",\n"
+            }
+            out += indent + "}"
+        default:
+            out += jsonText
+        }
+    }
+}
+
+// MARK: Encoding
+
+/// One value being encoded: a leaf, an object or an array whose children are still
+/// being filled in by the containers that point at them.
+private final class EncodedNode {
+    private var leaf: JSONValue?
+    private var members: [String: EncodedNode]?
+    private var elements: [EncodedNode]?
+
+    var value: JSONValue {
+        if let members { return .object(members.mapValues(\.value)) }
+        if let elements { return .array(elements.map(\.value)) }
+        return leaf ?? .object([:])
+    }
+
+    func setLeaf(_ value: JSONValue) {
+        leaf = value
+        members = nil
+        elements = nil
+    }
+
+    func member(_ key: String) -> EncodedNode {
+        makeObject()
+        let child = EncodedNode()
+        members![key] = child
+        return child
+    }
+
+    func makeObject() { if members == nil { leaf = nil; elements = nil; members = [:] } }
+
+    func makeArray() { if elements == nil { leaf = nil; members = nil; elements = [] } }
+
+    func appendElement() -> EncodedNode {
+        makeArray()
+        let child = EncodedNode()
+        elements!.append(child)
+        return child
+    }
+
+    var count: Int { elements?.count ?? 0 }
+
+    /// Encodes `value` here: JSON's own scalars directly, anything else through its
+    /// conformance.
+    func encode<T: Encodable>(_ value: T, codingPath: [any CodingKey]) throws {
+        func invalid(_ what: String) -> EncodingError {
+            EncodingError.invalidValue(value, .init(codingPath: codingPath, debugDescription: what))
+        }
+        switch value {
+        case let value as JSONValue: setLeaf(value)
+        case let value as String: setLeaf(.string(value))
+        case let value as Bool: setLeaf(.bool(value))
+        case let value as Double:
+            guard value.isFinite else { throw invalid("\(value) is not a JSON number") }
+            setLeaf(.number(value))
+        case let value as Float:
+            guard value.isFinite else { throw invalid("\(value) is not a JSON number") }
+            setLeaf(.number(Double(value)))
+        case let value as any BinaryInteger:
+            guard let number = Self.exactNumber(value) else {
+                throw invalid("\(value) is beyond ±2^53, where JSON numbers are exact")
+            }
+            setLeaf(.number(number))
+        default:
+            try value.encode(to: NodeEncoder(node: self, codingPath: codingPath))
+        }
+    }
+
+    private static func exactNumber(_ value: some BinaryInteger) -> Double? {
+        guard let wide = Int64(exactly: value), wide.magnitude <= 1 << 53 else { return nil }
+        return Double(wide)
+    }
+}
+
+private struct NodeEncoder: Encoder {
+    let node: EncodedNode
+    let codingPath: [any CodingKey]
+    var userInfo: [CodingUserInfoKey: Any] { [:] }
+
+    func container<Key: CodingKey>(keyedBy type: Key.Type) -> KeyedEncodingContainer<Key> {
+        node.makeObject()
+        return KeyedEncodingContainer(KeyedNodeEncoder<Key>(node: node, codingPath: codingPath))
+    }
+
+    func unkeyedContainer() -> any UnkeyedEncodingContainer {
+        node.makeArray()
+        return UnkeyedNodeEncoder(node: node, codingPath: codingPath)
+    }
+
+    func singleValueContainer() -> any SingleValueEncodingContainer {
+        SingleNodeEncoder(node: node, codingPath: codingPath)
+    }
+}
+
+private struct KeyedNodeEncoder<Key: CodingKey>: KeyedEncodingContainerProtocol {
+    let node: EncodedNode
+    let codingPath: [any CodingKey]
+
+    mutating func encodeNil(forKey key: Key) throws { node.member(key.stringValue).setLeaf(.null) }
+
+    mutating func encode<T: Encodable>(_ value: T, forKey key: Key) throws {
+        try node.member(key.stringValue).encode(value, codingPath: codingPath + [key])
+    }
+
+    mutating func nestedContainer<NestedKey: CodingKey>(keyedBy keyType: NestedKey.Type, forKey key: Key)
+        -> KeyedEncodingContainer<NestedKey>
+    {
+        NodeEncoder(node: node.member(key.stringValue), codingPath: codingPath + [key]).container(keyedBy: keyType)
+    }
+
+    mutating func nestedUnkeyedContainer(forKey key: Key) -> any UnkeyedEncodingContainer {
+        NodeEncoder(node: node.member(key.stringValue), codingPath: codingPath + [key]).unkeyedContainer()
+    }
+
+    mutating func superEncoder() -> any Encoder {
+        NodeEncoder(node: node.member("super"), codingPath: codingPath + [JSONCodingKey("super")])
+    }
+
+    mutating func superEncoder(forKey key: Key) -> any Encoder {
+        NodeEncoder(node: node.member(key.stringValue), codingPath: codingPath + [key])
+    }
+}
+
+private struct UnkeyedNodeEncoder: UnkeyedEncodingContainer {
+    let node: EncodedNode
+    let codingPath: [any CodingKey]
+    var count: Int { node.count }
+
+    private var nextPath: [any CodingKey] { codingPath + [JSONCodingKey(index: count)] }
+
+    mutating func encodeNil() throws { node.appendElement().setLeaf(.null) }
+
+    mutating func encode<T: Encodable>(_ value: T) throws {
+        let path = nextPath
+        try node.appendElement().encode(value, codingPath: path)
+    }
+
+    mutating func nestedContainer<NestedKey: CodingKey>(keyedBy keyType: NestedKey.Type) -> KeyedEncodingContainer<NestedKey> {
+        let path = nextPath
+        return NodeEncoder(node: node.appendElement(), codingPath: path).container(keyedBy: keyType)
+    }
+
+    mutating func nestedUnkeyedContainer() -> any UnkeyedEncodingContainer {
+        let path = nextPath
+        return NodeEncoder(node: node.appendElement(), codingPath: path).unkeyedContainer()
+    }
+
+    mutating func superEncoder() -> any Encoder {
+        let path = nextPath
+        return NodeEncoder(node: node.appendElement(), codingPath: path)
+    }
+}
+
+private struct SingleNodeEncoder: SingleValueEncodingContainer {
+    let node: EncodedNode
+    let codingPath: [any CodingKey]
+
+    mutating func encodeNil() throws { node.setLeaf(.null) }
+
+    mutating func encode<T: Encodable>(_ value: T) throws { try node.encode(value, codingPath: codingPath) }
+}
+
+/// A coding key for array positions and names the containers make up.
+private struct JSONCodingKey: CodingKey {
+    var stringValue: String
+    var intValue: Int?
+
+    init(_ string: String) { stringValue = string }
+    init(index: Int) { stringValue = "Index \(index)"; intValue = index }
+    init?(stringValue: String) { self.init(stringValue) }
+    init?(intValue: Int) { self.init(index: intValue) }
+}
+
+// MARK: Decoding
+
+private struct ValueDecoder: Decoder {
+    let value: JSONValue
+    let codingPath: [any CodingKey]
+    var userInfo: [CodingUserInfoKey: Any] { [:] }
+
+    func mismatch<T>(_ type: T.Type, _ expected: String) -> DecodingError {
+        .typeMismatch(type, .init(codingPath: codingPath, debugDescription: "expected \(expected), found \(value.kind)"))
+    }
+
+    func container<Key: CodingKey>(keyedBy type: Key.Type) throws -> KeyedDecodingContainer<Key> {
+        guard case .object(let members) = value else { throw mismatch([String: JSONValue].self, "an object") }
+        return KeyedDecodingContainer(KeyedValueDecoder<Key>(members: members, codingPath: codingPath))
+    }
+
+    func unkeyedContainer() throws -> any UnkeyedDecodingContainer {
+        guard case .array(let elements) = value else { throw mismatch([JSONValue].self, "an array") }
+        return UnkeyedValueDecoder(elements: elements, codingPath: codingPath)
+    }
+
+    func singleValueContainer() throws -> any SingleValueDecodingContainer { SingleValueDecoder(decoder: self) }
+
+    /// `value` as a `T`: JSON's own scalars directly, anything else through its conformance.
+    func decodeLeaf<T: Decodable>(_ type: T.Type) throws -> T {
+        if T.self == JSONValue.self { return value as! T }
+        if T.self == String.self {
+            guard case .string(let text) = value else { throw mismatch(type, "a string") }
+            return text as! T
+        }
+        if T.self == Bool.self {
+            guard case .bool(let flag) = value else { throw mismatch(type, "true or false") }
+            return flag as! T
+        }
+        if T.self == Double.self {
+            guard case .number(let number) = value else { throw mismatch(type, "a number") }
+            return number as! T
+        }
+        if T.self == Float.self {
+            guard case .number(let number) = value else { throw mismatch(type, "a number") }
+            let narrow = Float(number)
+            guard narrow.isFinite else {
+                throw DecodingError.dataCorrupted(.init(codingPath: codingPath, debugDescription: "\(number) is beyond the range of a Float"))
+            }
+            return narrow as! T
+        }
+        if let integer = T.self as? any (BinaryInteger & Decodable).Type {
+            return try decodeInteger(integer) as! T
+        }
+        return try T(from: self)
+    }
+
+    private func decodeInteger<I: BinaryInteger & Decodable>(_ type: I.Type) throws -> I {
+        guard case .number(let number) = value else { throw mismatch(type, "an integer") }
+        guard let integer = I(exactly: number) else {
+            throw DecodingError.dataCorrupted(.init(
+                codingPath: codingPath, debugDescription: "\(JSONValue.number(number).jsonText) is not an integer of type \(I.self)"))
+        }
+        return integer
+    }
+}
+
+private struct KeyedValueDecoder<Key: CodingKey>: KeyedDecodingContainerProtocol {
+    let members: [String: JSONValue]
+    let codingPath: [any CodingKey]
+
+    var allKeys: [Key] { members.keys.compactMap { Key(stringValue: $0) } }
+
+    func contains(_ key: Key) -> Bool { members[key.stringValue] != nil }
+
+    private func member(_ key: Key) throws -> JSONValue {
+        guard let value = members[key.stringValue] else {
+            throw DecodingError.keyNotFound(key, .init(codingPath: codingPath, debugDescription: "no member \"\(key.stringValue)\""))
+        }
+        return value
+    }
+
+    private func decoder(_ key: Key) throws -> ValueDecoder {
+        ValueDecoder(value: try member(key), codingPath: codingPath + [key])
+    }
+
+    func decodeNil(forKey key: Key) throws -> Bool { try member(key) == .null }
+
+    func decode<T: Decodable>(_ type: T.Type, forKey key: Key) throws -> T { try decoder(key).decodeLeaf(type) }
+
+    func nestedContainer<NestedKey: CodingKey>(keyedBy type: NestedKey.Type, forKey key: Key) throws
+        -> KeyedDecodingContainer<NestedKey>
+    {
+        try decoder(key).container(keyedBy: type)
+    }
+
+    func nestedUnkeyedContainer(forKey key: Key) throws -> any UnkeyedDecodingContainer {
+        try decoder(key).unkeyedContainer()
+    }
+
+    func superDecoder() throws -> any Decoder {
+        ValueDecoder(value: members["super"] ?? .null, codingPath: codingPath + [JSONCodingKey("super")])
+    }
+
+    func superDecoder(forKey key: Key) throws -> any Decoder {
+        ValueDecoder(value: members[key.stringValue] ?? .null, codingPath: codingPath + [key])
+    }
+}
+
+private struct UnkeyedValueDecoder: UnkeyedDecodingContainer {
+    let elements: [JSONValue]
+    let codingPath: [any CodingKey]
+    var currentIndex = 0
+
+    init(elements: [JSONValue], codingPath: [any CodingKey]) {
+        self.elements = elements
+        self.codingPath = codingPath
+    }
+
+    var count: Int? { elements.count }
+    var isAtEnd: Bool { currentIndex >= elements.count }
+
+    private mutating func next<T>(_ type: T.Type) throws -> ValueDecoder {
+        let path = codingPath + [JSONCodingKey(index: currentIndex)]
+        guard !isAtEnd else {
+            throw DecodingError.valueNotFound(type, .init(codingPath: path, debugDescription: "the array has no more elements"))
+        }
+        defer { currentIndex += 1 }
+        return ValueDecoder(value: elements[currentIndex], codingPath: path)
+    }
+
+    mutating func decodeNil() throws -> Bool {
+        guard !isAtEnd, elements[currentIndex] == .null else { return false }
+        currentIndex += 1
+        return true
+    }
+
+    mutating func decode<T: Decodable>(_ type: T.Type) throws -> T { try next(type).decodeLeaf(type) }
+
+    mutating func nestedContainer<NestedKey: CodingKey>(keyedBy type: NestedKey.Type) throws -> KeyedDecodingContainer<NestedKey> {
+        try next([String: JSONValue].self).container(keyedBy: type)
+    }
+
+    mutating func nestedUnkeyedContainer() throws -> any UnkeyedDecodingContainer {
+        try next([JSONValue].self).unkeyedContainer()
+    }
+
+    mutating func superDecoder() throws -> any Decoder { try next(JSONValue.self) }
+}
+
+private struct SingleValueDecoder: SingleValueDecodingContainer {
+    let decoder: ValueDecoder
+    var codingPath: [any CodingKey] { decoder.codingPath }
+
+    func decodeNil() -> Bool { decoder.value == .null }
+
+    func decode<T: Decodable>(_ type: T.Type) throws -> T { try decoder.decodeLeaf(type) }
+}
