@@ -123,7 +123,9 @@ public struct ControlService: Sendable {
             return JSONValue.object([
                 "abi": .string("\(HostSDK.abiMajor).\(HostSDK.abiMinor)"),
                 "commands": .array(Self.commands.map(JSONValue.string)),
+                "moduleKit": .string(HostSDK.current.moduleKit),
                 "protocol": .number(Double(Self.protocolVersion)),
+                "swift": .string(HostSDK.current.compilerVersion),
             ]).jsonText
         case "ping":
             return JSONValue.object(["pid": .number(Double(getpid())), "pong": true]).jsonText

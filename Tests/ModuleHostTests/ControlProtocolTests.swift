@@ -158,6 +158,9 @@ import TestSupport
         #expect(replies[0].result?["protocol"] == 1)
         #expect(replies[0].result?["commands"] == .array(ControlService.commands.map(JSONValue.string)))
         #expect(replies[0].result?["abi"] == .string("\(HostSDK.abiMajor).\(HostSDK.abiMinor)"))
+        // What a Swift plugin must match: the ModuleKit and the compiler the daemon runs.
+        #expect(replies[0].result?["moduleKit"] == "1.0")
+        #expect(replies[0].result?["swift"] == .string(HostSDK.current.compilerVersion))
         // No "v" and no "id": version 1 is assumed and the id is null.
         #expect(replies[1].text == "{\"id\":null,\"ok\":true,\"result\":{\"pid\":\(getpid()),\"pong\":true},\"v\":1}")
         #expect(await fixture.daemon.calls.isEmpty)
