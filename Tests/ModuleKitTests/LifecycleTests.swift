@@ -303,6 +303,18 @@ struct LifecycleTests {
         gate.open()
     }
 
+    // A deadline too far away for a timer to count (an embedder's "never") is no deadline:
+    // deliveries go on, none is given up on, nothing overflows (2^63 ns is 9,223,372,036.85 s).
+    @Test(.timeLimit(.minutes(1)), arguments: [Duration.seconds(Int64.max), .seconds(9_223_372_036) + .milliseconds(900)])
+    func aDeadlineBeyondAnyTimerDeliversAsUsual(deadline: Duration) async {
+        let recorder = Recorder()
+        let host = makeHost(deadline: deadline)
+        await host.add([probe("a", recorder: recorder)])
+        recorder.clear()
+        await host.send(AsyncModuleEvent.custom(name: "flush", payload: .null))
+        #expect(recorder.all == ["a.flush", "a.flush.done"])
+    }
+
     // Cancelling the task that awaits an event cancels the module's handler too (it does not
     // wait for the deadline when the handler honours cancellation).
     @Test(.timeLimit(.minutes(1)))

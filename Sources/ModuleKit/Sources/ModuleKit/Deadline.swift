@@ -90,9 +90,9 @@ final class DeadlineWatch: Sendable {
 
     private func schedule(_ due: ContinuousClock.Instant) {
         let (seconds, attoseconds) = (due - ContinuousClock.now).components
-        let nanoseconds = seconds.multipliedReportingOverflow(by: 1_000_000_000)
-        let delay: DispatchTimeInterval = nanoseconds.overflow
-            ? .never : .nanoseconds(Int(clamping: nanoseconds.partialValue + attoseconds / 1_000_000_000))
+        // Past a billion seconds (31 years) the timer never fires; below, nanoseconds fit.
+        let delay: DispatchTimeInterval = seconds >= 1_000_000_000
+            ? .never : .nanoseconds(Int(seconds) * 1_000_000_000 + Int(attoseconds / 1_000_000_000))
         // The timer holds the watch weakly: a host instance that goes away takes it along.
         DispatchQueue.global().asyncAfter(deadline: .now() + delay) { [weak self] in self?.fire(armedFor: due) }
     }
