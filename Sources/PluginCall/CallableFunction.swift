@@ -145,7 +145,9 @@ public final class CallableFunction: Sendable {
 
     // MARK: - The call path
 
-    @inline(__always)
+    // Never inlined: the fixed-arity overloads keep only their register path inline, without
+    // the stack frame this one needs.
+    @inline(never)
     private func invoke<Arguments: ArgumentList>(_ arguments: Arguments) throws(CallError) -> CallValue {
         guard arguments.count == argumentTypes.count else {
             throw CallError.wrongArity(function: name, signature: signature, given: arguments.count)
@@ -198,8 +200,14 @@ public final class CallableFunction: Sendable {
         case (.f64, .double(let v)): return v.bitPattern
         case (.bool, .bool(let v)): return v ? 1 : 0
         default:
-            throw CallError.wrongType(function: name, position: position, expected: type, given: value.type)
+            throw wrongType(value, type, position)
         }
+    }
+
+    /// The error for an argument of the wrong type, made out of line (see `invoke`).
+    @inline(never)
+    private func wrongType(_ value: CallValue, _ type: ValueType, _ position: Int) -> CallError {
+        CallError.wrongType(function: name, position: position, expected: type, given: value.type)
     }
 
     /// Calls a function of at most three number/bool parameters whose slot images are
