@@ -208,13 +208,17 @@ public struct ControlCommand: Sendable {
         guard let language = parsed.value("language").flatMap(Manifest.Language.init(rawValue:)) else {
             throw UsageError("--language must be swift or c")
         }
-        guard let data = FileManager.default.contents(atPath: path) else {
-            output.err("Error: cannot read \(path)")
+        let data: [UInt8]
+        do {
+            // What would not fit in the manifest section is refused here already.
+            data = try BoundedFile.read(path, limit: Int(PluginLimits.maximumManifestSize))
+        } catch {
+            output.err("Error: cannot read \(path): \(error)")
             return .dataError
         }
         let document: JSONValue
         do {
-            document = try JSONValue.parse(Array(data))
+            document = try JSONValue.parse(data)
         } catch {
             output.err("Error: \(path): \(error). Fix: correct \(path)")
             return .dataError

@@ -84,6 +84,9 @@ public final class CrashGuard: Sendable {
     }
 
     public let directory: String
+    /// The largest record file read back (crashed.json lists one record, a few hundred
+    /// bytes, per plugin file that crashed the daemon).
+    static let maximumRecordFileSize = 4 << 20
     /// Where a crash record that cannot be written is reported.
     let logger = Logger(label: "crash-guard")
     private var inflightPath: String { directory + "/inflight.json" }
@@ -115,8 +118,8 @@ public final class CrashGuard: Sendable {
             throw DaemonError(code: "state_directory", message: "cannot create the state directory \(directory): \(error.localizedDescription). Fix: create it or pass --state-dir")
         }
         var known: [String: Crash] = [:]
-        if let data = FileManager.default.contents(atPath: directory + "/crashed.json"),
-           let list = try? JSONValue.parse([UInt8](data)).decode([Crash].self) {
+        if let data = try? BoundedFile.read(directory + "/crashed.json", limit: Self.maximumRecordFileSize),
+           let list = try? JSONValue.parse(data).decode([Crash].self) {
             for crash in list { known[crash.key] = crash }
         }
         crashes = Mutex(known)
@@ -131,10 +134,11 @@ public final class CrashGuard: Sendable {
     public func recoverFromPreviousRun() -> Crash? {
         func read(_ path: String) -> Crash? {
             // Only spaces: a cleared in-flight record.
-            guard let data = FileManager.default.contents(atPath: path), data.contains(where: { $0 != UInt8(ascii: " ") }) else {
+            guard let data = try? BoundedFile.read(path, limit: Self.maximumRecordFileSize),
+                  data.contains(where: { $0 != UInt8(ascii: " ") }) else {
                 return nil
             }
-            return try? JSONValue.parse([UInt8](data)).decode(Crash.self)
+            return try? JSONValue.parse(data).decode(Crash.self)
         }
         let found = read(fatalPath) ?? read(inflightPath)
         unlink(fatalPath)

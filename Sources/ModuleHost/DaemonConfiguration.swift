@@ -1,3 +1,4 @@
+import DaemonKit
 import Foundation
 import ModuleKit
 import PluginFormat
@@ -35,16 +36,24 @@ public struct DaemonConfiguration: Sendable, Equatable {
     /// (`--event-deadline`, `--request-deadline`, `--shutdown-budget`).
     public static let durationRange = 0.001...3600.0
 
+    /// The largest configuration file read, in bytes (1 MiB).
+    public static let maximumFileSize = 1 << 20
+
     public init() {}
 
     /// Reads and checks the file at `path`; the error names the file, the field and the fix.
     public static func load(_ path: String) throws(DaemonError) -> DaemonConfiguration {
-        guard let data = FileManager.default.contents(atPath: path) else {
-            throw invalid(path, "cannot be read", "create it or pass --config with the right path")
+        let data: [UInt8]
+        do {
+            data = try BoundedFile.read(path, limit: maximumFileSize)
+        } catch .tooLarge {
+            throw invalid(path, "is larger than \(maximumFileSize) bytes", "keep the configuration file under 1 MiB")
+        } catch {
+            throw invalid(path, "cannot be read (\(error))", "create it or pass --config with the right path")
         }
         let value: JSONValue
         do {
-            value = try JSONValue.parse(Array(data))
+            value = try JSONValue.parse(data)
         } catch {
             throw invalid(path, "is \(error)", "correct the JSON there (names once per object, no leading zeros, UTF-8)")
         }

@@ -146,4 +146,19 @@ import TestSupport
             #expect(CHostServices.payload(bytes, name: "tick").warning == nil)
         }
     }
+
+    @Test func anOversizedFileIsRefusedBeforeItIsReadWhole() throws {
+        let directory = TemporaryDirectory("json-entry-size")
+        let big = try directory.write("big.json", Array(repeating: UInt8(ascii: " "), count: DaemonConfiguration.maximumFileSize) + Array("{}".utf8))
+        for path in [big, "/dev/zero"] {
+            #expect {
+                _ = try DaemonConfiguration.load(path)
+            } throws: { error in
+                (error as? DaemonError)?.message.contains("\(path): configuration is larger than 1048576 bytes") == true
+            }
+        }
+        let result = try run(BuildProducts.modhostctl, ["manifest", "/dev/zero", "--language", "c"])
+        #expect(result.status == ExitCode.dataError.rawValue, "\(result.standardError)")
+        #expect(result.standardError.contains("cannot read /dev/zero: /dev/zero is larger than 65536 bytes"), "\(result.standardError)")
+    }
 }
