@@ -97,9 +97,25 @@ public struct DaemonCommand: Sendable {
             options.configPath = parsed.value("config") ?? RuntimePaths().configPath
             return .success(options)
         } catch {
-            output.err("Error: \(error.message)\nUsage: \(Self.usage)\nSee 'modhostd --help'.")
-            return .failure(.usage)
+            return .failure(usageError(error))
         }
+    }
+
+    private func usageError(_ error: UsageError) -> ExitCode {
+        output.err("Error: \(error.message)\nUsage: \(Self.usage)\nSee 'modhostd --help'.")
+        return .usage
+    }
+
+    /// `run` with this process's command line; an argument that is not UTF-8 is a usage
+    /// error giving the offset of its first bad byte.
+    public func runProcessArguments() async -> ExitCode {
+        let arguments: [String]
+        do {
+            arguments = try processArguments()
+        } catch {
+            return usageError(error)
+        }
+        return await run(arguments)
     }
 
     /// Parses, reads the configuration, bootstraps logging, runs the daemon; returns the

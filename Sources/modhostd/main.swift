@@ -1,4 +1,4 @@
 import Glibc
 import ModuleHost
 
-ExitGuard.exit(await DaemonCommand().run(Array(CommandLine.arguments.dropFirst())).rawValue)
+ExitGuard.exit(await DaemonCommand().runProcessArguments().rawValue)

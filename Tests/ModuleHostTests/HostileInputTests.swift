@@ -82,6 +82,15 @@ import TestSupport
                 "\(result.standardError)")
     }
 
+    @Test func anArgumentThatIsNotUTF8IsAUsageErrorNotAReplacementCharacter() throws {
+        // Through the shell, since a Swift string cannot hold the byte 0xFF.
+        for (tool, name) in [(BuildProducts.modhostd, "modhostd"), (BuildProducts.modhostctl, "modhostctl")] {
+            let result = try run("/bin/bash", ["-c", #"exec "$0" --plugins "$(printf 'ab\xff')" --socket /nonexistent/sock"#, tool])
+            #expect(result.status == ExitCode.usage.rawValue, "\(name): \(result.standardError)")
+            #expect(result.standardError.contains("Error: argument 2 is not valid UTF-8 at byte 2"), "\(name): \(result.standardError)")
+        }
+    }
+
     // MARK: The configuration file
 
     static let badConfigurations: [(text: [UInt8], message: String)] = [
