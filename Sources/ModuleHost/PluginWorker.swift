@@ -1,10 +1,12 @@
 import Dispatch
+import Foundation
 import Synchronization
 
 /// Where plugin code that the host cannot interrupt runs: one serial queue, its own thread
 /// while a job runs (libdispatch gives a blocked serial queue a thread of its own, never
 /// one of Swift concurrency's cooperative threads), so a C function that never returns
-/// holds this worker and nothing else.
+/// holds this worker and nothing else. A job a caller waits for (`run`, synchronous) runs
+/// on the same queue from the `SyncRunner`'s thread when that thread is free.
 ///
 /// Jobs run one at a time, in submission order. Each job has a deadline; a job still
 /// running past it makes the worker *stuck* (`stuck`), which callers use to give it no
@@ -22,8 +24,10 @@ final class PluginWorker: Sendable {
 
     private struct State {
         var current: Running?
-        /// Jobs are numbered in queue order, so those up to `lastStarted` have started.
+        /// Jobs are numbered in queue order, so those up to `lastStarted` have started,
+        /// except those `run` handed to the `SyncRunner` that have not reached the queue yet.
         var lastStarted: UInt64 = 0
+        var notStarted: Set<UInt64> = []
         /// Jobs a waiting caller gave up on before they started (the queue was slow to
         /// reach them): they count as overrun from their first instant.
         var abandoned: Set<UInt64> = []
@@ -74,11 +78,7 @@ final class PluginWorker: Sendable {
             let id = last
             // Enqueued under the lock, so queue order is number order.
             queue.async { [self] in
-                self.state.withLock { state in
-                    state.lastStarted = id
-                    let overran = state.abandoned.remove(id) != nil
-                    state.current = Running(job: id, what: what, since: .now, deadline: deadline, overran: overran)
-                }
+                started(id, what, deadline)
                 job()
                 self.state.withLock { $0.current = nil }
                 finished?()
@@ -87,13 +87,46 @@ final class PluginWorker: Sendable {
         }
     }
 
+    /// Records that job `id` runs from now on.
+    private func started(_ id: UInt64, _ what: String, _ deadline: Duration) {
+        state.withLock { state in
+            state.lastStarted = max(state.lastStarted, id)
+            state.notStarted.remove(id)
+            let overran = state.abandoned.remove(id) != nil
+            state.current = Running(job: id, what: what, since: .now, deadline: deadline, overran: overran)
+        }
+    }
+
+    /// Has the `SyncRunner`'s thread run `job` on this worker's queue if that thread is free
+    /// (it then runs there at once when the queue is idle, without waking a thread), and
+    /// returns its number; nil when the runner is busy with another job.
+    private func offerToRunner(_ what: String, deadline: Duration, _ job: @escaping @Sendable () -> Void,
+                               finished: @escaping @Sendable () -> Void) -> UInt64? {
+        let id = lastJob.withLock { last -> UInt64 in
+            last += 1
+            return last
+        }
+        state.withLock { _ = $0.notStarted.insert(id) }
+        let offered = SyncRunner.shared.offer { [self] in
+            queue.sync {
+                started(id, what, deadline)
+                job()
+                state.withLock { $0.current = nil }
+            }
+            finished()
+        }
+        if offered { return id }
+        state.withLock { _ = $0.notStarted.remove(id) }
+        return nil
+    }
+
     /// Records that the caller waiting for job `id` gave up at its deadline, so `stuck`
     /// says so at once: the running job's clock may have started later than the caller's.
     private func abandon(_ id: UInt64) {
         state.withLock { state in
             if state.current?.job == id {
                 state.current?.overran = true
-            } else if id > state.lastStarted {
+            } else if id > state.lastStarted || state.notStarted.contains(id) {
                 state.abandoned.insert(id)
             }  // else it has finished meanwhile
         }
@@ -104,14 +137,44 @@ final class PluginWorker: Sendable {
     /// then stuck). For synchronous callers that must not wait longer than the deadline.
     func run<T: Sendable>(_ what: String, deadline: Duration, _ job: @escaping @Sendable () -> T) -> T? {
         let result = FirstResult<T>()
-        let done = DispatchSemaphore(value: 0)
-        // Woken once the job is over, so a next `run` does not find it still current.
-        let id = submit(what, deadline: deadline, { result.finish(job()) }, finished: { done.signal() })
-        guard done.wait(timeout: .now() + deadline.dispatchInterval) == .success else {
+        let done = Completion()
+        // Told once the job is over, so a next `run` does not find it still current.
+        let body: @Sendable () -> Void = { result.finish(job()) }
+        let finished: @Sendable () -> Void = { done.finish() }
+        let id = offerToRunner(what, deadline: deadline, body, finished: finished)
+            ?? submit(what, deadline: deadline, body, finished: finished)
+        guard done.wait(upTo: deadline) else {
             abandon(id)
             return nil
         }
         return result.value
+    }
+
+    /// The end of one job a thread waits for in `run`.
+    ///
+    /// Most C callbacks return within microseconds, and on a virtual machine waking a
+    /// thread that went to sleep costs tens of them: the waiter first watches the job for
+    /// up to `SyncRunner.watchFor` on its own processor, and sleeps only if it is still
+    /// running then.
+    private final class Completion: Sendable {
+        private let finished = Atomic<Bool>(false)
+        private let wakeUp = DispatchSemaphore(value: 0)
+
+        func finish() {
+            finished.store(true, ordering: .releasing)
+            wakeUp.signal()
+        }
+
+        /// True once the job has finished, false when `deadline` passed first.
+        func wait(upTo deadline: Duration) -> Bool {
+            let start = ContinuousClock.now
+            let watchUntil = start + min(deadline, SyncRunner.watchFor)
+            repeat {
+                if finished.load(ordering: .acquiring) { return true }
+            } while ContinuousClock.now < watchUntil
+            let left = deadline - (ContinuousClock.now - start)
+            return wakeUp.wait(timeout: .now() + max(left, .zero).dispatchInterval) == .success
+        }
     }
 
     /// Runs `job` and suspends (without holding a thread) until it returns, however long
@@ -120,6 +183,77 @@ final class PluginWorker: Sendable {
         let result = FirstResult<T>()
         return await withCheckedContinuation { continuation in
             submit(what, deadline: deadline, { result.finish(job()) }, finished: { continuation.resume(returning: result.value!) })
+        }
+    }
+}
+
+/// One thread of its own that runs the jobs callers wait for (`PluginWorker.run`: a C
+/// module's create, lifecycle events and events) on their worker's queue, one job at a
+/// time, while it is free.
+///
+/// A job `run` hands to a worker's queue wakes a pool thread, and its caller is woken in
+/// turn: on a virtual machine each wake-up costs tens of microseconds, more than most C
+/// callbacks take. This thread watches for its next job for `watchFor` after each one
+/// before it sleeps, so the callbacks of a burst (a startup's create, init and start of
+/// every module, an event delivered to every module) run without waking a thread. The
+/// queue still serialises each module's calls (`DispatchQueue.sync` runs the job on this
+/// thread once the queue is idle). A job that never returns keeps this thread; later jobs
+/// take the queue path meanwhile (`offer` says false while it is busy).
+final class SyncRunner: Sendable {
+    static let shared = SyncRunner()
+    /// How long this thread, and a caller in `run`, watch for what they wait for before
+    /// they sleep.
+    static let watchFor = Duration.microseconds(50)
+
+    private struct State {
+        var job: (@Sendable () -> Void)?
+        var busy = false
+        var asleep = false
+    }
+    private let state = Mutex(State())
+    private let offered = Atomic<Bool>(false)
+    private let wakeUp = DispatchSemaphore(value: 0)
+
+    private init() {
+        let thread = Thread { [self] in self.serve() }
+        thread.name = "modhostd.plugin-calls"
+        thread.start()
+    }
+
+    /// Hands `job` to this thread unless it is running another job (false).
+    func offer(_ job: @escaping @Sendable () -> Void) -> Bool {
+        let asleep = state.withLock { state -> Bool? in
+            guard !state.busy else { return nil }
+            state.busy = true
+            state.job = job
+            defer { state.asleep = false }
+            return state.asleep
+        }
+        guard let asleep else { return false }
+        offered.store(true, ordering: .releasing)
+        if asleep { wakeUp.signal() }
+        return true
+    }
+
+    private func serve() {
+        while true {
+            let watchUntil = ContinuousClock.now + Self.watchFor
+            while !offered.load(ordering: .acquiring) && ContinuousClock.now < watchUntil {}
+            let job = state.withLock { state -> (@Sendable () -> Void)? in
+                guard let job = state.job else {
+                    state.asleep = true
+                    return nil
+                }
+                state.job = nil
+                return job
+            }
+            guard let job else {
+                wakeUp.wait()
+                continue
+            }
+            offered.store(false, ordering: .relaxed)
+            job()
+            state.withLock { $0.busy = false }
         }
     }
 }

@@ -1,3 +1,4 @@
+import Dispatch
 import Synchronization
 import Testing
 @testable import ModuleHost
@@ -59,5 +60,60 @@ import Testing
         let overlaps = seen.overlapped.load(ordering: .sequentiallyConsistent)
         #expect(!overlaps)
         #expect(seen.ran.withLock { $0 } == seen.submitted.withLock { $0 })
+    }
+
+    /// A job the caller gave up on keeps its thread (a C call cannot be interrupted), but
+    /// not the other workers': their calls still run, and the stuck one is shown as stuck.
+    @Test(.timeLimit(.minutes(1)))
+    func aJobThatNeverReturnsHoldsUpNoOtherWorker() async {
+        let hung = PluginWorker(label: "hung"), other = PluginWorker(label: "other")
+        let gate = DispatchSemaphore(value: 0)
+        #expect(waited(hung, "hang", .milliseconds(100)) { gate.wait() } == nil)
+        #expect(hung.stuck?.what == "hang")
+        for round in 0..<50 {
+            #expect(waited(other, "quick \(round)", .seconds(30)) { round } == round)
+        }
+        gate.signal()
+        await until { hung.busy == nil }
+    }
+
+    /// A job a caller waits for runs after the jobs queued on its worker before it, never
+    /// beside them; one given up on while it waits there is stuck as soon as it starts.
+    @Test(.timeLimit(.minutes(1)))
+    func aWaitedJobRunsAfterTheJobsQueuedBeforeItAndIsStuckOnceGivenUp() async {
+        let worker = PluginWorker(label: "queued")
+        let seen = Seen()
+        let first = DispatchSemaphore(value: 0), second = DispatchSemaphore(value: 0)
+        worker.submit("first", deadline: .seconds(30)) {
+            first.wait()
+            seen.ran.withLock { $0.append(1) }
+        }
+        // Given up on while "first" still holds the queue.
+        #expect(waited(worker, "second", .milliseconds(100)) { () -> Int in
+            seen.ran.withLock { $0.append(2) }
+            second.wait()
+            return 2
+        } == nil)
+        first.signal()
+        await until { worker.busy?.what == "second" }
+        #expect(worker.stuck?.what == "second")
+        second.signal()
+        await until { worker.busy == nil }
+        #expect(waited(worker, "third", .seconds(30)) { () -> Int in
+            seen.ran.withLock { $0.append(3) }
+            return 3
+        } == 3)
+        #expect(seen.ran.withLock { $0 } == [1, 2, 3])
+    }
+
+    /// `PluginWorker.run` as a synchronous caller (the host's actor) makes it: blocking.
+    private func waited<T: Sendable>(_ worker: PluginWorker, _ what: String, _ deadline: Duration,
+                                     _ job: @escaping @Sendable () -> T) -> T? {
+        worker.run(what, deadline: deadline, job)
+    }
+
+    /// Waits, without a fixed sleep, until `condition` holds.
+    private func until(_ condition: () -> Bool) async {
+        while !condition() { try? await Task.sleep(for: .milliseconds(1)) }
     }
 }
