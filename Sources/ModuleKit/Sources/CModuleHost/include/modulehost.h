@@ -100,7 +100,8 @@ typedef struct modhost_module {
      * "configurationChanged" (payload: the new configuration), "willUnload",
      * "willTerminate", or a host-defined event or notification name. The strings are
      * valid only during the call; payload_json may be NULL. Called on the module
-     * instance's own worker thread, one call at a time, like create and destroy; calls
+     * instance's own worker (a host thread for plugin code, not always the same one),
+     * one call at a time, like create and destroy; calls
      * into different modules overlap only after one overran its deadline (docs/abi.md,
      * "Threading"). */
     void (*_Nullable handle_event)(void *_Nullable instance, const char *_Nonnull event, const char *_Nullable payload_json);
