@@ -93,6 +93,9 @@ import Testing
         ]
         #expect(try JSONValue.parse(Array(value.jsonText.utf8)) == value)
         #expect(JSONValue.number(.nan).jsonText == "null")
+        // Text with nothing to escape is copied; C1 controls (after a 0xC2 byte) are escaped.
+        #expect(JSONValue.string("plain é 😀").jsonText == "\"plain é 😀\"")
+        #expect(JSONValue.string("© \u{9B}2J \u{7F}").jsonText == #""© \u009b2J \u007f""#)
     }
 
     @Test func kindNamesEachCaseForMessages() {
@@ -135,6 +138,11 @@ import Testing
         #expect(throws: EncodingError.self) { try JSONValue(encoding: Int64(1) << 53 + 1) }
         #expect(throws: EncodingError.self) { try JSONValue(encoding: UInt64.max) }
         #expect(try JSONValue(encoding: -(Int64(1) << 53)) == .number(-0x1p53))
+        // The same as fields of a struct (the containers' scalar overloads).
+        struct Fields: Encodable { var seconds: Double; var count: Int }
+        #expect(throws: EncodingError.self) { try JSONValue(encoding: Fields(seconds: .nan, count: 1)) }
+        #expect(throws: EncodingError.self) { try JSONValue(encoding: Fields(seconds: 1, count: 1 << 60)) }
+        #expect(try JSONValue(encoding: Fields(seconds: 0.5, count: -(1 << 53))) == ["seconds": 0.5, "count": .number(-0x1p53)])
     }
 
     @Test func decodingRefusesAnythingButTheExactType() throws {

@@ -93,21 +93,51 @@ public enum JSONValue: Sendable, Hashable, Codable, CustomStringConvertible {
     /// `null`; strings as `quote(_:)` writes them. `parse(_:)` reads the text back to an
     /// equal value (but for NaN and infinities).
     public var jsonText: String {
+        var out = ""
+        write(into: &out)
+        return out
+    }
+
+    /// Appends `jsonText` to `out`: one buffer for the whole value.
+    private func write(into out: inout String) {
         switch self {
-        case .null: return "null"
-        case .bool(let value): return value ? "true" : "false"
+        case .null: out += "null"
+        case .bool(let value): out += value ? "true" : "false"
         case .number(let value):
             // Whole numbers a double holds exactly (up to 2^53) print as integers, never `1.0`.
             if value.isFinite, value == value.rounded(), abs(value) <= 0x1p53 {
-                return String(Int64(value))
+                out += String(Int64(value))
+            } else {
+                out += value.isFinite ? "\(value)" : "null"
             }
-            return value.isFinite ? "\(value)" : "null"
-        case .string(let value): return Self.quote(value)
-        case .array(let values): return "[" + values.map(\.jsonText).joined(separator: ",") + "]"
+        case .string(let value): Self.appendQuoted(value, to: &out)
+        case .array(let values):
+            out += "["
+            for (index, value) in values.enumerated() {
+                if index > 0 { out += "," }
+                value.write(into: &out)
+            }
+            out += "]"
         case .object(let members):
-            let body = members.keys.sorted().map { Self.quote($0) + ":" + members[$0]!.jsonText }
-            return "{" + body.joined(separator: ",") + "}"
+            out += "{"
+            for (index, member) in members.sorted(by: { $0.key < $1.key }).enumerated() {
+                if index > 0 { out += "," }
+                Self.appendQuoted(member.key, to: &out)
+                out += ":"
+                member.value.write(into: &out)
+            }
+            out += "}"
         }
+    }
+
+    /// Appends `quote(text)` to `out`; text with nothing to escape (nearly all) is copied
+    /// as it is. 0xC2 leads every C1 control in UTF-8, so text holding one takes `quote`.
+    private static func appendQuoted(_ text: String, to out: inout String) {
+        let plain = !text.utf8.contains { $0 < 0x20 || $0 == 0x22 || $0 == 0x5C || $0 == 0x7F || $0 == 0xC2 }
+        guard plain else { return out += quote(text) }
+        out += "\""
+        out += text
+        out += "\""
     }
 
     /// `text` for a terminal or a log line: unchanged when it has no control character,
@@ -227,8 +257,21 @@ extension JSONValue {
 /// One value being encoded: a leaf, an object or an array whose children are still
 /// being filled in by the containers that point at them.
 private final class EncodedNode {
+    /// A member: a value already complete (a scalar), or one still being encoded.
+    private enum Member {
+        case value(JSONValue)
+        case node(EncodedNode)
+
+        var value: JSONValue {
+            switch self {
+            case .value(let value): value
+            case .node(let node): node.value
+            }
+        }
+    }
+
     private var leaf: JSONValue?
-    private var members: [String: EncodedNode]?
+    private var members: [String: Member]?
     private var elements: [EncodedNode]?
 
     var value: JSONValue {
@@ -246,8 +289,14 @@ private final class EncodedNode {
     func member(_ key: String) -> EncodedNode {
         makeObject()
         let child = EncodedNode()
-        members![key] = child
+        members![key] = .node(child)
         return child
+    }
+
+    /// Sets member `key` to a complete value.
+    func setMember(_ key: String, _ value: JSONValue) {
+        makeObject()
+        members![key] = .value(value)
     }
 
     func makeObject() { if members == nil { leaf = nil; elements = nil; members = [:] } }
@@ -319,9 +368,27 @@ private struct KeyedNodeEncoder<Key: CodingKey>: KeyedEncodingContainerProtocol 
     let node: EncodedNode
     let codingPath: [any CodingKey]
 
-    mutating func encodeNil(forKey key: Key) throws { node.member(key.stringValue).setLeaf(.null) }
+    mutating func encodeNil(forKey key: Key) throws { node.setMember(key.stringValue, .null) }
 
     mutating func encode<T: Encodable>(_ value: T, forKey key: Key) throws {
+        try node.member(key.stringValue).encode(value, codingPath: codingPath + [key])
+    }
+
+    // The scalars of synthesized conformances, without a dynamic cast or a coding path
+    // (which only an error needs).
+    mutating func encode(_ value: String, forKey key: Key) throws { node.setMember(key.stringValue, .string(value)) }
+    mutating func encode(_ value: Bool, forKey key: Key) throws { node.setMember(key.stringValue, .bool(value)) }
+    mutating func encode(_ value: Int32, forKey key: Key) throws { node.setMember(key.stringValue, .number(Double(value))) }
+    mutating func encode(_ value: Double, forKey key: Key) throws {
+        guard value.isFinite else { return try node.member(key.stringValue).encode(value, codingPath: codingPath + [key]) }
+        node.setMember(key.stringValue, .number(value))
+    }
+    mutating func encode(_ value: Int, forKey key: Key) throws {
+        guard value.magnitude > 1 << 53 else { return node.setMember(key.stringValue, .number(Double(value))) }
+        try node.member(key.stringValue).encode(value, codingPath: codingPath + [key])
+    }
+    mutating func encode(_ value: Int64, forKey key: Key) throws {
+        guard value.magnitude > 1 << 53 else { return node.setMember(key.stringValue, .number(Double(value))) }
         try node.member(key.stringValue).encode(value, codingPath: codingPath + [key])
     }
 
