@@ -58,10 +58,8 @@ struct Bench {
             return try await ReplaceBenchmark(sdk: sdk, work: work + "/replace", plugins: work + "/load/src").run()
         }
 
-        let encoder = JSONEncoder()
-        encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
         do {
-            try encoder.encode(rows).write(to: URL(fileURLWithPath: out))
+            try (JSONValue(encoding: rows).prettyJSONText + "\n").write(toFile: out, atomically: true, encoding: .utf8)
         } catch {
             StandardError.write("cannot write \(out): \(error)\n")
             exit(1)

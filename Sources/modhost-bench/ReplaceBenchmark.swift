@@ -1,5 +1,6 @@
 import Foundation
 import Glibc
+import ModuleKit
 import TestSupport
 
 /// Hot replace as operators see it, on a release modhostd: a Swift plugin replaced under a
@@ -137,12 +138,12 @@ struct ReplaceBenchmark {
     /// A copy of plugin `file` whose embedded manifest says `version` (the same code).
     func withVersion(_ file: String, _ version: String, in directory: String) throws -> String {
         let manifest = try PluginFactory.embeddedManifest(file)
-        guard var object = try JSONSerialization.jsonObject(with: Data(manifest.utf8)) as? [String: Any] else {
+        guard case .object(var object) = try JSONValue.parse(Array(manifest.utf8)) else {
             throw failure("the manifest of \(file) is not an object")
         }
-        object["version"] = version
+        object["version"] = .string(version)
         let manifestFile = directory + "/manifest-\(version).json"
-        try JSONSerialization.data(withJSONObject: object).write(to: URL(fileURLWithPath: manifestFile))
+        try JSONValue.object(object).jsonText.write(toFile: manifestFile, atomically: true, encoding: .utf8)
         let output = directory + "/" + version + "-" + (file as NSString).lastPathComponent
         try shell("objcopy --update-section .modhost.manifest='\(manifestFile)' '\(file)' '\(output)'")
         return output
