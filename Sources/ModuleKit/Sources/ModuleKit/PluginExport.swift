@@ -82,11 +82,19 @@ public enum ModuleKitBuild {
 
     /// The Swift language version of the compiler that built this ModuleKit, "MAJOR.MINOR"
     /// such as "6.3". A Swift plugin must come from the same major.minor.
+    ///
+    /// Read from `#if compiler(...)`, which can only compare: each minor version has its own
+    /// branch, and a compiler newer than the last branch stops the build (rather than
+    /// claiming a version it is not, which would refuse every plugin it builds).
     public static var compilerVersion: String {
-        #if compiler(>=7.1)
-        return "7.1 or later"
-        #elseif compiler(>=7.0)
-        return "7.0"
+        #if compiler(>=6.13)
+        #error("ModuleKitBuild.compilerVersion does not know this Swift compiler: add a branch for its major.minor")
+        #elseif compiler(>=6.12)
+        return "6.12"
+        #elseif compiler(>=6.11)
+        return "6.11"
+        #elseif compiler(>=6.10)
+        return "6.10"
         #elseif compiler(>=6.9)
         return "6.9"
         #elseif compiler(>=6.8)
