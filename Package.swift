@@ -40,11 +40,12 @@ let package = Package(
         .target(name: "PluginCall", dependencies: ["CFFI", "CSymbolOwnership", "PluginFormat",
                                                    .product(name: "ModuleKit", package: "ModuleKit")],
                 swiftSettings: swift6),
-        // Daemon plumbing that knows nothing of plugins: signals, inotify, the control
-        // socket, systemd notification.
-        .target(name: "DaemonKit", dependencies: [.product(name: "ModuleKit", package: "ModuleKit")],
-                swiftSettings: swift6),
-        // The host runtime: validation, loading, registry, daemon, control protocol.
+        // OS plumbing that knows nothing of plugins (nor of ModuleKit): signals, inotify, the
+        // control socket's line server and client, systemd notification, atomic writes and
+        // bounded reads.
+        .target(name: "DaemonKit", swiftSettings: swift6),
+        // The embeddable loading layer: validation, images, registry, dependency order, the
+        // plugin set, trial loads, the crash guard, C modules and their workers.
         .target(
             name: "ModuleHost",
             dependencies: [
@@ -52,9 +53,35 @@ let package = Package(
                 "CDynamicLoader", "PluginFormat", "PluginCall", "DaemonKit",
             ],
             swiftSettings: swift6),
-        .executableTarget(name: "modhostd", dependencies: ["ModuleHost"], swiftSettings: swift6,
+        // The control protocol: requests, replies, error codes, and the operations a daemon
+        // offers (`DaemonControl`), served over DaemonKit's control socket.
+        .target(
+            name: "ControlProtocol",
+            dependencies: [
+                .product(name: "ModuleKit", package: "ModuleKit"),
+                "PluginFormat", "PluginCall", "DaemonKit", "ModuleHost",
+            ],
+            swiftSettings: swift6),
+        // The daemon: a shell over the plugin set with configuration, signals, the directory
+        // watcher, the control socket, systemd and the log backends.
+        .target(
+            name: "DaemonShell",
+            dependencies: [
+                .product(name: "ModuleKit", package: "ModuleKit"),
+                "PluginFormat", "PluginCall", "DaemonKit", "ModuleHost", "ControlProtocol",
+            ],
+            swiftSettings: swift6),
+        // What modhostd and modhostctl do with their arguments.
+        .target(
+            name: "CommandLineTools",
+            dependencies: [
+                .product(name: "ModuleKit", package: "ModuleKit"),
+                "PluginFormat", "DaemonKit", "ModuleHost", "ControlProtocol", "DaemonShell",
+            ],
+            swiftSettings: swift6),
+        .executableTarget(name: "modhostd", dependencies: ["CommandLineTools", "ModuleHost"], swiftSettings: swift6,
                          linkerSettings: installedRunpath),
-        .executableTarget(name: "modhostctl", dependencies: ["ModuleHost"], swiftSettings: swift6,
+        .executableTarget(name: "modhostctl", dependencies: ["CommandLineTools"], swiftSettings: swift6,
                           linkerSettings: installedRunpath),
         // Loads one plugin in a short-lived process before the daemon does (plain C: starts
         // in a millisecond).
@@ -84,9 +111,13 @@ let package = Package(
             swiftSettings: swift6),
         .testTarget(name: "PluginCallTests", dependencies: ["PluginCall", "TestSupport"], swiftSettings: swift6),
         .testTarget(name: "DaemonKitTests", dependencies: ["DaemonKit", "TestSupport"], swiftSettings: swift6),
+        // The host above the plumbing: the loading layer in process, the control protocol,
+        // the daemon shell and the command-line tools (mostly through the built modhostd and
+        // modhostctl), the documents' examples and the layering itself.
         .testTarget(
             name: "ModuleHostTests",
-            dependencies: ["ModuleHost", "TestSupport", .product(name: "ModuleKit", package: "ModuleKit")],
+            dependencies: ["ModuleHost", "ControlProtocol", "DaemonShell", "CommandLineTools", "TestSupport",
+                           .product(name: "ModuleKit", package: "ModuleKit")],
             swiftSettings: swift6),
     ]
 )
@@ -100,8 +131,8 @@ if Context.environment["MODHOST_FUZZ"] == "1" {
     let fuzzTargets: [(name: String, dependencies: [Target.Dependency])] = [
         ("fuzz-plugin-file", ["ModuleHost", "PluginFormat"]),
         ("fuzz-manifest", ["PluginFormat", .product(name: "ModuleKit", package: "ModuleKit")]),
-        ("fuzz-control-request", ["ModuleHost", "DaemonKit", "PluginCall", .product(name: "ModuleKit", package: "ModuleKit")]),
-        ("fuzz-configuration", ["ModuleHost"]),
+        ("fuzz-control-request", ["ControlProtocol", "DaemonKit", "PluginCall", .product(name: "ModuleKit", package: "ModuleKit")]),
+        ("fuzz-configuration", ["DaemonShell"]),
     ]
     for target in fuzzTargets {
         package.targets.append(.executableTarget(

@@ -1,4 +1,3 @@
-import ModuleKit
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -45,9 +44,9 @@ public enum ControlRejection: Sendable, Hashable, CustomStringConvertible {
     /// A request line exceeded the limit (bytes, without the newline); the connection is
     /// closed after the reply.
     case lineTooLong(limit: Int)
-    /// A request line was not valid UTF-8 (`offset`: of its first bad byte, from the start
-    /// of the line); the connection stays open.
-    case invalidUTF8(offset: Int)
+    /// A request line was not valid UTF-8 (`line`: its bytes, without the newline, for the
+    /// reply to point at the first bad one); the connection stays open.
+    case invalidUTF8(line: [UInt8])
     /// A request line was started but not finished within the request timeout; the
     /// connection is closed after the reply.
     case timedOut
@@ -73,7 +72,7 @@ public enum ControlRejection: Sendable, Hashable, CustomStringConvertible {
                 ? "peer uid \(peer.uid) is not permitted: only uid 0 (root) may use this socket"
                 : "peer uid \(peer.uid) is not permitted: only uid \(geteuid()) (the daemon's user) and uid 0 (root) may use this socket"
         case .lineTooLong(let limit): "request line longer than \(limit) bytes"
-        case .invalidUTF8(let offset): "request line is not valid UTF-8 at byte \(offset)"
+        case .invalidUTF8: "request line is not valid UTF-8"
         case .timedOut: "request not completed in time"
         case .tooManyConnections(let limit): "more than \(limit) connections"
         }
@@ -126,7 +125,8 @@ public enum ControlSocketError: Error, Sendable, Hashable, CustomStringConvertib
 ///   skipped). Each is passed to `handler` with the peer's credentials; its reply is sent
 ///   as one line (newlines inside it are turned into spaces). Requests on one connection
 ///   are handled strictly in order, one at a time; connections are independent.
-/// - Oversized, non-UTF-8 and slow requests get an error line (`Configuration.errorReply`)
+/// - Oversized, non-UTF-8 and slow requests get an error line (`rejectionReply`, which
+///   writes it in the protocol's own form)
 ///   and, except for invalid UTF-8, the connection is closed. Idle connections are closed
 ///   after `idleTimeout`. A client that does not read its replies is dropped after
 ///   `writeTimeout`. No client can block another or the accept loop.
@@ -139,6 +139,8 @@ public enum ControlSocketError: Error, Sendable, Hashable, CustomStringConvertib
 public final class ControlServer: Sendable {
     /// The handler: request line (without newline) and peer in, reply line out.
     public typealias Handler = @Sendable (String, PeerCredentials) async -> String
+    /// The error line (without newline) for a request the server refuses on its own.
+    public typealias RejectionReply = @Sendable (ControlRejection) -> String
 
     /// Limits and policies of a server.
     public struct Configuration: Sendable {
@@ -156,9 +158,6 @@ public final class ControlServer: Sendable {
         public var socketMode: mode_t = 0o600
         /// Which peers are served. Default `ControlServer.sameUserOrRoot`.
         public var authorize: @Sendable (PeerCredentials) -> Bool = ControlServer.sameUserOrRoot
-        /// The error line sent for a rejection (without newline). Default
-        /// `ControlServer.defaultErrorReply`.
-        public var errorReply: @Sendable (ControlRejection) -> String = ControlServer.defaultErrorReply
 
         /// The defaults listed on each property.
         public init() {}
@@ -169,12 +168,16 @@ public final class ControlServer: Sendable {
     private let core: ServerCore
 
     /// Creates the socket at `socketPath`, starts listening and accepting on a thread of its
-    /// own, and returns. Throws `ControlSocketError`.
-    public init(socketPath: String, configuration: Configuration = Configuration(), handler: @escaping Handler)
+    /// own, and returns. Requests go to `handler`; what the server refuses on its own gets
+    /// the line `rejectionReply` writes (the protocol's error form: the server knows no
+    /// protocol). Throws `ControlSocketError`.
+    public init(socketPath: String, configuration: Configuration = Configuration(),
+                rejectionReply: @escaping RejectionReply, handler: @escaping Handler)
         throws(ControlSocketError)
     {
         self.socketPath = socketPath
-        core = try ServerCore(socketPath: socketPath, configuration: configuration, handler: handler)
+        core = try ServerCore(socketPath: socketPath, configuration: configuration,
+                              rejectionReply: rejectionReply, handler: handler)
         let core = self.core
         startThread(name: "dk-ctl-accept") { core.acceptLoop() }
     }
@@ -195,11 +198,6 @@ public final class ControlServer: Sendable {
     public static func sameUserOrRoot(_ peer: PeerCredentials) -> Bool {
         peer.uid == 0 || peer.uid == geteuid()
     }
-
-    /// The default error line: `{"ok":false,"error":{"code":"<code>","message":"<text>"}}`.
-    public static func defaultErrorReply(_ rejection: ControlRejection) -> String {
-        "{\"ok\":false,\"error\":{\"code\":\(JSONValue.quote(rejection.code)),\"message\":\(JSONValue.quote(rejection.description))}}"
-    }
 }
 
 /// The state shared by the server object, its accept thread and its connection threads.
@@ -212,6 +210,7 @@ private final class ServerCore: Sendable {
     }
 
     let configuration: ControlServer.Configuration
+    let rejectionReply: ControlServer.RejectionReply
     let handler: ControlServer.Handler
     let socketPath: String
     let listenFD: Int32
@@ -220,10 +219,12 @@ private final class ServerCore: Sendable {
     let wake: WakeEvent
     private let state = Mutex(State())
 
-    init(socketPath: String, configuration: ControlServer.Configuration, handler: @escaping ControlServer.Handler)
+    init(socketPath: String, configuration: ControlServer.Configuration,
+         rejectionReply: @escaping ControlServer.RejectionReply, handler: @escaping ControlServer.Handler)
         throws(ControlSocketError)
     {
         self.configuration = configuration
+        self.rejectionReply = rejectionReply
         self.handler = handler
         self.socketPath = socketPath
         let abstract = socketPath.hasPrefix("@")
@@ -366,7 +367,7 @@ private final class ServerCore: Sendable {
         }
         guard admitted else {
             // Best effort and brief: a fresh socket's send buffer takes a short line at once.
-            _ = writeLine(fd, configuration.errorReply(.tooManyConnections(limit: limit)),
+            _ = writeLine(fd, rejectionReply(.tooManyConnections(limit: limit)),
                           deadline: .now.advanced(by: .milliseconds(100)))
             closeDescriptor(fd)
             return
@@ -384,7 +385,7 @@ private final class ServerCore: Sendable {
 
     private func serve(_ fd: Int32, _ peer: PeerCredentials) {
         guard configuration.authorize(peer) else {
-            _ = writeLine(fd, configuration.errorReply(.peerNotPermitted(peer)),
+            _ = writeLine(fd, rejectionReply(.peerNotPermitted(peer)),
                           deadline: .now.advanced(by: configuration.writeTimeout))
             return
         }
@@ -401,7 +402,7 @@ private final class ServerCore: Sendable {
                 lineStarted = buffer.isEmpty ? nil : .now
                 if line.last == UInt8(ascii: "\r") { line = line.dropLast() }
                 if line.count > limit {
-                    _ = writeLine(fd, configuration.errorReply(.lineTooLong(limit: limit)),
+                    _ = writeLine(fd, rejectionReply(.lineTooLong(limit: limit)),
                                   deadline: .now.advanced(by: configuration.writeTimeout))
                     return
                 }
@@ -410,15 +411,14 @@ private final class ServerCore: Sendable {
                 if let request = String(validating: line, as: UTF8.self) {
                     reply = callHandler(request, peer)
                 } else {
-                    let offset = JSONSyntaxError(invalidUTF8In: line)?.offset ?? 0
-                    reply = configuration.errorReply(.invalidUTF8(offset: offset))
+                    reply = rejectionReply(.invalidUTF8(line: Array(line)))
                 }
                 guard writeLine(fd, reply, deadline: .now.advanced(by: configuration.writeTimeout)) else { return }
                 if isStopping { return }
             }
             scanned = buffer.count
             if buffer.count > limit {
-                _ = writeLine(fd, configuration.errorReply(.lineTooLong(limit: limit)),
+                _ = writeLine(fd, rejectionReply(.lineTooLong(limit: limit)),
                               deadline: .now.advanced(by: configuration.writeTimeout))
                 return
             }
@@ -429,7 +429,7 @@ private final class ServerCore: Sendable {
                 if lineStarted == nil && !buffer.isEmpty { lineStarted = .now }
             case .timedOut:
                 if lineStarted != nil {
-                    _ = writeLine(fd, configuration.errorReply(.timedOut), deadline: .now.advanced(by: .milliseconds(100)))
+                    _ = writeLine(fd, rejectionReply(.timedOut), deadline: .now.advanced(by: .milliseconds(100)))
                 }
                 return
             case .closed, .stopping:

@@ -253,3 +253,11 @@ extension modhost_module {
     typealias HandleEvent = @convention(c) (UnsafeMutableRawPointer?, UnsafePointer<CChar>, UnsafePointer<CChar>?) -> Void
     typealias Destroy = @convention(c) (UnsafeMutableRawPointer?) -> Void
 }
+
+extension Duration {
+    /// Seconds with up to one decimal, for messages: "0.5 s", "30 s".
+    package var secondsText: String {
+        let tenths = (seconds * 10).rounded() / 10
+        return tenths == tenths.rounded() ? "\(Int(tenths)) s" : "\(tenths) s"
+    }
+}

@@ -110,12 +110,12 @@ public final class CrashGuard: Sendable {
 
     /// Opens the guard in `directory` (created if needed). A crash recorded by the previous
     /// run is returned by `recovered` and remembered from then on.
-    public init(directory: String) throws(DaemonError) {
+    public init(directory: String) throws(PluginSetError) {
         self.directory = directory
         do {
             try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
         } catch {
-            throw DaemonError(code: "state_directory", message: "cannot create the state directory \(directory): \(error.localizedDescription). Fix: create it or pass --state-dir")
+            throw PluginSetError(code: "state_directory", message: "cannot create the state directory \(directory): \(error.localizedDescription). Fix: create it or use another state directory")
         }
         var known: [String: Crash] = [:]
         if let data = try? BoundedFile.read(directory + "/crashed.json", limit: Self.maximumRecordFileSize),
@@ -150,7 +150,7 @@ public final class CrashGuard: Sendable {
     }
 
     /// `recoverFromPreviousRun()`, logging the crash found (error level) on `logger`.
-    func recoverFromPreviousRun(logging logger: Logger) {
+    package func recoverFromPreviousRun(logging logger: Logger) {
         if let crash = recoverFromPreviousRun() {
             logger.error("\(crash.subject) \(crash.what) at \(crash.time); that file is refused until it changes",
                          [("plugin", crash.plugin), ("file", crash.file)])

@@ -18,10 +18,10 @@ import Synchronization
 /// still dies by the signal. A crash the handler cannot attribute to a plugin leaves no
 /// record; the in-flight record (see `CrashGuard`) still names the file the daemon was
 /// working on, if any.
-enum FatalSignalRecorder {
+package enum FatalSignalRecorder {
     /// Installs the handler, writing to `guard`'s `fatal.json` (emptied). Call it after
     /// `recoverFromPreviousRun()`. Returns why it could not, or nil.
-    static func install(_ guard: CrashGuard) -> String? {
+    package static func install(_ guard: CrashGuard) -> String? {
         let fd = open(`guard`.fatalPath, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
         guard fd >= 0 else { return "cannot open \(`guard`.fatalPath): \(String(cString: strerror(errno)))" }
         guard modhost_crash_recorder_install(fd) == 0 else {
@@ -53,7 +53,7 @@ public enum ExitGuard {
     private static let installed = Mutex<(crashGuard: CrashGuard, logger: Logger)?>(nil)
 
     /// Installs the check (once per process; a later call changes the guard and logger).
-    static func install(_ crashGuard: CrashGuard, logger: Logger) {
+    package static func install(_ crashGuard: CrashGuard, logger: Logger) {
         let first = installed.withLock { state in
             defer { state = (crashGuard, logger) }
             return state == nil

@@ -146,22 +146,22 @@ public actor PluginSet {
     ///   read: a plugin that crashed it while it was loaded, initialized or started is
     ///   logged (error level, on `logger`) and its file refused until it changes.
     ///
-    /// Throws `DaemonError` with code `state_directory` or `already_running`, a message
+    /// Throws `PluginSetError` with code `state_directory` or `already_running`, a message
     /// naming the directory, what is wrong and the fix; nothing is loaded or run then.
     /// Loads nothing until `reconcile` is called; the other arguments are those of
     /// `init(host:settings:directories:imagesDirectory:crashGuard:...)`.
     public init(host: HostInstance, settings: [String: ModuleSettings] = [:], directories: [String],
                 stateDirectory: String, validator: Validator = Validator(),
-                trialLoader: (any TrialLoader)? = ProcessTrialLoader(), logger: Logger = Logger(label: "plugins")) throws(DaemonError) {
+                trialLoader: (any TrialLoader)? = ProcessTrialLoader(), logger: Logger = Logger(label: "plugins")) throws(PluginSetError) {
         try Self.checkStateDirectory(stateDirectory)
         let lock: ExclusiveLock
         do {
             lock = try ExclusiveLock(path: stateDirectory + "/modhostd.lock")
         } catch .held(_, let pid) {
-            throw DaemonError(code: "already_running",
-                              message: "another process\(pid.map { " (pid \($0))" } ?? "") is using the state directory \(stateDirectory). Fix: stop it, or give this one its own state directory")
+            throw PluginSetError(code: "already_running",
+                                 message: "another process\(pid.map { " (pid \($0))" } ?? "") is using the state directory \(stateDirectory). Fix: stop it, or give this one its own state directory")
         } catch {
-            throw DaemonError(code: "state_directory", message: "cannot lock the state directory \(stateDirectory): \(error)")
+            throw PluginSetError(code: "state_directory", message: "cannot lock the state directory \(stateDirectory): \(error)")
         }
         let crashGuard = try CrashGuard(directory: stateDirectory)
         crashGuard.recoverFromPreviousRun(logging: logger)
@@ -177,7 +177,7 @@ public actor PluginSet {
     /// needed); existing ones are never changed. Throws `state_directory` naming the
     /// directory, what is wrong and the fix (`alternative`: how to use another directory).
     public static func checkStateDirectory(_ directory: String, alternative: String = "use another state directory")
-        throws(DaemonError) {
+        throws(PluginSetError) {
         try? FileManager.default.createDirectory(atPath: (directory as NSString).deletingLastPathComponent, withIntermediateDirectories: true)
         let checked = [
             (directory, "the state directory \(directory)"),
@@ -187,9 +187,9 @@ public actor PluginSet {
             do {
                 try RuntimePaths.checkPrivateDirectory(path, create: true, allowingRead: true)
             } catch .notPrivate(_, let problem) {
-                throw DaemonError(code: "state_directory", message: "\(what) is unsafe: \(problem). Fix: make it a directory (not a symlink) of uid \(geteuid()) that group and others cannot write (chown \(geteuid()) \(path); chmod 700 \(path)), or \(alternative)")
+                throw PluginSetError(code: "state_directory", message: "\(what) is unsafe: \(problem). Fix: make it a directory (not a symlink) of uid \(geteuid()) that group and others cannot write (chown \(geteuid()) \(path); chmod 700 \(path)), or \(alternative)")
             } catch {
-                throw DaemonError(code: "state_directory", message: "cannot create \(what): \(error). Fix: create it or \(alternative)")
+                throw PluginSetError(code: "state_directory", message: "cannot create \(what): \(error). Fix: create it or \(alternative)")
             }
         }
     }
@@ -406,4 +406,20 @@ final class SerialQueue: Sendable {
         _ = previous
         return await result.value
     }
+}
+
+/// Why a plugin set cannot use its state directory: a stable code for programs
+/// (`state_directory`: missing and not creatable, or others could write to it;
+/// `already_running`: another process holds it) and a message for people, naming the
+/// directory, what is wrong and the fix.
+public struct PluginSetError: Error, Sendable, Equatable, CustomStringConvertible {
+    public var code: String
+    public var message: String
+
+    public init(code: String, message: String) {
+        self.code = code
+        self.message = message
+    }
+
+    public var description: String { message }
 }

@@ -12,7 +12,7 @@ import Synchronization
 /// running past it makes the worker *stuck* (`stuck`), which callers use to give it no
 /// more work until it returns. A C call cannot be preempted: the thread stays where the
 /// plugin left it, the caller does not.
-final class PluginWorker: Sendable {
+package final class PluginWorker: Sendable {
     /// What the worker is for, e.g. "module hang" or "plugin Spin" (log lines).
     let label: String
     private let queue: DispatchQueue
@@ -43,9 +43,9 @@ final class PluginWorker: Sendable {
     }
 
     /// What a stuck worker is doing and for how long.
-    struct Stuck: Sendable, Equatable {
-        var what: String
-        var elapsed: Duration
+    package struct Stuck: Sendable, Equatable {
+        package var what: String
+        package var elapsed: Duration
     }
 
     init(label: String) {
@@ -54,7 +54,7 @@ final class PluginWorker: Sendable {
     }
 
     /// The job running past its deadline, if any.
-    var stuck: Stuck? {
+    package var stuck: Stuck? {
         state.withLock { state in
             guard let running = state.current else { return nil }
             let elapsed = ContinuousClock.now - running.since
@@ -179,7 +179,7 @@ final class PluginWorker: Sendable {
 
     /// Runs `job` and suspends (without holding a thread) until it returns, however long
     /// that takes. Callers race it against their own deadline (see `withDeadline`).
-    func run<T: Sendable>(_ what: String, deadline: Duration, _ job: @escaping @Sendable () -> T) async -> T {
+    package func run<T: Sendable>(_ what: String, deadline: Duration, _ job: @escaping @Sendable () -> T) async -> T {
         let result = FirstResult<T>()
         return await withCheckedContinuation { continuation in
             submit(what, deadline: deadline, { result.finish(job()) }, finished: { continuation.resume(returning: result.value!) })
@@ -286,13 +286,13 @@ public final class PluginWorkers: Sendable {
 
     /// What the current instance of module `name` is stuck in, if it is. (A replaced or
     /// removed instance stuck in its willUnload does not make its successor stuck.)
-    func stuck(module name: String) -> PluginWorker.Stuck? {
+    package func stuck(module name: String) -> PluginWorker.Stuck? {
         state.withLock { $0.modules[name]?.last?.stuck }
     }
 
     /// Every module still running a callback, with what it runs: named in the log when the
     /// shutdown budget runs out.
-    var busyModules: [(module: String, busy: PluginWorker.Stuck)] {
+    package var busyModules: [(module: String, busy: PluginWorker.Stuck)] {
         state.withLock { state in
             state.modules.sorted { $0.key < $1.key }.flatMap { name, workers in
                 workers.compactMap(\.busy).map { (name, $0) }
@@ -301,14 +301,14 @@ public final class PluginWorkers: Sendable {
     }
 
     /// Every plugin still running a call by name.
-    var busyCalls: [(plugin: String, busy: PluginWorker.Stuck)] {
+    package var busyCalls: [(plugin: String, busy: PluginWorker.Stuck)] {
         state.withLock { state in
             state.calls.sorted { $0.key < $1.key }.compactMap { name, worker in worker.busy.map { (name, $0) } }
         }
     }
 
     /// The worker that runs calls by name into `plugin`, made on first use.
-    func calls(plugin: String) -> PluginWorker {
+    package func calls(plugin: String) -> PluginWorker {
         state.withLock { state in
             if let worker = state.calls[plugin] { return worker }
             let worker = PluginWorker(label: "calls." + plugin)
@@ -321,7 +321,7 @@ public final class PluginWorkers: Sendable {
 /// Runs `operation` in a task of its own and returns its result, or nil once `deadline`
 /// has passed first; the operation then goes on in the background (its result dropped).
 /// The caller never waits longer than the deadline, whatever the operation waits on.
-func withDeadline<T: Sendable>(_ deadline: Duration, _ operation: @escaping @Sendable () async -> T) async -> T? {
+package func withDeadline<T: Sendable>(_ deadline: Duration, _ operation: @escaping @Sendable () async -> T) async -> T? {
     let race = FirstResult<T?>()
     Task { race.finish(await operation()) }
     DispatchQueue.global().asyncAfter(deadline: .now() + deadline.dispatchInterval) { race.finish(nil) }
@@ -377,7 +377,7 @@ extension Duration {
     }
 
     /// Seconds as a Double, for replies and log lines.
-    var seconds: Double {
+    package var seconds: Double {
         let (seconds, attoseconds) = components
         return Double(seconds) + Double(attoseconds) / 1e18
     }

@@ -1,4 +1,4 @@
 import Glibc
-import ModuleHost
+import CommandLineTools
 
 exit(await ControlCommand().runProcessArguments().rawValue)

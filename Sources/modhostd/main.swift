@@ -1,4 +1,5 @@
 import Glibc
+import CommandLineTools
 import ModuleHost
 
 ExitGuard.exit(await DaemonCommand().runProcessArguments().rawValue)

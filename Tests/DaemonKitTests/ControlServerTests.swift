@@ -11,19 +11,22 @@ import Glibc
 /// The control socket with real clients: concurrent, malformed, oversized, slow, and of
 /// another uid.
 struct ControlServerTests {
-    /// A server in a fresh directory with an echo handler that records who asked.
+    /// A server in a fresh directory with an echo handler that records who asked, and a
+    /// rejection reply that records what it refused.
     final class Fixture: Sendable {
         let directory: TemporaryDirectory
         let server: ControlServer
         let peers = Collector<PeerCredentials>()
+        let rejections = Collector<ControlRejection>()
         var path: String { server.socketPath }
 
         init(directoryMode: mode_t = 0o700, configuration: ControlServer.Configuration = .init(),
              handler: ControlServer.Handler? = nil) throws
         {
             directory = try TemporaryDirectory(mode: directoryMode)
-            let peers = self.peers
-            server = try ControlServer(socketPath: directory.file("ctl.sock"), configuration: configuration) {
+            let peers = self.peers, rejections = self.rejections
+            server = try ControlServer(socketPath: directory.file("ctl.sock"), configuration: configuration,
+                                       rejectionReply: { rejections.append($0); return ControlServerTests.rejected($0) }) {
                 request, peer in
                 peers.append(peer)
                 if let handler { return await handler(request, peer) }
@@ -35,6 +38,11 @@ struct ControlServerTests {
             await server.stop()
             directory.remove()
         }
+    }
+
+    /// The error line of the tests' servers: the server writes whatever line it is given.
+    @Sendable static func rejected(_ rejection: ControlRejection) -> String {
+        "rejected \"\(rejection.code)\": \(rejection.description)"
     }
 
     @Test func servesARequestFromASocketWithMode0600() async throws {
@@ -102,8 +110,10 @@ struct ControlServerTests {
         connection.send("fine\n")
         let (lines, eof) = await onThread { connection.readLines(2) }
         #expect(lines.count == 2)
-        #expect(lines.first?.contains("\"malformed_request\"") == true)
+        #expect(lines.first == "rejected \"malformed_request\": request line is not valid UTF-8")
         #expect(lines.last == "echo:fine")
+        // The bad line itself, for the protocol's reply to point at its first bad byte.
+        #expect(fixture.rejections.all == [.invalidUTF8(line: [0x66, 0xff, 0xfe])])
         #expect(!eof)
         #expect(fixture.peers.all.count == 1)  // the handler never saw the bad line
         await fixture.finish()
@@ -180,11 +190,11 @@ struct ControlServerTests {
         #expect(bound == 0)
         close(dead)
 
-        let first = try ControlServer(socketPath: path) { request, _ in "first:" + request }
+        let first = try ControlServer(socketPath: path, rejectionReply: Self.rejected) { request, _ in "first:" + request }
         #expect(await onThread { try? ControlClient.request("x", socketPath: path) } == "first:x")
 
         #expect(throws: ControlSocketError.alreadyRunning(path: path)) {
-            _ = try ControlServer(socketPath: path) { request, _ in "second:" + request }
+            _ = try ControlServer(socketPath: path, rejectionReply: Self.rejected) { request, _ in "second:" + request }
         }
         // The refused second server left the first one's socket alone.
         #expect(await onThread { try? ControlClient.request("y", socketPath: path) } == "first:y")
@@ -197,7 +207,7 @@ struct ControlServerTests {
         let path = directory.file("ctl.sock")
         try writeFile(path, "precious")
         #expect(throws: ControlSocketError.notASocket(path: path)) {
-            _ = try ControlServer(socketPath: path) { request, _ in request }
+            _ = try ControlServer(socketPath: path, rejectionReply: Self.rejected) { request, _ in request }
         }
         #expect(try String(contentsOfFile: path, encoding: .utf8) == "precious")
     }

@@ -1,3 +1,4 @@
+import DaemonShell
 import Foundation
 import Glibc
 @testable import ModuleHost

@@ -1,4 +1,6 @@
+import ControlProtocol
 import DaemonKit
+import DaemonShell
 import Foundation
 import Glibc
 @testable import ModuleHost

@@ -1,3 +1,4 @@
+@testable import CommandLineTools
 import DaemonKit
 import Foundation
 import Glibc

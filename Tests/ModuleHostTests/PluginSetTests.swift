@@ -378,7 +378,7 @@ struct PluginSetTests {
         #expect {
             _ = try PluginSet(host: HostInstance(name: "second"), directories: [], stateDirectory: state, trialLoader: nil)
         } throws: { error in
-            let error = error as? DaemonError
+            let error = error as? PluginSetError
             return error?.code == "already_running" && error?.message.contains("pid \(getpid())") == true
                 && error?.message.contains(state) == true
         }
@@ -390,7 +390,7 @@ struct PluginSetTests {
         #expect {
             _ = try PluginSet(host: HostInstance(name: "open"), directories: [], stateDirectory: open, trialLoader: nil)
         } throws: { error in
-            let error = error as? DaemonError
+            let error = error as? PluginSetError
             return error?.code == "state_directory" && error?.message.contains("the state directory \(open) is unsafe") == true
                 && error?.message.contains("Fix:") == true && error?.message.hasSuffix("or use another state directory") == true
         }

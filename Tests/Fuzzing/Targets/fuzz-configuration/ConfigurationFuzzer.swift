@@ -3,7 +3,7 @@
 // Promise under test (docs/daemon.md): any file gives a configuration or one error naming
 // the file and the field, never a trap.
 import FuzzSupport
-import ModuleHost
+import DaemonShell
 
 let scratch = ScratchFile(name: "modhostd.json")
 

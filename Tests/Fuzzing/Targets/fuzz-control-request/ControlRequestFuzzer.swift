@@ -4,9 +4,9 @@
 // signatures covering every argument type.
 // Promises under test (docs/control-protocol.md): any line gets exactly one reply line, a
 // JSON object with "ok" and "v": 1, never a trap.
+import ControlProtocol
 import DaemonKit
 import FuzzSupport
-import ModuleHost
 import ModuleKit
 import PluginCall
 import PluginFormat

@@ -1,6 +1,7 @@
 #if canImport(Glibc)
 import Glibc
 #endif
+import DaemonKit
 import ModuleKit
 
 /// Where a log backend puts its finished lines. Each call receives one complete line,

@@ -1,5 +1,6 @@
 import DaemonKit
 import Foundation
+import ModuleHost
 import ModuleKit
 import PluginCall
 import PluginFormat
@@ -59,11 +60,16 @@ public struct ControlService: Sendable {
     }
 
     /// The reply line for a request the `ControlServer` refused on its own (oversized, slow,
-    /// peer not permitted, too many connections, invalid UTF-8), in this protocol's error
-    /// form with a null `id`. `makeServer` installs it; a daemon that configures its own
-    /// `ControlServer` should set `Configuration.errorReply` to it.
+    /// peer not permitted, too many connections, invalid UTF-8: with the offset of the first
+    /// bad byte, as the JSON parser reports it), in this protocol's error form with a null
+    /// `id`. `makeServer` installs it; a daemon that starts its own `ControlServer` passes it
+    /// as `rejectionReply`.
     public static func rejectionReply(_ rejection: ControlRejection) -> String {
-        errorReply(DaemonError(code: rejection.code, message: rejection.description), idText: "null")
+        var message = rejection.description
+        if case .invalidUTF8(let line) = rejection {
+            message += " at byte \(JSONSyntaxError(invalidUTF8In: line[...])?.offset ?? 0)"
+        }
+        return errorReply(DaemonError(code: rejection.code, message: message), idText: "null")
     }
 
     /// Starts a `ControlServer` at `socketPath` that answers with this service and reports
@@ -71,10 +77,9 @@ public struct ControlService: Sendable {
     public func makeServer(socketPath: String, configuration: ControlServer.Configuration = .init())
         throws(ControlSocketError) -> ControlServer
     {
-        var configuration = configuration
-        configuration.errorReply = Self.rejectionReply
         let service = self
-        return try ControlServer(socketPath: socketPath, configuration: configuration) { line, peer in
+        return try ControlServer(socketPath: socketPath, configuration: configuration,
+                                 rejectionReply: Self.rejectionReply) { line, peer in
             await service.handle(line, peer: peer)
         }
     }

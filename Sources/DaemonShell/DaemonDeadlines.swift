@@ -1,4 +1,6 @@
+import ControlProtocol
 import DaemonKit
+import ModuleHost
 import ModuleKit
 import PluginCall
 
@@ -110,13 +112,5 @@ extension Daemon {
         }
         logger.info("stopped")
         return true
-    }
-}
-
-extension Duration {
-    /// Seconds with up to one decimal, for messages: "0.5 s", "30 s".
-    var secondsText: String {
-        let tenths = (seconds * 10).rounded() / 10
-        return tenths == tenths.rounded() ? "\(Int(tenths)) s" : "\(tenths) s"
     }
 }

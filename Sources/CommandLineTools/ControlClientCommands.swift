@@ -1,3 +1,4 @@
+import ControlProtocol
 import DaemonKit
 import Foundation
 import ModuleKit

@@ -1,6 +1,8 @@
+import ControlProtocol
 import DaemonKit
 import Foundation
 import Glibc
+import ModuleHost
 import ModuleKit
 import PluginCall
 import PluginFormat
@@ -73,8 +75,13 @@ public actor Daemon: DaemonControl {
     public init(options: DaemonOptions, configuration: DaemonConfiguration) throws(DaemonError) {
         let paths = RuntimePaths()
         let stateDirectory = options.stateDirectory ?? paths.stateDirectory
-        try PluginSet.checkStateDirectory(stateDirectory, alternative: "pass another --state-dir")
-        let crashGuard = try CrashGuard(directory: stateDirectory)
+        let crashGuard: CrashGuard
+        do throws(PluginSetError) {
+            try PluginSet.checkStateDirectory(stateDirectory, alternative: "pass another --state-dir")
+            crashGuard = try CrashGuard(directory: stateDirectory)
+        } catch {
+            throw DaemonError(code: error.code, message: error.message)
+        }
         self.options = options
         self.configuration = configuration
         self.paths = paths
@@ -466,7 +473,7 @@ public actor Daemon: DaemonControl {
 
 extension DaemonConfiguration {
     /// This configuration with the command line's options applied on top.
-    func merged(with options: DaemonOptions) -> DaemonConfiguration {
+    public func merged(with options: DaemonOptions) -> DaemonConfiguration {
         var merged = self
         for directory in options.pluginDirectories where !merged.pluginDirectories.contains(directory) {
             merged.pluginDirectories.append(directory)

@@ -1,5 +1,8 @@
+import ControlProtocol
 import DaemonKit
+import DaemonShell
 import Foundation
+import ModuleHost
 import ModuleKit
 import PluginFormat
 

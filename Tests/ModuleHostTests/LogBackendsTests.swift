@@ -1,4 +1,4 @@
-import DaemonKit
+import DaemonShell
 import Foundation
 import ModuleKit
 import Testing

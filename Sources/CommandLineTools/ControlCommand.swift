@@ -1,5 +1,7 @@
+import ControlProtocol
 import DaemonKit
 import Foundation
+import ModuleHost
 import ModuleKit
 import PluginFormat
 
