@@ -5,10 +5,11 @@ import ModuleKit
 import PluginFormat
 import Synchronization
 
-/// Keeps one bad plugin from crash-looping the daemon.
+/// Keeps one bad plugin from crash-looping the host process (modhostd, or a service that
+/// embeds a `PluginSet`).
 ///
 /// From the first read of a candidate file to the return of its modules' start, the
-/// daemon keeps a record of which file it is working on, and in what phase, in
+/// host keeps a record of which file it is working on, and in what phase, in
 /// `inflight.json` in the state directory (validation and hashing, the private copy and
 /// the trial load, the entry point, init, start). A fatal signal raised in a loaded
 /// plugin's code at any later time (a thread it started, a timer, an event handler) is
@@ -19,7 +20,7 @@ import Synchronization
 /// known) in `crashed.json`, logs why, and refuses that exact file until a different file
 /// is deployed.
 public final class CrashGuard: Sendable {
-    /// One plugin that crashed the daemon.
+    /// One plugin that crashed the host process.
     public struct Crash: Codable, Sendable, Equatable {
         public var file: String
         /// The plugin's name; "" when it died before the file was read far enough to know.
@@ -28,20 +29,20 @@ public final class CrashGuard: Sendable {
         public var hash: String
         /// "validation", "copy", "entry", "init", "start", or "run" (after start).
         public var phase: String
-        /// When the daemon was about to run it, or died (ISO 8601).
+        /// When the host was about to run it, or died (ISO 8601).
         public var time: String
-        /// What ended the daemon when known: a signal name ("SIGSEGV") or "exit(STATUS)".
+        /// What ended the process when known: a signal name ("SIGSEGV") or "exit(STATUS)".
         public var cause: String?
         /// The file's identity (device, inode, size, modification time) when `hash` is "".
         public var identity: String?
 
-        /// What the file did, e.g. "crashed the daemon during init",
-        /// "crashed the daemon with SIGSEGV in its code", "ended the daemon by calling exit(0)".
+        /// What the file did, e.g. "crashed the host process during init", "crashed the host
+        /// process with SIGSEGV in its code", "ended the host process by calling exit(0)".
         public var what: String {
             switch cause {
-            case let cause? where cause.hasPrefix("exit("): return "ended the daemon by calling \(cause)"
-            case let cause?: return "crashed the daemon with \(cause) in its code"
-            case nil: return "crashed the daemon during \(phase)"
+            case let cause? where cause.hasPrefix("exit("): return "ended the host process by calling \(cause)"
+            case let cause?: return "crashed the host process with \(cause) in its code"
+            case nil: return "crashed the host process during \(phase)"
             }
         }
 
@@ -85,7 +86,7 @@ public final class CrashGuard: Sendable {
 
     public let directory: String
     /// The largest record file read back (crashed.json lists one record, a few hundred
-    /// bytes, per plugin file that crashed the daemon).
+    /// bytes, per plugin file that crashed the host process).
     static let maximumRecordFileSize = 4 << 20
     /// Where a crash record that cannot be written is reported.
     let logger = Logger(label: "crash-guard")
@@ -96,7 +97,7 @@ public final class CrashGuard: Sendable {
 
     /// The open in-flight file, whether it holds a record, and its length.
     ///
-    /// The file is never truncated while the daemon runs (on ext4 a truncation costs ten
+    /// The file is never truncated while the host runs (on ext4 a truncation costs ten
     /// times a write): a record is written over the previous contents, padded with spaces
     /// to the file's length, and cleared by writing spaces over it. A file of spaces holds
     /// no record.
@@ -161,17 +162,17 @@ public final class CrashGuard: Sendable {
     public func crash(forHash hash: String) -> Crash? { crashes.withLock { $0[hash] } }
 
     /// The recorded crash of the file at `path` with this identity, for a file that
-    /// crashed the daemon before it was hashed.
+    /// crashed the host process before it was hashed.
     func crash(forFile path: String, identity: String) -> Crash? {
         crashes.withLock { $0["\(path)@\(identity)"] }
     }
 
     public var count: Int { crashes.withLock { $0.count } }
 
-    /// What the daemon is working on now, if anything.
+    /// What the host is working on now, if anything.
     var current: Crash? { inflight.withLock { $0.current } }
 
-    /// Records on disk that the daemon is about to work on `file` (`plugin`'s code, or the
+    /// Records on disk that the host is about to work on `file` (`plugin`'s code, or the
     /// file's bytes) in `phase`. Call `end()` when that is over; only a process death
     /// leaves the record behind. One write on a file kept open here, one in `end`; a
     /// `begin` without `end` in between replaces the record with that one write.

@@ -16,7 +16,7 @@ import Synchronization
 /// with async-signal-safe calls only. It then hands the signal to the handler that was
 /// installed before (the Swift runtime's backtracer, or the default action): the process
 /// still dies by the signal. A crash the handler cannot attribute to a plugin leaves no
-/// record; the in-flight record (see `CrashGuard`) still names the file the daemon was
+/// record; the in-flight record (see `CrashGuard`) still names the file the host was
 /// working on, if any.
 package enum FatalSignalRecorder {
     /// Installs the handler, writing to `guard`'s `fatal.json` (emptied). Call it after
@@ -40,13 +40,13 @@ package enum FatalSignalRecorder {
 
 /// Turns a call of `exit()` from plugin code into a failure that systemd restarts.
 ///
-/// An exit handler checks that the daemon itself asked to end (`ExitGuard.exit`). If not,
+/// An exit handler checks that the host itself asked to end (`ExitGuard.exit`). If not,
 /// some other code called `exit()`: the plugin whose code is on the calling stack (else
 /// the one the in-flight record names) is logged and recorded in `fatal.json` (so the next
 /// start quarantines it, as after a crash), and the process ends at once with
 /// `pluginExitStatus` instead of the status the plugin chose.
 public enum ExitGuard {
-    /// The exit status when code other than the daemon's called `exit()` (EX_SOFTWARE).
+    /// The exit status when code other than the host's called `exit()` (EX_SOFTWARE).
     public static let pluginExitStatus: Int32 = 70
 
     private static let daemonExiting = Atomic<Bool>(false)
@@ -61,7 +61,7 @@ public enum ExitGuard {
         if first { on_exit({ status, _ in ExitGuard.unexpectedExit(status) }, nil) }
     }
 
-    /// Ends the process with `status`, as the daemon's own decision.
+    /// Ends the process with `status`, as the host's own decision.
     public static func exit(_ status: Int32) -> Never {
         daemonExiting.store(true, ordering: .sequentiallyConsistent)
         Glibc.exit(status)

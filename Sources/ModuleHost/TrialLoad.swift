@@ -77,7 +77,7 @@ public struct ProcessTrialLoader: TrialLoader {
         case .signalled(let signal):
             throw LoadFailure(file: file.path, check: .crashGuard,
                               problem: "the plugin crashed a trial load in a child process (signal \(signal), \(String(cString: strsignal(signal))))",
-                              fix: "fix the plugin's load-time code; the daemon was not affected")
+                              fix: "fix the plugin's load-time code; the host process was not affected")
         case .exited(0):
             return
         case .exited(TrialProcess.leftoverProcessStatus):

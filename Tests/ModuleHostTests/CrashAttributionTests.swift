@@ -155,7 +155,7 @@ import TestSupport
         let first = try setup.start()
         #expect(await first.wait(timeout: .seconds(60)) == 70)
         #expect(first.text.contains("plugin Quitter called exit(0)"), "log: \(first.text)")
-        try await setup.restartQuarantining("Quitter", reason: "ended the daemon by calling exit(0)")
+        try await setup.restartQuarantining("Quitter", reason: "ended the host process by calling exit(0)")
     }
 
     @Test func aPluginCallingExitInAnEventHandlerEndsTheDaemonWithAFailureAndIsQuarantined() async throws {
@@ -166,7 +166,7 @@ import TestSupport
         _ = try setup.ctl("send", "leave", "--to", "leaver")
         #expect(await first.wait(timeout: .seconds(60)) == 70)
         #expect(first.text.contains("plugin Leaver called exit(0)"), "log: \(first.text)")
-        try await setup.restartQuarantining("Leaver", reason: "ended the daemon by calling exit(0)")
+        try await setup.restartQuarantining("Leaver", reason: "ended the host process by calling exit(0)")
     }
 
     // MARK: - Finding 10: a crash in a thread a plugin started
@@ -204,7 +204,7 @@ import TestSupport
         #expect(await first.wait(timeout: .seconds(60)) == 128 + signal)
         let record = (try? String(contentsOfFile: setup.state + "/fatal.json", encoding: .utf8)) ?? ""
         #expect(record.contains("\"plugin\":\"\(name)\""), "record: \(record)")
-        try await setup.restartQuarantining(name, reason: "crashed the daemon with \(signalName) in its code")
+        try await setup.restartQuarantining(name, reason: "crashed the host process with \(signalName) in its code")
     }
 
     // MARK: - The in-flight record covers start, and validation
@@ -214,7 +214,7 @@ import TestSupport
         _ = try Self.plugin("Killer", in: setup.plugins, handleBody: #"if (strcmp(event, "start") == 0) kill(getpid(), SIGKILL);"#)
         let first = try setup.start()
         #expect(await first.wait(timeout: .seconds(60)) == 128 + SIGKILL)
-        try await setup.restartQuarantining("Killer", reason: "crashed the daemon during start")
+        try await setup.restartQuarantining("Killer", reason: "crashed the host process during start")
     }
 
     /// The in-flight record is written over the previous one, never truncated (a

@@ -151,10 +151,10 @@ import TestSupport
         // Second start: refused with the reason, everything else runs.
         let second = try RunningProcess(BuildProducts.modhostd, arguments)
         #expect(await second.waitFor("started 1 modules: counter"))
-        #expect(second.text.contains("plugin Bomb crashed the daemon during entry"))
-        #expect(second.text.contains("crash guard check failed: this file crashed the daemon during entry"))
+        #expect(second.text.contains("plugin Bomb crashed the host process during entry"))
+        #expect(second.text.contains("crash guard check failed: this file crashed the host process during entry"))
         let list = try run(BuildProducts.modhostctl, ["--socket", scratch.file("sock"), "list"])
-        #expect(list.standardOutput.contains("crashed the daemon during entry"))
+        #expect(list.standardOutput.contains("crashed the host process during entry"))
         second.send(SIGTERM)
         #expect(await second.wait() == 0)
     }

@@ -420,7 +420,7 @@ struct PluginSetTests {
         let refused = try #require(await set.snapshot().files.first)
         #expect(refused.state == .quarantined)
         #expect(refused.failure.check == .crashGuard)
-        #expect(refused.failure.problem.contains("crashed the daemon during validation"))
+        #expect(refused.failure.problem.contains("crashed the host process during validation"))
         #expect(!f.lines().contains { $0.hasPrefix("pscrashed") })
         // A new build of it is tried again.
         try f.install(try f.build("PsCrashed", version: "2.0", tag: "c2"), as: "PsCrashed")
