@@ -220,12 +220,24 @@ struct ModuleDescriptor: @unchecked Sendable {
     /// The plugin's `struct_size`, for messages.
     let structSize: Int
 
+    /// The fields read, in the host's layout.
+    private enum Field {
+        static let kind = ABIField(\Layout.kind)
+        static let name = ABIField(pointer: \Layout.name)
+        static let version = ABIField(pointer: \Layout.version)
+        static let notifications = ABIField(pointer: \Layout.notifications)
+        static let create = ABIField(pointer: \Layout.create)
+        static let handleEvent = ABIField(pointer: \Layout.handle_event)
+        static let destroy = ABIField(pointer: \Layout.destroy)
+        static let swiftType = ABIField(pointer: \Layout.swift_type)
+    }
+
     /// The smallest module descriptor: through `version`.
-    static let minimumSize = ABIStruct<Layout>.end(of: \.version)
+    static let minimumSize = Field.version.end
 
     init(_ pointer: UnsafeRawPointer) throws(DescriptorProblem) {
         let raw = ABIStruct<Layout>(pointer)
-        guard let kind = raw.uint32(\.kind), let name = raw.pointer(\.name), let version = raw.pointer(\.version) else {
+        guard let kind = raw.uint32(Field.kind), let name = raw.pointer(Field.name), let version = raw.pointer(Field.version) else {
             throw DescriptorProblem(check: .descriptor, problem: "a module descriptor says struct_size \(raw.size), or its name or version is NULL",
                                     fix: "initialise struct_size with sizeof(modhost_module) and set name and version")
         }
@@ -233,17 +245,17 @@ struct ModuleDescriptor: @unchecked Sendable {
         self.name = String(cString: name.assumingMemoryBound(to: CChar.self))
         self.version = String(cString: version.assumingMemoryBound(to: CChar.self))
         var names: [String] = []
-        if var cursor = raw.pointer(\.notifications)?.assumingMemoryBound(to: UnsafePointer<CChar>?.self) {
+        if var cursor = raw.pointer(Field.notifications)?.assumingMemoryBound(to: UnsafePointer<CChar>?.self) {
             while let name = cursor.pointee {
                 names.append(String(cString: name))
                 cursor += 1
             }
         }
         notifications = names
-        create = raw.pointer(\.create).map { unsafeBitCast($0, to: Layout.Create.self) }
-        handleEvent = raw.pointer(\.handle_event).map { unsafeBitCast($0, to: Layout.HandleEvent.self) }
-        destroy = raw.pointer(\.destroy).map { unsafeBitCast($0, to: Layout.Destroy.self) }
-        swiftType = raw.pointer(\.swift_type)
+        create = raw.pointer(Field.create).map { unsafeBitCast($0, to: Layout.Create.self) }
+        handleEvent = raw.pointer(Field.handleEvent).map { unsafeBitCast($0, to: Layout.HandleEvent.self) }
+        destroy = raw.pointer(Field.destroy).map { unsafeBitCast($0, to: Layout.Destroy.self) }
+        swiftType = raw.pointer(Field.swiftType)
         structSize = raw.size
     }
 }

@@ -22,6 +22,16 @@ public final class ModuleRegistry: Sendable {
 
     public init() {}
 
+    /// Makes room for `plugins` plugins providing `modules` modules when nothing is
+    /// registered yet, so that a load pass registers them without rehashing.
+    public func reserveCapacity(plugins: Int, modules: Int) {
+        state.withLock { state in
+            guard state.entries.isEmpty, state.claims.isEmpty else { return }
+            state.entries = .init(minimumCapacity: modules)
+            state.claims = NameClaims(plugins: plugins, modules: modules)
+        }
+    }
+
     /// Registers every module of `plugin`, all or none: a plugin name or a module name
     /// that `NameClaims` refuses (already registered by another plugin) refuses the whole
     /// plugin. A new version of a registered plugin registers after `unregister`.

@@ -4,7 +4,10 @@ import PluginFormat
 
 /// A plugin file that passed the checks that need no code from it: its path, manifest and
 /// the facts about its ELF image the later checks use.
-public struct PluginFile: Sendable {
+///
+/// Immutable, and a class so that the loader's lists (candidates, load order, loaded
+/// plugins) share one copy of it instead of copying its strings and arrays.
+public final class PluginFile: Sendable {
     /// The path as found in the plugin directory.
     public let path: String
     /// Where the bytes actually are (the symlink target, if any).
@@ -15,6 +18,14 @@ public struct PluginFile: Sendable {
     public let warnings: [String]
     /// The name plugins are known by.
     public var name: String { manifest.name }
+
+    init(path: String, resolvedPath: String, manifest: Manifest, dynamic: DynamicInfo, warnings: [String]) {
+        self.path = path
+        self.resolvedPath = resolvedPath
+        self.manifest = manifest
+        self.dynamic = dynamic
+        self.warnings = warnings
+    }
 }
 
 /// Lists the candidate plugin files of a directory (`isPluginFileName`), sorted by name.
@@ -32,14 +43,43 @@ public func pluginCandidates(in directory: String) throws(LoadFailure) -> [Strin
         }
         if isPluginFileName(name) { names.append(name) }
     }
-    names.sort()
     let prefix = directory.hasSuffix("/") ? directory : directory + "/"
-    return names.map { prefix + $0 }
+    // ASCII names (nearly all) sort by their bytes, which is the order `<` gives them, so
+    // the paths (one prefix) are compared with memcmp; any other name sorts the general way.
+    guard names.allSatisfy({ $0.utf8.allSatisfy { $0 < 0x80 } }) else {
+        return names.sorted().map { prefix + $0 }
+    }
+    return names.map { prefix + $0 }.sorted(by: precedesByBytes)
+}
+
+/// Whether `a` comes before `b` in the order of their UTF-8 bytes (for ASCII, the order of
+/// `<`), compared with memcmp.
+private func precedesByBytes(_ a: String, _ b: String) -> Bool {
+    let order: Bool?? = a.utf8.withContiguousStorageIfAvailable { x -> Bool? in
+        b.utf8.withContiguousStorageIfAvailable { y -> Bool in
+            let sign = memcmp(x.baseAddress!, y.baseAddress!, min(x.count, y.count))
+            return sign != 0 ? sign < 0 : x.count < y.count
+        }
+    }
+    return (order ?? nil) ?? a.utf8.lexicographicallyPrecedes(b.utf8)
 }
 
 /// True for names the host treats as plugins: `*.so` that the one ignored-name rule
 /// (`DirectoryWatcher.isIgnoredName`: dotfiles and the temporary names of a copy in
 /// progress) does not ignore. The scan and the watcher agree on every name through it.
 public func isPluginFileName(_ name: String) -> Bool {
-    name.hasSuffix(".so") && !DirectoryWatcher.isIgnoredName(name)
+    // An ASCII name (nearly all) is read byte by byte: there, every character is one byte
+    // (CR LF, the one pair that forms a character, is not part of any rule here). A name
+    // that ends in ".so" ends in none of the ignored suffixes, so only a leading dot
+    // remains to check. Any other name goes through the rules as written.
+    var name = name
+    if let quick = name.withUTF8({ bytes -> Bool? in
+        guard bytes.allSatisfy({ $0 < 0x80 }) else { return nil }
+        let count = bytes.count
+        return count > 3 && bytes[0] != UInt8(ascii: ".")
+            && bytes[count - 3] == UInt8(ascii: ".") && bytes[count - 2] == UInt8(ascii: "s") && bytes[count - 1] == UInt8(ascii: "o")
+    }) {
+        return quick
+    }
+    return name.hasSuffix(".so") && !DirectoryWatcher.isIgnoredName(name)
 }

@@ -1,7 +1,9 @@
+import Dispatch
 import Glibc
 import ModuleKit
 import PluginCall
 import PluginFormat
+import Synchronization
 
 /// A plugin whose image is mapped and whose entry symbol described its modules.
 public struct LoadedPlugin: Sendable {
@@ -60,22 +62,34 @@ public struct PluginLoader: Sendable {
         var valid: [PluginFile] = []
         var refused: [LoadFailure] = []
         // Each candidate with the index of its directory in `directories` (nil when named directly).
-        var candidates: [(path: String, directory: Int?)] = files.map { ($0, nil) }
+        var found: [(path: String, directory: Int?)] = files.map { ($0, nil) }
         for (index, directory) in directories.enumerated() {
             do {
-                candidates += try pluginCandidates(in: directory).map { ($0, index) }
+                found += try pluginCandidates(in: directory).map { ($0, index) }
             } catch {
                 refused.append(error)
             }
         }
         let directoryStatus = directories.map(Validator.status(of:))
+        let validator = validator, candidates = found
+        let checked = Self.inCandidateOrder(count: candidates.count) { index -> Checked in
+            let candidate = candidates[index]
+            do throws(LoadFailure) {
+                return .valid(try validator.validate(candidate.path, in: candidate.directory.map { directories[$0] },
+                                                     directoryStatus: candidate.directory.flatMap { directoryStatus[$0] }))
+            } catch {
+                return .refused(error)
+            }
+        }
         var claims = NameClaims(capacity: candidates.count)
         valid.reserveCapacity(candidates.count)
-        for candidate in candidates {
+        for result in checked {
             do throws(LoadFailure) {
-                let file = try validator.validate(
-                    candidate.path, in: candidate.directory.map { directories[$0] },
-                    directoryStatus: candidate.directory.flatMap { directoryStatus[$0] })
+                let file: PluginFile
+                switch result {
+                case .valid(let checkedFile): file = checkedFile
+                case .refused(let failure): throw failure
+                }
                 if let conflict = claims.conflict(plugin: file.name, modules: file.manifest.modules, file: file.path) {
                     throw LoadFailure(file: file.path, conflict: conflict)
                 }
@@ -88,6 +102,32 @@ public struct PluginLoader: Sendable {
         return (valid, refused)
     }
 
+    /// What the checks before dlopen said about one candidate. (Not a `Result`: its generic
+    /// requirement costs a search of every loaded image's conformances the first time.)
+    enum Checked: Sendable {
+        case valid(PluginFile)
+        case refused(LoadFailure)
+    }
+
+    /// From this many candidates on, `validate` checks files on every core.
+    static let parallelValidationThreshold = 16
+
+    /// `check(index)` for every index below `count`, returned in index order. With
+    /// `parallelValidationThreshold` or more, the indices are shared out among the cores
+    /// (`DispatchQueue.concurrentPerform`) and all have returned before this does: the
+    /// checks read files and run no plugin code, and their results are used in candidate
+    /// order, so which file keeps a name and every refusal are the same as one at a time.
+    static func inCandidateOrder<T: Sendable>(count: Int, _ check: @Sendable (Int) -> T) -> [T] {
+        guard count >= parallelValidationThreshold else { return (0..<count).map(check) }
+        let results = Mutex<[T?]>(Array(repeating: nil, count: count))
+        DispatchQueue.concurrentPerform(iterations: count) { index in
+            let result = check(index)
+            results.withLock { $0[index] = result }
+        }
+        // concurrentPerform returns once every index has run: none is nil.
+        return results.withLock { $0.map { $0! } }
+    }
+
     /// Loads every valid plugin of `directories` in dependency order, registering its
     /// modules. Plugins named in `loaded` count as present for dependencies.
     public func load(directories: [String], files: [String] = [], loaded: Set<String> = [],
@@ -98,6 +138,7 @@ public struct PluginLoader: Sendable {
         for file in valid { report.warnings += file.warnings.map { (file.path, $0) } }
         let order = DependencyOrder(valid, loaded: loaded, orderOverride: orderOverride)
         report.refused += order.refused
+        registry.reserveCapacity(plugins: order.ordered.count, modules: order.ordered.reduce(0) { $0 + $1.manifest.modules.count })
         var failedNames: [String: LoadFailure] = [:]
         for file in order.ordered {
             if let dependency = file.manifest.dependencies.first(where: { failedNames[$0] != nil }) {

@@ -106,6 +106,25 @@ public struct Manifest: Codable, Sendable, Equatable {
 
     /// "MAJOR.MINOR" as two integers, nil for any other text.
     static func majorMinor(_ text: String) -> (major: Int, minor: Int)? {
+        // The usual form, digits.digits (at most 18 each, so no overflow), read directly:
+        // the general path below costs a few thousand instructions, and every plugin file
+        // is checked on every scan.
+        var parts = (0, 0), digits = 0, dot = false
+        for byte in text.utf8 {
+            if byte == UInt8(ascii: "."), !dot, digits > 0 {
+                (dot, digits) = (true, 0)
+            } else if byte >= UInt8(ascii: "0"), byte <= UInt8(ascii: "9"), digits < 18 {
+                digits += 1
+                if dot { parts.1 = parts.1 * 10 + Int(byte - UInt8(ascii: "0")) } else { parts.0 = parts.0 * 10 + Int(byte - UInt8(ascii: "0")) }
+            } else {
+                return majorMinorWithSigns(text)
+            }
+        }
+        return dot && digits > 0 ? parts : majorMinorWithSigns(text)
+    }
+
+    /// `majorMinor` for any other text: each part is what `Int(_:)` reads (a sign allowed).
+    private static func majorMinorWithSigns(_ text: String) -> (major: Int, minor: Int)? {
         // Only ASCII can be digits and dots; on ASCII, bytes and characters are the same.
         let dot = UInt8(ascii: ".")
         guard text.utf8.allSatisfy({ $0 < 0x80 }), let split = text.utf8.firstIndex(of: dot), let major = Int(text[..<split])

@@ -28,11 +28,19 @@ public struct NameClaims: Sendable {
     /// Module name → the plugin that holds it.
     public private(set) var modules: [String: Holder]
 
-    /// No name claimed; room for `capacity` plugins without rehashing.
+    /// No name claimed; room for `capacity` plugins (and as many modules) without rehashing.
     public init(capacity: Int = 0) {
-        plugins = .init(minimumCapacity: capacity)
-        modules = .init(minimumCapacity: capacity)
+        self.init(plugins: capacity, modules: capacity)
     }
+
+    /// No name claimed; room for `plugins` plugins and `modules` modules without rehashing.
+    public init(plugins: Int, modules: Int) {
+        self.plugins = .init(minimumCapacity: plugins)
+        self.modules = .init(minimumCapacity: modules)
+    }
+
+    /// True when no name is claimed.
+    public var isEmpty: Bool { plugins.isEmpty }
 
     /// The first rule that `plugin` (from `file`, providing `modules`) breaks against the
     /// names claimed so far, nil when it breaks none: its name held by another file, then a

@@ -84,6 +84,27 @@ import TestSupport
         #expect(names.filter(isPluginFileName) == scanned)
     }
 
+    /// The plugin-name rule reads ASCII names byte by byte and any other name by its
+    /// characters; both agree with the rule as written, and the scan lists names in the
+    /// order of `<` whichever way it sorts them.
+    @Test func thePluginNameRuleAndTheScanOrderAreTheSameForEveryName() throws {
+        let names = ["a.so", "B.so", "b.so", "a.so.so", "ab.so", ".so", "so", "x.SO", "\r\n.so", ".hidden.so", "c.so~", "d.so.tmp",
+                     "é.so", "e\u{301}.so", "z\u{600}.so", "\u{600}.so", "a.s\u{301}o", "ü-1.so", "u\u{308}-0.so", "日本.so"]
+        for name in names {
+            #expect(isPluginFileName(name) == (name.hasSuffix(".so") && !DirectoryWatcher.isIgnoredName(name)), "\(name.debugDescription)")
+        }
+        let ascii = dir.directory("ascii"), mixed = dir.directory("mixed")
+        for name in names where !name.contains("\r") {
+            try Data("x".utf8).write(to: URL(fileURLWithPath: mixed + "/" + name))
+            if name.utf8.allSatisfy({ $0 < 0x80 }) { try Data("x".utf8).write(to: URL(fileURLWithPath: ascii + "/" + name)) }
+        }
+        for directory in [ascii, mixed] {
+            let scanned = try pluginCandidates(in: directory)
+            let listed = try FileManager.default.contentsOfDirectory(atPath: directory).filter(isPluginFileName)
+            #expect(scanned == listed.sorted().map { directory + "/" + $0 })
+        }
+    }
+
     // MARK: - Atomic file writes
 
     @Test func anAtomicWriteReplacesTheFileWholeOrReportsWhyAndLeavesItAsItWas() throws {

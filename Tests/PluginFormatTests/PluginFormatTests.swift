@@ -34,6 +34,19 @@ import TestSupport
         #expect(Manifest.Toolchain.compilerVersion(of: text) == expected)
     }
 
+    /// The version reader's quick path for digits.digits and its general path agree on
+    /// every form, including the ones only the general path reads.
+    @Test(arguments: [
+        ("1.0", (1, 0)), ("01.20", (1, 20)), ("0.0", (0, 0)), ("123456789012345678.1", (123456789012345678, 1)),
+        ("+1.0", (1, 0)), ("1.-2", (1, -2)), ("9223372036854775807.0", (Int.max, 0)),
+        ("9223372036854775808.0", nil), ("1.", nil), (".1", nil), ("1", nil), ("1.0.0", nil), ("", nil),
+        (" 1.0", nil), ("1.0 ", nil), ("a.b", nil), ("1..0", nil), ("١.٠", nil), ("1.0\u{0}", nil),
+    ] as [(String, (Int, Int)?)])
+    func majorMinorReadsOnlyMajorDotMinor(text: String, expected: (Int, Int)?) {
+        let read = Manifest.majorMinor(text)
+        #expect(read?.major == expected?.0 && read?.minor == expected?.1, "\(text): \(String(describing: read))")
+    }
+
     @Test(arguments: [
         ("", "not valid JSON at byte 0"),
         ("[1,2]", "the top level is an array"),
