@@ -5,8 +5,9 @@
 #
 # The directory holds plugin.json (the manifest: name, version, description, modules,
 # dependencies, order, exports) and the sources: *.swift for a Swift plugin, *.c for a C
-# plugin. `make` leaves build/libMyPlugin.so with the manifest embedded. Every flag the
-# host needs (module name, SDK paths, soname, -z nodelete, manifest) is set here.
+# plugin. `make` leaves build/libMyPlugin.so with the manifest embedded; `make DEBUG=1`
+# builds without optimization. The flags the host needs (module name, SDK paths, soname,
+# -z nodelete) come from `modhostctl flags`, the same flags a CMake or SwiftPM build uses.
 
 MODHOST_SDK ?= $(abspath $(dir $(lastword $(MAKEFILE_LIST)))/../..)
 ifndef PLUGIN
@@ -21,51 +22,70 @@ MANIFEST_SOURCE ?= plugin.json
 LANGUAGE := $(if $(filter %.swift,$(SOURCES)),swift,c)
 PLUGIN_DIR ?= build
 MODULES_DIR ?= $(PLUGIN_DIR)/modules
-OBJ_DIR ?= $(PLUGIN_DIR)/obj
+# Intermediate files are per plugin, so plugins sharing a PLUGIN_DIR (a plugin and the
+# plugins that depend on it) never see each other's.
+OBJ_DIR ?= $(PLUGIN_DIR)/obj/$(PLUGIN)
 SWIFTC ?= swiftc
 CC ?= cc
-CFLAGS ?= -O2 -g
-SWIFTFLAGS ?= -Onone -g
 OBJCOPY ?= objcopy
 MODHOSTCTL ?= $(MODHOST_SDK)/bin/modhostctl
+# Optimized with debug information by default; DEBUG=1 for an unoptimized build.
+ifeq ($(DEBUG),1)
+CFLAGS ?= -O0 -g
+SWIFTFLAGS ?= -Onone -g
+else
+CFLAGS ?= -O2 -g
+SWIFTFLAGS ?= -O -g
+endif
 
 SDK_LIB := $(MODHOST_SDK)/lib/libModuleKit.so
 TARGET := $(PLUGIN_DIR)/lib$(PLUGIN).so
 UNSTAMPED := $(OBJ_DIR)/lib$(PLUGIN).so
 MANIFEST := $(OBJ_DIR)/manifest.json
+DEPENDENCY_FILE := $(OBJ_DIR)/lib$(PLUGIN).d
+COMMAND_FILE := $(OBJ_DIR)/command
+
+HOST_FLAGS := $(shell $(MODHOSTCTL) flags --$(LANGUAGE) --plugin $(PLUGIN) --prefix $(MODHOST_SDK))
+ifeq ($(strip $(HOST_FLAGS)),)
+$(error `$(MODHOSTCTL) flags` printed nothing: set MODHOST_SDK to ModuleHost's install prefix (or a checkout's build/))
+endif
 
 .PHONY: all clean
 all: $(TARGET)
 
 ifeq ($(LANGUAGE),swift)
 # One Swift module per plugin, linked against the one shared libModuleKit.so. Its
-# .swiftmodule goes to MODULES_DIR so that plugins depending on it can import it.
-# include/modulehost holds the C ABI's module map. It is on the search path so that the
-# compiler also finds it when it builds ModuleKit from ModuleKit.swiftinterface (when the
-# installed .swiftmodule is from another compiler build).
-$(UNSTAMPED): $(SOURCES) $(SDK_LIB) | $(OBJ_DIR) $(MODULES_DIR)
-	$(SWIFTC) -emit-library -parse-as-library -swift-version 6 $(SWIFTFLAGS) \
-	  -module-name $(PLUGIN) -module-link-name $(PLUGIN) \
-	  -emit-module -emit-module-path $(MODULES_DIR)/$(PLUGIN).swiftmodule \
-	  -I $(MODHOST_SDK)/lib/modulehost/swift -I $(MODULES_DIR) \
-	  -I $(MODHOST_SDK)/include/modulehost \
-	  -L $(MODHOST_SDK)/lib -L $(PLUGIN_DIR) -lModuleKit \
-	  -Xlinker -soname=lib$(PLUGIN).so -Xlinker -z -Xlinker nodelete \
-	  $(SOURCES) -o $@
+# .swiftmodule is copied to MODULES_DIR so that plugins depending on it can import it. The
+# compiler's dependency file names every module imported (a dependency's .swiftmodule,
+# ModuleKit's, the toolchain's), so a change to any of them rebuilds this plugin.
+COMMAND = $(SWIFTC) $(HOST_FLAGS) $(SWIFTFLAGS) \
+	  -emit-module -emit-module-path $(OBJ_DIR)/$(PLUGIN).swiftmodule -emit-dependencies \
+	  -I $(MODULES_DIR) -L $(PLUGIN_DIR) $(SOURCES) $(LDLIBS)
+$(UNSTAMPED): $(SOURCES) $(SDK_LIB) $(COMMAND_FILE) | $(OBJ_DIR) $(MODULES_DIR)
+	$(COMMAND) -o $@
+	@awk -v target='$@' 'NR == 1 { sub(/^[^:]*: */, ""); print target ": " $$0; n = split($$0, files, " "); \
+	  for (i = 1; i <= n; i++) print files[i] ":" }' $(OBJ_DIR)/$(PLUGIN).emit-module.d > $(DEPENDENCY_FILE)
+	@for f in swiftmodule swiftdoc; do cmp -s $(OBJ_DIR)/$(PLUGIN).$$f $(MODULES_DIR)/$(PLUGIN).$$f || \
+	  cp -f $(OBJ_DIR)/$(PLUGIN).$$f $(MODULES_DIR)/$(PLUGIN).$$f; done
 else
 # A C plugin needs only the header; -z defs reports unresolved symbols at build time.
-$(UNSTAMPED): $(SOURCES) $(MODHOST_SDK)/include/modulehost.h | $(OBJ_DIR)
-	$(CC) $(CFLAGS) -std=c11 -Wall -Wextra -fPIC -shared -fvisibility=hidden \
-	  -I $(MODHOST_SDK)/include -L $(PLUGIN_DIR) \
-	  -Wl,-soname,lib$(PLUGIN).so -Wl,-z,nodelete -Wl,-z,defs \
-	  $(SOURCES) $(LDLIBS) -o $@
+COMMAND = $(CC) $(HOST_FLAGS) $(CFLAGS) -Wall -Wextra -MMD -MP -MF $(DEPENDENCY_FILE) \
+	  -L $(PLUGIN_DIR) $(SOURCES) $(LDLIBS)
+$(UNSTAMPED): $(SOURCES) $(SDK_LIB) $(COMMAND_FILE) | $(OBJ_DIR)
+	$(COMMAND) -o $@
 endif
+
+# The command line is recorded, so a change of flags (DEBUG=1, another SDK) rebuilds.
+$(shell mkdir -p $(OBJ_DIR) && { printf '%s\n' '$(COMMAND)' | cmp -s - $(COMMAND_FILE) || printf '%s\n' '$(COMMAND)' > $(COMMAND_FILE); })
+
+-include $(DEPENDENCY_FILE)
 
 # The manifest: plugin.json checked and completed with the ABI version, the language
 # and, for Swift, what the plugin is built with and against: the compiler's version and
-# the ModuleKit ABI version recorded in the libModuleKit.so it links.
-$(MANIFEST): $(MANIFEST_SOURCE) $(SDK_LIB) | $(OBJ_DIR)
-	$(MODHOSTCTL) manifest --language $(LANGUAGE) --sdk $(SDK_LIB) \
+# the ModuleKit ABI version recorded in the libModuleKit.so it links. --library checks
+# that every function plugin.json exports is in the built file's dynamic symbol table.
+$(MANIFEST): $(MANIFEST_SOURCE) $(SDK_LIB) $(UNSTAMPED) | $(OBJ_DIR)
+	$(MODHOSTCTL) manifest --language $(LANGUAGE) --sdk $(SDK_LIB) --library $(UNSTAMPED) \
 	  --swift-version "$$($(SWIFTC) --version 2>/dev/null | head -n 1)" $(MANIFEST_SOURCE) > $@.tmp
 	mv $@.tmp $@
 
@@ -80,4 +100,4 @@ $(OBJ_DIR) $(MODULES_DIR):
 	mkdir -p $@
 
 clean:
-	rm -f $(TARGET) $(UNSTAMPED) $(MANIFEST)
+	rm -f $(TARGET) $(UNSTAMPED) $(MANIFEST) $(DEPENDENCY_FILE) $(COMMAND_FILE)

@@ -1,19 +1,18 @@
 /* Calculator: a C plugin whose functions the host calls by name through libffi.
- * Each function below is listed with its signature in plugin.json's "exports". */
+ * Each function below is listed with its signature in plugin.json's "exports" and marked
+ * MODHOST_EXPORT, which keeps it visible under plugin.mk's -fvisibility=hidden. */
 #include <modulehost.h>
 #include <math.h>
 #include <string.h>
 
-#define EXPORT __attribute__((visibility("default")))
-
-EXPORT int32_t calc_add(int32_t a, int32_t b) { return (int32_t)((uint32_t)a + (uint32_t)b); }
-EXPORT int64_t calc_mul64(int64_t a, int64_t b) { return (int64_t)((uint64_t)a * (uint64_t)b); }
-EXPORT double calc_hypot(double a, double b) { return sqrt(a * a + b * b); }
-EXPORT bool calc_is_even(uint32_t n) { return n % 2 == 0; }
-EXPORT uint64_t calc_length(const char *text) { return text ? strlen(text) : 0; }
+MODHOST_EXPORT int32_t calc_add(int32_t a, int32_t b) { return (int32_t)((uint32_t)a + (uint32_t)b); }
+MODHOST_EXPORT int64_t calc_mul64(int64_t a, int64_t b) { return (int64_t)((uint64_t)a * (uint64_t)b); }
+MODHOST_EXPORT double calc_hypot(double a, double b) { return sqrt(a * a + b * b); }
+MODHOST_EXPORT bool calc_is_even(uint32_t n) { return n % 2 == 0; }
+MODHOST_EXPORT uint64_t calc_length(const char *text) { return text ? strlen(text) : 0; }
 
 /* Adler-32 of a byte buffer: `buf` arrives as a pointer and a length. */
-EXPORT uint32_t calc_checksum(const uint8_t *bytes, size_t length) {
+MODHOST_EXPORT uint32_t calc_checksum(const uint8_t *bytes, size_t length) {
     uint32_t a = 1, b = 0;
     for (size_t i = 0; i < length; i++) {
         a = (a + bytes[i]) % 65521;

@@ -28,6 +28,10 @@ public struct ControlCommand: Sendable {
           inspect FILE              Print a plugin's manifest and validation verdict, without loading it
           verify DIR|FILE...        Validate plugin files without loading them; exit 1 if any is refused
           manifest [options] FILE   Complete and check a plugin.json (used by plugin.mk)
+          new --swift|--c NAME [--dir DIR]
+                                    Write a plugin directory that builds, verifies and loads as is
+          flags --swift|--c [--plugin NAME]
+                                    Print the compiler and linker flags a plugin needs (builds without make)
 
         OPTIONS:
           --json                    Print JSON instead of text
@@ -72,9 +76,10 @@ public struct ControlCommand: Sendable {
     }
 
     private func dispatch(_ arguments: [String]) async throws -> ExitCode {
-        let valueOptions: Set<String> = ["language", "sdk", "swift-version", "socket", "timeout", "payload", "to"]
+        let valueOptions: Set<String> = ["language", "sdk", "library", "swift-version", "socket", "timeout", "payload", "to",
+                                          "plugin", "prefix", "dir"]
         // After `call`, "-5" and "-inf" are the function's arguments, not options.
-        let parsed = try Arguments(arguments, valueOptions: valueOptions, flagOptions: ["json", "allow-insecure-plugins", "await"],
+        let parsed = try Arguments(arguments, valueOptions: valueOptions, flagOptions: ["json", "allow-insecure-plugins", "await", "swift", "c"],
                                    dashWordsArePositional: { $0.first == "call" })
         guard let command = parsed.positionals.first else {
             if parsed.has("help") { output.out(Self.help); return .success }
@@ -93,9 +98,15 @@ public struct ControlCommand: Sendable {
             guard !operands.isEmpty else { throw UsageError("verify needs at least one DIR or FILE") }
             return verify(operands, validator: validator, json: json)
         case "manifest":
-            if parsed.has("help") { output.out("USAGE: modhostctl manifest --language swift|c --sdk LIBMODULEKIT [--swift-version TEXT] plugin.json\n\nPrints the manifest plugin.mk embeds: plugin.json completed with the ABI version, the language and, for Swift, the compiler and the ModuleKit version of LIBMODULEKIT."); return .success }
+            if parsed.has("help") { output.out("USAGE: modhostctl manifest --language swift|c [--sdk LIBMODULEKIT] [--swift-version TEXT] [--library FILE] plugin.json\n\nPrints the manifest plugin.mk embeds: plugin.json completed with the ABI version, the language and, for Swift, the compiler and the ModuleKit version of LIBMODULEKIT (default: the libModuleKit.so of this modhostctl's prefix). With --library, the built plugin FILE must export every function plugin.json lists in \"exports\"."); return .success }
             guard operands.count == 1 else { throw UsageError("manifest takes exactly one plugin.json") }
             return try manifest(operands[0], parsed)
+        case "new":
+            if parsed.has("help") { output.out(Self.newHelp); return .success }
+            return try newPlugin(operands, parsed)
+        case "flags":
+            if parsed.has("help") { output.out(Self.flagsHelp); return .success }
+            return try flags(operands, parsed)
         case _ where Self.daemonCommands.contains(command):
             return try await daemonCommand(command, operands, parsed)
         default:
@@ -232,7 +243,9 @@ public struct ControlCommand: Sendable {
         fields["abi"] = .string("\(HostSDK.abiMajor).\(HostSDK.abiMinor)")
         fields["language"] = .string(language.rawValue)
         if language == .swift {
-            guard let sdk = parsed.value("sdk") else { throw UsageError("a Swift plugin needs --sdk PATH/libModuleKit.so") }
+            guard let sdk = parsed.value("sdk") ?? PluginBuildFlags.defaultSDK().map({ $0 + "/lib/libModuleKit.so" }) else {
+                throw UsageError("a Swift plugin needs --sdk PATH/libModuleKit.so (no SDK next to this modhostctl)")
+            }
             // The ModuleKit version comes from the library the plugin links, not from this
             // process's, which may be another build.
             guard let version = (try? ELFImage(path: sdk).moduleKitABIVersion()) ?? nil else {
@@ -246,14 +259,40 @@ public struct ControlCommand: Sendable {
             }
             fields["toolchain"] = ["swift": .string(swift), "moduleKit": .string("\(version.major).\(version.minor)")]
         }
+        let manifest: Manifest
         do {
-            let manifest = try Manifest(json: .object(fields))
-            output.out(manifest.jsonText())
-            return .success
+            manifest = try Manifest(json: .object(fields))
         } catch {
             output.err("Error: \(path): \(error.reason). Fix: correct \(path)")
             return .dataError
         }
+        if let library = parsed.value("library"), let problem = missingExports(manifest, library: library, language: language) {
+            output.err("Error: \(problem)")
+            return .dataError
+        }
+        output.out(manifest.jsonText())
+        return .success
+    }
+
+    /// What is wrong when `library` does not export every function the manifest declares:
+    /// a function compiled with hidden visibility (plugin.mk's `-fvisibility=hidden`
+    /// without `MODHOST_EXPORT`) is absent from the dynamic symbol table, and the host
+    /// would refuse the plugin at load time.
+    func missingExports(_ manifest: Manifest, library: String, language: Manifest.Language) -> String? {
+        guard !manifest.exports.isEmpty else { return nil }
+        let defined: Set<String>
+        do {
+            defined = Set(try ELFImage(path: library).definedDynamicSymbols())
+        } catch {
+            return "cannot read the dynamic symbol table of \(library): \(error)"
+        }
+        let missing = manifest.exports.map(\.name).filter { !defined.contains($0) }
+        guard let first = missing.first else { return nil }
+        let names = missing.map { JSONValue.escapingControlCharacters($0) }.joined(separator: ", ")
+        let fix = language == .c
+            ? "define it with MODHOST_EXPORT from modulehost.h (`MODHOST_EXPORT int32_t \(JSONValue.escapingControlCharacters(first))(...) { ... }`), which keeps it visible under plugin.mk's -fvisibility=hidden"
+            : "define it as `@_cdecl(\"\(JSONValue.escapingControlCharacters(first))\") public func ...` at the top level of a plugin source"
+        return "\(library): plugin.json exports \(names), which \(missing.count == 1 ? "is" : "are") not in the file's dynamic symbol table (undefined, or defined with hidden visibility), so the host could not call \(missing.count == 1 ? "it" : "them"). Fix: \(fix)"
     }
 }
 

@@ -33,7 +33,7 @@ import TestSupport
 //   `"exports": [...]` fragment through the signature parser; a daemon configuration
 //   (an object with "pluginDirectories") through the daemon's configuration reader. Any
 //   other JSON block fails the test, so that no example goes unchecked by accident.
-// - ```c blocks that include a header compile with the flags plugin.mk uses.
+// - ```c blocks that include a header compile with the flags plugin.mk uses, without a warning.
 @Suite("docs: examples against the real commands", .serialized)
 struct DocExamplesTests {
     /// A modhostd on a scratch copy of the example plugins, with wrappers that make
@@ -171,13 +171,17 @@ struct DocExamplesTests {
 
     // MARK: C
 
+    /// Warning-free under exactly what plugin.mk passes (`modhostctl flags`, its default
+    /// optimization and warnings), with warnings as errors.
     @Test func cExamplesCompile() throws {
         let scratch = TemporaryDirectory("doc-c")
+        let flags = try run(BuildProducts.modhostctl, ["flags", "--c", "--plugin", "Example"])
+        try #require(flags.status == 0, "\(flags.standardError)")
+        let pluginFlags = flags.standardOutput.split(whereSeparator: \.isWhitespace).map(String.init)
         var checked = 0
         for block in try Self.blocks("c") where block.body.contains("#include") {
             let path = try scratch.write("example.c", text: block.body)
-            let result = try run("/usr/bin/env", ["cc", "-std=c11", "-Wall", "-Wextra", "-Werror", "-Wno-unused-parameter",
-                                                  "-fsyntax-only", "-I", BuildProducts.directory + "/include", path])
+            let result = try run("/usr/bin/env", ["cc"] + pluginFlags + ["-O2", "-g", "-Wall", "-Wextra", "-Werror", "-fsyntax-only", path])
             #expect(result.status == 0, "\(block.location) does not compile:\n\(result.standardError)")
             checked += 1
         }

@@ -1,45 +1,237 @@
 import Foundation
+import Glibc
 @testable import ModuleHost
 import ModuleKit
+import PluginFormat
 import Testing
 import TestSupport
 
-/// The README's "write your first plugin", taken from the README itself, built out of
-/// tree with the shipped plugin.mk and loaded: the docs a newcomer follows must work.
-@Suite struct OutOfTreeBuildTests {
-    func buildFromReadme(language: String) throws -> (TemporaryDirectory, String) {
-        let blocks = try MarkdownBlock.blocks(of: "README.md")
-        let manifest = try #require(blocks.first { $0.language == "json" }).body
-        let makefile = try #require(blocks.first { $0.language == "make" }).body
-            .replacingOccurrences(of: "/path/to/modulehost/build", with: BuildProducts.directory)
-        let source = try #require(blocks.first { $0.language == language }).body
-        let dir = TemporaryDirectory("first-plugin")
-        try dir.write("plugin.json", text: manifest)
-        try dir.write("Makefile", text: makefile)
-        try dir.write(language == "c" ? "hello.c" : "Hello.swift", text: source)
-        try shell("make", directory: dir.path)
-        return (dir, dir.path + "/build/libHello.so")
+/// The plugin author's kit as a newcomer uses it, out of tree: `modhostctl new`, the
+/// shipped plugin.mk, `modhostctl flags`, and what the README and docs/plugins.md show.
+@Suite(.serialized) struct OutOfTreeBuildTests {
+    /// The SDK prefix `modhostctl` belongs to, as `new` writes it into the Makefile.
+    static var sdk: String { realPath(BuildProducts.directory) ?? BuildProducts.directory }
+
+    /// Runs `modhostctl new` into `directory`.
+    func scaffold(_ language: String, _ name: String, in directory: String) throws {
+        let result = try run(BuildProducts.modhostctl, ["new", "--\(language)", name, "--dir", directory])
+        try #require(result.status == 0, "modhostctl new failed: \(result.standardError)")
     }
 
+    /// `make` in `directory` (with `arguments`), standard error joined to standard output,
+    /// as an author runs it (not as a child of `make test`, whose jobserver it would find).
+    func make(_ directory: String, _ arguments: String = "") throws -> ProcessResult {
+        try run("/bin/bash", ["-c", "env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make --no-print-directory \(arguments) 2>&1"], directory: directory)
+    }
+
+    func text(_ path: String) throws -> String { try String(contentsOfFile: path, encoding: .utf8) }
+
+    // MARK: the scaffold
+
+    /// What the README's first plugin shows is what `modhostctl new` writes; it builds
+    /// without a warning, verifies, loads, and `make` again replaces it in the running daemon.
     @Test(arguments: ["c", "swift"])
-    func theReadmePluginBuildsAndLoads(language: String) async throws {
-        let (dir, path) = try buildFromReadme(language: language)
-        let file = try Validator().validate(path)
-        #expect(file.manifest.name == "Hello")
-        #expect(file.manifest.language.rawValue == language)
-        #expect(file.dynamic.soname == "libHello.so")
-        if language == "swift" {
-            #expect(file.manifest.toolchain?.moduleKit == HostSDK.current.moduleKit)
-        }
-        // Both variants are called Hello: check the loadable one in a separate process.
-        let verify = try run(BuildProducts.modhostctl, ["verify", path])
+    func theScaffoldBuildsVerifiesLoadsAndIsReplaced(language: String) async throws {
+        let root = TemporaryDirectory("scaffold")
+        let dir = root.file("Hello")
+        try scaffold(language, "Hello", in: dir)
+        let source = dir + (language == "c" ? "/hello.c" : "/Hello.swift")
+        let makefile = try text(dir + "/Makefile")
+        #expect(makefile == "PLUGIN = Hello\nMODHOST_SDK ?= \(Self.sdk)\ninclude $(MODHOST_SDK)/share/modulehost/plugin.mk\n")
+        #expect(try text(dir + "/README.md").split(separator: "\n").count == 1)
+
+        let blocks = try MarkdownBlock.blocks(of: "README.md")
+        #expect(try #require(blocks.first { $0.language == "json" }).body == (try text(dir + "/plugin.json")))
+        #expect(try #require(blocks.first { $0.language == language }).body == (try text(source)))
+        #expect(try #require(blocks.first { $0.language == "make" }).body
+            .replacingOccurrences(of: "/path/to/modulehost/build", with: Self.sdk) == makefile)
+        let commands = try #require(blocks.first { $0.language == "sh" && $0.body.contains("modhostctl new") }).body
+        #expect(commands.contains("modhostctl new --\(language) Hello"))
+
+        let build = try make(dir)
+        #expect(build.status == 0, "\(build.standardOutput)")
+        #expect(!build.standardOutput.contains("warning"), "\(build.standardOutput)")
+        let library = dir + "/build/libHello.so"
+        let verify = try run(BuildProducts.modhostctl, ["verify", library])
         #expect(verify.status == 0, "\(verify.standardOutput)")
-        let daemon = try RunningProcess(BuildProducts.modhostd, ["--plugins", dir.path + "/build", "--state-dir", dir.file("state"),
-                                                                 "--socket", dir.file("sock")])
+        let file = try Validator().validate(library)
+        #expect(file.manifest.name == "Hello" && file.manifest.language.rawValue == language)
+        #expect(file.dynamic.soname == "libHello.so")
+
+        let daemon = try RunningProcess(BuildProducts.modhostd, ["--plugins", dir + "/build", "--state-dir", root.file("state"),
+                                                                 "--socket", root.file("sock")])
         #expect(await daemon.waitFor("started 1 modules: hello"))
-        daemon.send(SIGTERM)
-        #expect(await daemon.wait() == 0)
         let startLine = daemon.text.split(separator: "\n").first { $0.contains(language == "c" ? ": start " : "hello: start") }
         #expect(startLine?.contains("module=hello") == true, "\(daemon.text)")
+
+        // Hot replace: change what the module logs, `make` again into the watched directory.
+        let (old, new) = language == "c" ? ("hello, world", "hello, replaced") : ("hello: ", "hello again: ")
+        try (try text(source)).replacingOccurrences(of: old, with: new).write(toFile: source, atomically: true, encoding: .utf8)
+        let rebuild = try make(dir)
+        #expect(rebuild.status == 0, "\(rebuild.standardOutput)")
+        #expect(await daemon.waitFor(language == "c" ? "hello, replaced" : "hello again: start"), "\(daemon.text)")
+        daemon.send(SIGTERM)
+        #expect(await daemon.wait() == 0, "\(daemon.text)")
+    }
+
+    @Test func theScaffoldRefusesWhatItCannotWrite() throws {
+        let root = TemporaryDirectory("scaffold-refusals")
+        let taken = root.directory("Taken")
+        try root.write("Taken/keep.txt", text: "mine\n")
+        let cases: [([String], String)] = [
+            (["new", "--c", "Hello", "--dir", taken], "exists and is not empty"),
+            (["new", "--c", "../Hello", "--dir", root.file("x")], "not a name"),
+            (["new", "--swift", "my-plugin", "--dir", root.file("y")], "letters, digits and '_'"),
+            (["new", "Hello"], "one of --swift and --c"),
+        ]
+        for (arguments, message) in cases {
+            let result = try run(BuildProducts.modhostctl, arguments)
+            #expect(result.status != 0, "\(arguments)")
+            #expect(result.standardError.contains(message), "\(arguments): \(result.standardError)")
+        }
+        #expect(try FileManager.default.contentsOfDirectory(atPath: taken) == ["keep.txt"])
+        #expect(!FileManager.default.fileExists(atPath: root.file("x")) && !FileManager.default.fileExists(atPath: root.file("y")))
+    }
+
+    // MARK: plugin.mk
+
+    /// Two plugins sharing a PLUGIN_DIR (as a plugin and its dependent do) keep their own
+    /// intermediate files, and the dependent rebuilds when the dependency's module changes.
+    @Test func pluginsSharingAnOutputDirectoryStayApartAndDependentsRebuild() throws {
+        let root = TemporaryDirectory("shared-plugin-dir")
+        let out = root.directory("out")
+        let ledger = root.file("Ledger"), auditor = root.file("Auditor")
+        try scaffold("swift", "Ledger", in: ledger)
+        try scaffold("swift", "Auditor", in: auditor)
+        try "public func ledgerBalance() -> Int { 1 }\n".write(toFile: ledger + "/Balance.swift", atomically: true, encoding: .utf8)
+        try """
+            import Ledger
+            public func auditedBalance() -> Int { ledgerBalance() }
+
+            """.write(toFile: auditor + "/Audit.swift", atomically: true, encoding: .utf8)
+        try #"{ "name": "Auditor", "version": "1.0.0", "modules": ["auditor"], "dependencies": ["Ledger"] }"#
+            .write(toFile: auditor + "/plugin.json", atomically: true, encoding: .utf8)
+        let shared = "PLUGIN_DIR=\(out)"
+        for directory in [ledger, auditor] {
+            let build = try make(directory, shared)
+            try #require(build.status == 0, "\(build.standardOutput)")
+        }
+        #expect(try Validator().validate(out + "/libAuditor.so").manifest.name == "Auditor")
+        #expect(try make(auditor, "-q " + shared).status == 0, "Auditor is up to date after its build")
+
+        // A new Ledger (version and module): the plain `make` in Auditor rebuilds it.
+        try (try text(ledger + "/plugin.json")).replacingOccurrences(of: "1.0.0", with: "1.1.0")
+            .write(toFile: ledger + "/plugin.json", atomically: true, encoding: .utf8)
+        try "public func ledgerBalance() -> Int { 2 }\npublic func ledgerEntries() -> Int { 0 }\n"
+            .write(toFile: ledger + "/Balance.swift", atomically: true, encoding: .utf8)
+        try #require(try make(ledger, shared).status == 0)
+        #expect(try Validator().validate(out + "/libLedger.so").manifest.version == "1.1.0")
+        #expect(try make(auditor, "-q " + shared).status != 0, "Auditor must rebuild when Ledger.swiftmodule changes")
+        let rebuild = try make(auditor, shared)
+        #expect(rebuild.status == 0 && rebuild.standardOutput.contains("swiftc"), "\(rebuild.standardOutput)")
+        let auditorManifest = try Validator().validate(out + "/libAuditor.so").manifest
+        #expect(auditorManifest.name == "Auditor" && auditorManifest.dependencies == ["Ledger"])
+        let verify = try run(BuildProducts.modhostctl, ["verify", out])
+        #expect(verify.status == 0, "\(verify.standardOutput)")
+    }
+
+    /// Optimized with debug information by default, `-Onone` with DEBUG=1, and a change of
+    /// flags rebuilds.
+    @Test(arguments: ["c", "swift"])
+    func pluginsAreOptimizedByDefaultAndDebugIsAFlag(language: String) throws {
+        let root = TemporaryDirectory("plugin-flags")
+        let dir = root.file("Opt")
+        try scaffold(language, "Opt", in: dir)
+        let (optimized, debug) = language == "c" ? (" -O2 -g ", " -O0 -g ") : (" -O -g ", " -Onone -g ")
+        let dryRun = try make(dir, "-n").standardOutput
+        #expect(dryRun.contains(optimized) && !dryRun.contains(debug), "\(dryRun)")
+        #expect(try make(dir, "-n DEBUG=1").standardOutput.contains(debug))
+        try #require(try make(dir).status == 0)
+        #expect(try make(dir, "-q").status == 0)
+        #expect(try make(dir, "-q DEBUG=1").status != 0, "DEBUG=1 after a build must rebuild")
+    }
+
+    /// A function plugin.json exports but the file does not (a C function without
+    /// MODHOST_EXPORT under -fvisibility=hidden, a Swift function without @_cdecl) stops
+    /// the build with an error naming it and the fix.
+    @Test(arguments: ["c", "swift"])
+    func aDeclaredExportMissingFromTheFileStopsTheBuild(language: String) throws {
+        let root = TemporaryDirectory("plugin-exports")
+        let dir = root.file("Thermo")
+        try scaffold(language, "Thermo", in: dir)
+        try #"{ "name": "Thermo", "version": "1.0.0", "modules": ["thermo"], "exports": [{ "name": "thermo_set", "signature": "i32(i32)" }] }"#
+            .write(toFile: dir + "/plugin.json", atomically: true, encoding: .utf8)
+        let (file, hidden, exported, fix) = language == "c"
+            ? ("set.c", "#include <modulehost.h>\nint32_t thermo_set(int32_t t) { return t; }\n",
+               "#include <modulehost.h>\nMODHOST_EXPORT int32_t thermo_set(int32_t t) { return t; }\n", "MODHOST_EXPORT")
+            : ("Set.swift", "public func thermoSet(_ t: Int32) -> Int32 { t }\n",
+               "@_cdecl(\"thermo_set\")\npublic func thermoSet(_ t: Int32) -> Int32 { t }\n", "@_cdecl(\"thermo_set\")")
+        try hidden.write(toFile: dir + "/" + file, atomically: true, encoding: .utf8)
+        let refused = try make(dir)
+        #expect(refused.status != 0)
+        #expect(refused.standardOutput.contains("exports thermo_set, which is not in the file's dynamic symbol table"), "\(refused.standardOutput)")
+        #expect(refused.standardOutput.contains("Fix: define it") && refused.standardOutput.contains(fix), "\(refused.standardOutput)")
+        #expect(!FileManager.default.fileExists(atPath: dir + "/build/libThermo.so"))
+
+        try exported.write(toFile: dir + "/" + file, atomically: true, encoding: .utf8)
+        let built = try make(dir)
+        #expect(built.status == 0, "\(built.standardOutput)")
+        #expect(try ELFImage(path: dir + "/build/libThermo.so").definedDynamicSymbols().contains("thermo_set"))
+        #expect(try run(BuildProducts.modhostctl, ["verify", dir + "/build/libThermo.so"]).status == 0)
+    }
+
+    /// The example plugins build without a warning under plugin.mk's own flags.
+    @Test func theExamplePluginsBuildWithoutWarnings() throws {
+        let root = TemporaryDirectory("example-plugins")
+        let out = root.directory("out")
+        // Welcome imports Greeting: build Greeting first.
+        for name in ["Calculator", "Counter", "Greeting", "Welcome"] {
+            let copy = root.file(name)
+            try FileManager.default.copyItem(atPath: BuildProducts.packageRoot + "/Plugins/" + name, toPath: copy)
+            let build = try make(copy, "MODHOST_SDK=\(BuildProducts.directory) PLUGIN_DIR=\(out)")
+            #expect(build.status == 0 && !build.standardOutput.contains("warning"), "\(name):\n\(build.standardOutput)")
+        }
+    }
+
+    // MARK: building without make
+
+    /// docs/plugins.md's "Building without make" examples, run as written in a directory
+    /// `modhostctl new` wrote, with the built tools first on PATH.
+    @Test(arguments: ["c", "swift"])
+    func buildingWithoutMakeWorksAsDocumented(language: String) throws {
+        let blocks = try MarkdownBlock.blocks(of: "docs/plugins.md").filter { $0.language == "sh" && $0.body.contains("modhostctl flags") }
+        let commands = try #require(blocks.first { $0.body.contains(language == "c" ? "cc $(modhostctl flags --c" : "swiftc $(modhostctl flags --swift") })
+        let root = TemporaryDirectory("no-make")
+        let dir = root.file("Hello")
+        try scaffold(language, "Hello", in: dir)
+        let script = "set -e\nexport PATH=\(BuildProducts.directory)/bin:$PATH\n" + commands.body
+        let result = try run("/bin/bash", ["-c", script + " 2>&1"], directory: dir)
+        #expect(result.status == 0, "\(commands.location):\n\(result.standardOutput)")
+        #expect(result.standardOutput.contains("1 valid, 0 refused"), "\(result.standardOutput)")
+
+        // The flags are those plugin.mk uses.
+        let flags = try run(BuildProducts.modhostctl, ["flags", "--\(language)", "--plugin", "Hello"]).standardOutput
+            .trimmingCharacters(in: .whitespacesAndNewlines)
+        #expect(try make(dir, "-n").standardOutput.contains(flags))
+        let file = try Validator().validate(dir + "/libHello.so")
+        #expect(file.manifest.name == "Hello" && file.dynamic.soname == "libHello.so")
+    }
+
+    @Test func flagsRefusesWhatAShellWouldSplit() throws {
+        let root = TemporaryDirectory("flags")
+        let spaced = root.directory("sdk copy")
+        _ = root.directory("sdk copy/include")
+        try root.write("sdk copy/include/modulehost.h", text: "\n")
+        let cases: [([String], String)] = [
+            (["flags", "--c", "--swift"], "one of --swift and --c"),
+            (["flags", "--c", "--plugin", "a b"], "not a name"),
+            (["flags", "--c", "--prefix", root.file("none")], "no include/modulehost.h"),
+            (["flags", "--c", "--prefix", spaced], "which a shell or make would split"),
+        ]
+        for (arguments, message) in cases {
+            let result = try run(BuildProducts.modhostctl, arguments)
+            #expect(result.status != 0)
+            #expect(result.standardError.contains(message), "\(arguments): \(result.standardError)")
+        }
     }
 }

@@ -126,10 +126,16 @@ typedef struct modhost_plugin {
  * Return NULL to refuse loading. */
 typedef const modhost_plugin *_Nullable (*modhost_plugin_entry_fn)(void);
 
+/* Marks a function the host may find by name: one listed in plugin.json's "exports"
+ * (docs/calling.md). plugin.mk compiles with -fvisibility=hidden, so a function without it
+ * is left out of the dynamic symbol table, and plugin.mk stops with an error naming it:
+ *     MODHOST_EXPORT int32_t calc_add(int32_t a, int32_t b) { return a + b; } */
+#define MODHOST_EXPORT __attribute__((visibility("default")))
+
 /* Declare the entry point in a C plugin:  MODHOST_PLUGIN_ENTRY { return &my_plugin; } */
 #define MODHOST_PLUGIN_ENTRY \
-    __attribute__((visibility("default"))) const modhost_plugin *modhost_plugin_entry_v1(void); \
-    __attribute__((visibility("default"))) const modhost_plugin *modhost_plugin_entry_v1(void)
+    MODHOST_EXPORT const modhost_plugin *modhost_plugin_entry_v1(void); \
+    MODHOST_EXPORT const modhost_plugin *modhost_plugin_entry_v1(void)
 
 /* Initializer helpers so a C plugin writes no struct_size or ABI numbers by hand. */
 #define MODHOST_PLUGIN_INIT(plugin_name, module_array) \
