@@ -12,28 +12,29 @@ SWIFTFLAGS ?= $(if $(CI),-Xswiftc -warnings-as-errors,)
 
 PLUGINS := $(patsubst Plugins/%/Makefile,%,$(wildcard Plugins/*/Makefile))
 
-.PHONY: all help deps swift-build build sdk plugins test run bench install clean fuzz fuzz-build fuzz-smoke abi-dump abi-check abi-baseline
+.PHONY: all help deps swift-build build sdk plugins test run bench release install deb clean fuzz fuzz-build fuzz-smoke abi-dump abi-check abi-baseline
 all: plugins
 
 help:
 	@echo "make            build the SDK, modhostd, modhostctl and every plugin in Plugins/ into build/"
-	@echo "make run        build, then run modhostd on build/plugins (Ctrl-C stops it)"
+	@echo "make run        build (debug), then run modhostd on build/plugins (Ctrl-C stops it)"
 	@echo "make test       build, then run every test"
 	@echo "make bench      build in release mode and write build/bench/results.json"
 	@echo "make fuzz       run every libFuzzer target FUZZ_SECONDS (default 300) each; crash inputs in build/fuzz/crashes"
 	@echo "make abi-check  compare ModuleKit's binary interface with the committed baseline (run by make test)"
 	@echo "make abi-baseline  record the current ModuleKit ABI as the baseline (release step, docs/abi.md)"
-	@echo "make install    install into PREFIX (default /usr/local)"
+	@echo "make install    build in release mode and install into PREFIX (default /usr/local)"
+	@echo "make deb        build in release mode and package it: build/modulehost_VERSION_ARCH.deb"
 	@echo "make clean      remove build/ and .build/"
 
 # C libraries and tools from Debian packages: installed when missing and running as root,
 # otherwise the exact command is printed.
-DEB_PACKAGES := libffi-dev:libffi pkg-config: binutils:
 deps:
 	@missing=""; \
 	pkg-config --exists libffi 2>/dev/null || missing="$$missing libffi-dev"; \
 	command -v pkg-config >/dev/null || missing="$$missing pkg-config"; \
 	command -v objcopy >/dev/null || missing="$$missing binutils"; \
+	command -v systemd-analyze >/dev/null || missing="$$missing systemd"; \
 	command -v cc >/dev/null || missing="$$missing gcc"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then \
@@ -134,6 +135,7 @@ fuzz-smoke: fuzz-build
 	$(FUZZ_RUN) $(FUZZ_SMOKE_SECONDS) smoke $(FUZZ_TARGETS)
 
 run: plugins
+	@echo "make run: a debug build (CONFIG=$(CONFIG)); make install and make deb install release builds"
 	$(BUILD)/bin/modhostd --plugins $(BUILD)/plugins --state-dir $(BUILD)/state --socket $(BUILD)/modhostd.sock
 
 bench:
@@ -142,19 +144,64 @@ bench:
 	mkdir -p build/bench
 	$$($(SWIFT) build -c release --show-bin-path)/modhost-bench --sdk $(CURDIR)/build/release --out build/bench/results.json
 
-install: plugins
+# make install and make deb ship a release build, made in build/release (as make bench's).
+# PACKAGE_BUILD names a finished SDK layout to take the files from instead (the packaging
+# test uses the test build).
+RELEASE_BUILD := $(CURDIR)/build/release
+PACKAGE_BUILD ?=
+PACKAGE_FROM = $(or $(PACKAGE_BUILD),$(RELEASE_BUILD))
+SYSCONFDIR ?= /etc
+
+release:
+	$(MAKE) --no-print-directory CONFIG=release BUILD=$(RELEASE_BUILD) sdk
+
+# The example configuration becomes SYSCONFDIR/modhostd/modhostd.json (which the unit
+# reads) only where there is none yet.
+install: $(if $(PACKAGE_BUILD),,release)
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/modulehost/swift $(DESTDIR)$(PREFIX)/include/modulehost \
 	  $(DESTDIR)$(PREFIX)/share/modulehost $(DESTDIR)$(PREFIX)/share/doc/modulehost $(DESTDIR)$(PREFIX)/lib/pkgconfig \
-	  $(DESTDIR)$(PREFIX)/lib/modulehost/plugins
-	install -m 0755 $(BUILD)/bin/modhostd $(BUILD)/bin/modhostctl $(BUILD)/bin/modhost-trial $(DESTDIR)$(PREFIX)/bin/
-	install -m 0644 $(BUILD)/lib/libModuleKit.so $(DESTDIR)$(PREFIX)/lib/
-	install -m 0644 $(BUILD)/lib/modulehost/swift/* $(DESTDIR)$(PREFIX)/lib/modulehost/swift/
-	install -m 0644 $(BUILD)/include/modulehost.h $(DESTDIR)$(PREFIX)/include/
-	install -m 0644 $(BUILD)/include/modulehost/module.modulemap $(DESTDIR)$(PREFIX)/include/modulehost/
-	install -m 0644 $(BUILD)/share/modulehost/plugin.mk $(DESTDIR)$(PREFIX)/share/modulehost/
+	  $(DESTDIR)$(PREFIX)/lib/modulehost/plugins $(DESTDIR)$(SYSCONFDIR)/modhostd
+	install -m 0755 $(PACKAGE_FROM)/bin/modhostd $(PACKAGE_FROM)/bin/modhostctl $(PACKAGE_FROM)/bin/modhost-trial $(DESTDIR)$(PREFIX)/bin/
+	install -m 0644 $(PACKAGE_FROM)/lib/libModuleKit.so $(DESTDIR)$(PREFIX)/lib/
+	install -m 0644 $(PACKAGE_FROM)/lib/modulehost/swift/* $(DESTDIR)$(PREFIX)/lib/modulehost/swift/
+	install -m 0644 $(PACKAGE_FROM)/include/modulehost.h $(DESTDIR)$(PREFIX)/include/
+	install -m 0644 $(PACKAGE_FROM)/include/modulehost/module.modulemap $(DESTDIR)$(PREFIX)/include/modulehost/
+	install -m 0644 $(PACKAGE_FROM)/share/modulehost/plugin.mk $(DESTDIR)$(PREFIX)/share/modulehost/
 	sed -e 's|/usr/local|$(PREFIX)|g' share/modhostd.service > $(DESTDIR)$(PREFIX)/share/modulehost/modhostd.service
+	sed -e 's|/usr/local|$(PREFIX)|g' share/modhostd.json.example > $(DESTDIR)$(PREFIX)/share/modulehost/modhostd.json.example
+	[ -e $(DESTDIR)$(SYSCONFDIR)/modhostd/modhostd.json ] || \
+	  install -m 0644 $(DESTDIR)$(PREFIX)/share/modulehost/modhostd.json.example $(DESTDIR)$(SYSCONFDIR)/modhostd/modhostd.json
 	install -m 0644 README.md docs/*.md $(DESTDIR)$(PREFIX)/share/doc/modulehost/
 	sed -e 's|@PREFIX@|$(PREFIX)|' share/modulehost.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/modulehost.pc
+
+# A Debian package of the same files under /usr, with the unit, the example configuration
+# as a conffile and maintainer scripts (share/debian/) that create the modhostd user and
+# its state directory (docs/daemon.md, "The Debian package").
+DEB_VERSION ?= $(shell sed -n 's/^Version: //p' share/modulehost.pc.in)
+DEB_ARCH = $(shell dpkg --print-architecture)
+DEB_OUT ?= $(BUILD)
+DEB_MAINTAINER ?= ModuleHost maintainers <modulehost@example.org>
+DEB_ROOT = $(DEB_OUT)/deb-root
+DEB_FILE = $(DEB_OUT)/modulehost_$(DEB_VERSION)_$(DEB_ARCH).deb
+deb: $(if $(PACKAGE_BUILD),,release)
+	rm -rf $(DEB_ROOT)
+	$(MAKE) --no-print-directory install PACKAGE_BUILD=$(PACKAGE_FROM) DESTDIR=$(DEB_ROOT) PREFIX=/usr SYSCONFDIR=/etc
+	install -D -m 0644 $(DEB_ROOT)/usr/share/modulehost/modhostd.service $(DEB_ROOT)/lib/systemd/system/modhostd.service
+	install -d -m 0755 $(DEB_ROOT)/DEBIAN
+	install -m 0755 share/debian/postinst share/debian/prerm share/debian/postrm $(DEB_ROOT)/DEBIAN/
+	echo /etc/modhostd/modhostd.json > $(DEB_ROOT)/DEBIAN/conffiles
+	install -m 0644 share/debian/copyright $(DEB_ROOT)/usr/share/doc/modulehost/copyright
+	printf 'modulehost (%s) unstable; urgency=medium\n\n  * Built from the ModuleHost sources with make deb.\n\n -- %s  %s\n' \
+	  '$(DEB_VERSION)' '$(DEB_MAINTAINER)' "$$(date -R)" | gzip -9n > $(DEB_ROOT)/usr/share/doc/modulehost/changelog.gz
+	chmod 0644 $(DEB_ROOT)/usr/share/doc/modulehost/changelog.gz
+	strip --remove-section=.comment --remove-section=.note $(DEB_ROOT)/usr/bin/modhostd $(DEB_ROOT)/usr/bin/modhostctl $(DEB_ROOT)/usr/bin/modhost-trial
+	strip --remove-section=.comment --remove-section=.note --strip-unneeded $(DEB_ROOT)/usr/lib/libModuleKit.so
+	sed -e 's|@VERSION@|$(DEB_VERSION)|' -e 's|@ARCH@|$(DEB_ARCH)|' -e 's|@MAINTAINER@|$(DEB_MAINTAINER)|' \
+	  -e "s|@SIZE@|$$(du -sk --exclude=DEBIAN $(DEB_ROOT) | cut -f1)|" \
+	  -e 's|@DEPENDS@|libc6, libffi8, passwd|' \
+	  -e "s|@SWIFT_RUNTIME@|$$(readelf -d $(PACKAGE_FROM)/bin/modhostd | sed -n 's/.*runpath: \[\([^:]*\).*/\1/p')|" \
+	  share/debian/control.in > $(DEB_ROOT)/DEBIAN/control
+	dpkg-deb --root-owner-group --build $(DEB_ROOT) $(DEB_FILE)
 
 clean:
 	rm -rf build .build

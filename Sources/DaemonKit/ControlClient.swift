@@ -7,7 +7,7 @@ import Synchronization
 ///
 /// - `init` connects (retrying while the server's backlog is full, up to `timeout`) and
 ///   checks who listens (`SO_PEERCRED`): unless `trust` accepts the listener (by default
-///   root or our own effective uid), it throws `.untrustedPeer` before anything is sent,
+///   root, our own effective uid or the `modhostd` service account), it throws `.untrustedPeer` before anything is sent,
 ///   so a socket another user bound first at a shared path is never talked to.
 /// - `request(_:)` sends one line and returns the next reply line without its newline.
 ///   Concurrent calls on one client are serialized (each gets its own reply, in order);
@@ -36,7 +36,7 @@ public final class ControlClient: Sendable {
     /// `.system` (e.g. `ENOENT`: no daemon; `ECONNREFUSED`: stale socket), `.timedOut`, or
     /// `.untrustedPeer` when `trust` refuses the listener's credentials.
     public init(socketPath: String, timeout: Duration = .seconds(5), maximumLineLength: Int = 16 << 20,
-                trust: @Sendable (PeerCredentials) -> Bool = ControlServer.sameUserOrRoot)
+                trust: @Sendable (PeerCredentials) -> Bool = ControlServer.trustedDaemon)
         throws(ControlSocketError)
     {
         self.socketPath = socketPath

@@ -107,7 +107,7 @@ public enum ControlSocketError: Error, Sendable, Hashable, CustomStringConvertib
         case .connectionClosed: "connection closed by peer"
         case .lineTooLong(let limit): "reply line longer than \(limit) bytes"
         case .untrustedPeer(let path, let peer):
-            "the process listening on \(path) runs as uid \(peer.uid) (pid \(peer.pid)); only a modhostd running as uid \(geteuid() == 0 ? "0 (root)" : "\(geteuid()) (your user) or uid 0 (root)") is trusted"
+            "the process listening on \(path) runs as uid \(peer.uid) (pid \(peer.pid)); only a modhostd running as uid \(geteuid() == 0 ? "0 (root)" : "\(geteuid()) (your user), uid 0 (root)") or as the \(ControlServer.serviceUserName) service account is trusted"
         }
     }
 }
@@ -197,6 +197,31 @@ public final class ControlServer: Sendable {
     /// The default policy: the peer runs as our effective uid or as root.
     public static func sameUserOrRoot(_ peer: PeerCredentials) -> Bool {
         peer.uid == 0 || peer.uid == geteuid()
+    }
+
+    /// The name of the system account the packaged modhostd runs as (the Debian package
+    /// creates it; the systemd unit runs the daemon under it with no capabilities).
+    public static let serviceUserName = "modhostd"
+
+    /// The uid of `serviceUserName` in the user database, nil when there is no such account.
+    public static func serviceUserID() -> uid_t? {
+        var entry = passwd()
+        var result: UnsafeMutablePointer<passwd>?
+        var buffer = [CChar](repeating: 0, count: 4096)
+        let status = getpwnam_r(serviceUserName, &entry, &buffer, buffer.count, &result)
+        return status == 0 && result != nil ? entry.pw_uid : nil
+    }
+
+    /// The client's default trust in the process listening on a socket: root, our own
+    /// effective uid, or the service account (`serviceUserName`, whose uid is `serviceUID`),
+    /// so that root's `modhostctl` talks to the daemon the systemd unit runs.
+    public static func trustedDaemon(_ peer: PeerCredentials, serviceUID: uid_t?) -> Bool {
+        sameUserOrRoot(peer) || (serviceUID != nil && peer.uid == serviceUID)
+    }
+
+    /// `trustedDaemon(_:serviceUID:)` with the service account's uid looked up now.
+    public static func trustedDaemon(_ peer: PeerCredentials) -> Bool {
+        trustedDaemon(peer, serviceUID: serviceUserID())
     }
 }
 

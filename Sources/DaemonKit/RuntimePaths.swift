@@ -10,7 +10,8 @@ import Foundation
 /// `modhostd` and `modhostctl` compute the same paths and tests can check every branch.
 /// XDG variables that are unset, empty or relative are ignored, as the specification says.
 public struct RuntimePaths: Sendable, Hashable {
-    /// The control socket: `/run/modhostd.sock` as root, else
+    /// The control socket: `/run/modhostd/modhostd.sock` as root (where the systemd unit
+    /// puts it too, in its runtime directory), else
     /// `$XDG_RUNTIME_DIR/modhostd.sock`, else `/tmp/modhostd-<uid>/modhostd.sock`, inside
     /// the private directory `privateRuntimeDirectory` (never directly in a directory
     /// others can write).
@@ -31,7 +32,7 @@ public struct RuntimePaths: Sendable, Hashable {
     /// unset, the home directory comes from the password database, else `/tmp`.
     public init(environment: [String: String] = ProcessInfo.processInfo.environment, uid: UInt32 = geteuid()) {
         if uid == 0 {
-            socketPath = "/run/modhostd.sock"
+            socketPath = "/run/modhostd/modhostd.sock"
             privateRuntimeDirectory = nil
             stateDirectory = "/var/lib/modhostd"
             configPath = "/etc/modhostd/modhostd.json"

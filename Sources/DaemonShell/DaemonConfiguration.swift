@@ -37,6 +37,11 @@ public struct DaemonConfiguration: Sendable, Equatable {
     /// (`--event-deadline`, `--request-deadline`, `--shutdown-budget`).
     public static let durationRange = 0.001...3600.0
 
+    /// The fields a configuration file may hold (docs/daemon.md documents each one, and
+    /// share/modhostd.json.example sets each one).
+    public static let fieldNames: Set<String> = ["pluginDirectories", "modules", "eventDeadlineSeconds", "requestDeadlineSeconds",
+                                                 "shutdownBudgetSeconds", "logLevel", "allowInsecurePlugins"]
+
     /// The largest configuration file read, in bytes (1 MiB).
     public static let maximumFileSize = 1 << 20
 
@@ -59,8 +64,7 @@ public struct DaemonConfiguration: Sendable, Equatable {
             throw invalid(path, "is \(error)", "correct the JSON there (names once per object, no leading zeros, UTF-8)")
         }
         guard case .object(let fields) = value else { throw invalid(path, "is not a JSON object", "wrap the settings in { }") }
-        let known: Set<String> = ["pluginDirectories", "modules", "eventDeadlineSeconds", "requestDeadlineSeconds",
-                                  "shutdownBudgetSeconds", "logLevel", "allowInsecurePlugins"]
+        let known = fieldNames
         if let unknown = fields.keys.sorted().first(where: { !known.contains($0) }) {
             throw invalid(path, "has an unknown field \"\(unknown)\"", "remove it; known fields: \(known.sorted().joined(separator: ", "))")
         }

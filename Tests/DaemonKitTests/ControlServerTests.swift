@@ -364,4 +364,17 @@ struct ControlServerTests {
         #expect(await onThread { try? ControlClient.request("ok", socketPath: path) } == "echo:ok")
         await fixture.finish()
     }
+
+    /// The client's default trust: root, our uid, and the `modhostd` service account that
+    /// the systemd unit runs the daemon as (so root's modhostctl reaches it); nobody else.
+    @Test func theDefaultTrustIsRootOurUidAndTheServiceAccount() {
+        let service: uid_t = 4_000_000_001
+        func peer(_ uid: uid_t) -> PeerCredentials { PeerCredentials(pid: 1, uid: uid, gid: uid) }
+        #expect(ControlServer.trustedDaemon(peer(0), serviceUID: service))
+        #expect(ControlServer.trustedDaemon(peer(geteuid()), serviceUID: service))
+        #expect(ControlServer.trustedDaemon(peer(service), serviceUID: service))
+        #expect(!ControlServer.trustedDaemon(peer(65534), serviceUID: service))
+        #expect(!ControlServer.trustedDaemon(peer(service), serviceUID: nil))
+        #expect(ControlServer.serviceUserID() == getpwnam("modhostd")?.pointee.pw_uid)
+    }
 }

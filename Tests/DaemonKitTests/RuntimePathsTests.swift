@@ -9,7 +9,7 @@ import Glibc
 struct RuntimePathsTests {
     @Test func rootUsesSystemLocationsEvenWithXDGVariables() {
         let paths = RuntimePaths(environment: ["XDG_RUNTIME_DIR": "/run/user/0", "HOME": "/root"], uid: 0)
-        #expect(paths.socketPath == "/run/modhostd.sock")
+        #expect(paths.socketPath == "/run/modhostd/modhostd.sock")
         #expect(paths.stateDirectory == "/var/lib/modhostd")
         #expect(paths.configPath == "/etc/modhostd/modhostd.json")
     }
