@@ -27,10 +27,14 @@ public struct DependencyOrder: Sendable {
         }
         // Nothing depends on anything (the common case): order and name decide.
         if plugins.allSatisfy({ $0.manifest.dependencies.isEmpty }) {
-            ordered = plugins
-                .map { (rank: Rank(order: orderOverride[$0.name] ?? $0.manifest.order, name: $0.name), file: $0) }
-                .sorted { $0.rank < $1.rank }
-                .map(\.file)
+            let ranks = plugins.map { Rank(order: orderOverride[$0.name] ?? $0.manifest.order, name: $0.name) }
+            // Candidates often come in rank order already (files named after their plugins,
+            // orders left at 0): then the stable sort would return them as they are.
+            if zip(ranks, ranks.dropFirst()).allSatisfy({ !($1 < $0) }) {
+                ordered = plugins
+            } else {
+                ordered = zip(ranks, plugins).sorted { $0.0 < $1.0 }.map(\.1)
+            }
             return
         }
         let byName = Dictionary(uniqueKeysWithValues: plugins.map { ($0.name, $0) })  // names are unique now

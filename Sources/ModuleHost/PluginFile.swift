@@ -37,31 +37,30 @@ public func pluginCandidates(in directory: String) throws(LoadFailure) -> [Strin
     }
     defer { closedir(dir) }
     var names: [String] = []
+    // The same names as C strings, while every name is ASCII: they sort by their bytes,
+    // which for ASCII is the order `<` gives, with qsort and strcmp (no generic sort, whose
+    // first use in a process sets up types at run time).
+    var bytes: [UnsafeMutablePointer<CChar>] = []
+    var ascii = true
+    defer { for name in bytes { free(name) } }
     while let entry = readdir(dir) {
         let name = withUnsafeBytes(of: entry.pointee.d_name) { raw in
             String(decoding: raw.prefix(while: { $0 != 0 }), as: UTF8.self)
         }
-        if isPluginFileName(name) { names.append(name) }
-    }
-    let prefix = directory.hasSuffix("/") ? directory : directory + "/"
-    // ASCII names (nearly all) sort by their bytes, which is the order `<` gives them, so
-    // the paths (one prefix) are compared with memcmp; any other name sorts the general way.
-    guard names.allSatisfy({ $0.utf8.allSatisfy { $0 < 0x80 } }) else {
-        return names.sorted().map { prefix + $0 }
-    }
-    return names.map { prefix + $0 }.sorted(by: precedesByBytes)
-}
-
-/// Whether `a` comes before `b` in the order of their UTF-8 bytes (for ASCII, the order of
-/// `<`), compared with memcmp.
-private func precedesByBytes(_ a: String, _ b: String) -> Bool {
-    let order: Bool?? = a.utf8.withContiguousStorageIfAvailable { x -> Bool? in
-        b.utf8.withContiguousStorageIfAvailable { y -> Bool in
-            let sign = memcmp(x.baseAddress!, y.baseAddress!, min(x.count, y.count))
-            return sign != 0 ? sign < 0 : x.count < y.count
+        guard isPluginFileName(name) else { continue }
+        names.append(name)
+        if ascii, name.utf8.allSatisfy({ $0 < 0x80 }), let copy = strdup(name) {
+            bytes.append(copy)
+        } else {
+            ascii = false
         }
     }
-    return (order ?? nil) ?? a.utf8.lexicographicallyPrecedes(b.utf8)
+    let prefix = directory.hasSuffix("/") ? directory : directory + "/"
+    guard ascii else { return names.sorted().map { prefix + $0 } }
+    qsort(&bytes, bytes.count, MemoryLayout<UnsafeMutablePointer<CChar>>.stride) { a, b in
+        strcmp(a!.load(as: UnsafePointer<CChar>.self), b!.load(as: UnsafePointer<CChar>.self))
+    }
+    return bytes.map { prefix + String(cString: $0) }
 }
 
 /// True for names the host treats as plugins: `*.so` that the one ignored-name rule

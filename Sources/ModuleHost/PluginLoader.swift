@@ -61,11 +61,10 @@ public struct PluginLoader: Sendable {
     public func validate(directories: [String], files: [String] = []) -> (valid: [PluginFile], refused: [LoadFailure]) {
         var valid: [PluginFile] = []
         var refused: [LoadFailure] = []
-        // Each candidate with the index of its directory in `directories` (nil when named directly).
-        var found: [(path: String, directory: Int?)] = files.map { ($0, nil) }
+        var found: [Candidate] = files.map { Candidate(path: $0, directory: nil) }
         for (index, directory) in directories.enumerated() {
             do {
-                found += try pluginCandidates(in: directory).map { ($0, index) }
+                found += try pluginCandidates(in: directory).map { Candidate(path: $0, directory: index) }
             } catch {
                 refused.append(error)
             }
@@ -100,6 +99,13 @@ public struct PluginLoader: Sendable {
             }
         }
         return (valid, refused)
+    }
+
+    /// A file to check, with the index of its directory in `directories` (nil when named
+    /// directly). (Not a tuple: an array of tuples has its type made at run time.)
+    struct Candidate: Sendable {
+        var path: String
+        var directory: Int?
     }
 
     /// What the checks before dlopen said about one candidate. (Not a `Result`: its generic
