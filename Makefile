@@ -62,7 +62,7 @@ sdk: swift-build
 	@bin="$(BIN)"; set -e; \
 	mkdir -p $(BUILD)/bin $(BUILD)/lib/modulehost/swift $(BUILD)/include/modulehost $(BUILD)/share/modulehost $(BUILD)/lib/pkgconfig $(BUILD)/plugins; \
 	copy() { cmp -s "$$1" "$$2" || cp -f "$$1" "$$2"; }; \
-	for tool in modhostd modhostctl modhost-trial; do copy $$bin/$$tool $(BUILD)/bin/$$tool; done; \
+	for tool in modhostd modhostctl modhost-trial modhost-worker; do copy $$bin/$$tool $(BUILD)/bin/$$tool; done; \
 	copy $$bin/libModuleKit.so $(BUILD)/lib/libModuleKit.so; \
 	for f in $$bin/Modules/ModuleKit.swiftmodule $$bin/Modules/ModuleKit.swiftinterface $$bin/Modules/ModuleKit.swiftdoc; do copy $$f $(BUILD)/lib/modulehost/swift/$$(basename $$f); done; \
 	copy Sources/ModuleKit/Sources/CModuleHost/include/modulehost.h $(BUILD)/include/modulehost.h; \
@@ -161,7 +161,7 @@ install: $(if $(PACKAGE_BUILD),,release)
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/modulehost/swift $(DESTDIR)$(PREFIX)/include/modulehost \
 	  $(DESTDIR)$(PREFIX)/share/modulehost $(DESTDIR)$(PREFIX)/share/doc/modulehost $(DESTDIR)$(PREFIX)/lib/pkgconfig \
 	  $(DESTDIR)$(PREFIX)/lib/modulehost/plugins $(DESTDIR)$(SYSCONFDIR)/modhostd
-	install -m 0755 $(PACKAGE_FROM)/bin/modhostd $(PACKAGE_FROM)/bin/modhostctl $(PACKAGE_FROM)/bin/modhost-trial $(DESTDIR)$(PREFIX)/bin/
+	install -m 0755 $(PACKAGE_FROM)/bin/modhostd $(PACKAGE_FROM)/bin/modhostctl $(PACKAGE_FROM)/bin/modhost-trial $(PACKAGE_FROM)/bin/modhost-worker $(DESTDIR)$(PREFIX)/bin/
 	install -m 0644 $(PACKAGE_FROM)/lib/libModuleKit.so $(DESTDIR)$(PREFIX)/lib/
 	install -m 0644 $(PACKAGE_FROM)/lib/modulehost/swift/* $(DESTDIR)$(PREFIX)/lib/modulehost/swift/
 	install -m 0644 $(PACKAGE_FROM)/include/modulehost.h $(DESTDIR)$(PREFIX)/include/
@@ -194,7 +194,7 @@ deb: $(if $(PACKAGE_BUILD),,release)
 	printf 'modulehost (%s) unstable; urgency=medium\n\n  * Built from the ModuleHost sources with make deb.\n\n -- %s  %s\n' \
 	  '$(DEB_VERSION)' '$(DEB_MAINTAINER)' "$$(date -R)" | gzip -9n > $(DEB_ROOT)/usr/share/doc/modulehost/changelog.gz
 	chmod 0644 $(DEB_ROOT)/usr/share/doc/modulehost/changelog.gz
-	strip --remove-section=.comment --remove-section=.note $(DEB_ROOT)/usr/bin/modhostd $(DEB_ROOT)/usr/bin/modhostctl $(DEB_ROOT)/usr/bin/modhost-trial
+	strip --remove-section=.comment --remove-section=.note $(DEB_ROOT)/usr/bin/modhostd $(DEB_ROOT)/usr/bin/modhostctl $(DEB_ROOT)/usr/bin/modhost-trial $(DEB_ROOT)/usr/bin/modhost-worker
 	strip --remove-section=.comment --remove-section=.note --strip-unneeded $(DEB_ROOT)/usr/lib/libModuleKit.so
 	sed -e 's|@VERSION@|$(DEB_VERSION)|' -e 's|@ARCH@|$(DEB_ARCH)|' -e 's|@MAINTAINER@|$(DEB_MAINTAINER)|' \
 	  -e "s|@SIZE@|$$(du -sk --exclude=DEBIAN $(DEB_ROOT) | cut -f1)|" \

@@ -13,6 +13,7 @@ let package = Package(
         .executable(name: "modhostctl", targets: ["modhostctl"]),
         .executable(name: "modhost-bench", targets: ["modhost-bench"]),
         .executable(name: "modhost-trial", targets: ["modhost-trial"]),
+        .executable(name: "modhost-worker", targets: ["modhost-worker"]),
         // For a Swift service that embeds the plugin host (docs/embedding.md); with it, the
         // types its API uses: the directory watcher and calls by name. ModuleKit is the
         // nested package's product.
@@ -82,6 +83,10 @@ let package = Package(
         .executableTarget(name: "modhostd", dependencies: ["CommandLineTools", "ModuleHost"], swiftSettings: swift6,
                          linkerSettings: installedRunpath),
         .executableTarget(name: "modhostctl", dependencies: ["CommandLineTools"], swiftSettings: swift6,
+                          linkerSettings: installedRunpath),
+        // Runs one isolated plugin in a supervised process of its own (docs/isolation.md);
+        // started by modhostd only.
+        .executableTarget(name: "modhost-worker", dependencies: ["ModuleHost"], swiftSettings: swift6,
                           linkerSettings: installedRunpath),
         // Loads one plugin in a short-lived process before the daemon does (plain C: starts
         // in a millisecond).

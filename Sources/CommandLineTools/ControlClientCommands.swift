@@ -197,14 +197,15 @@ extension ControlCommand {
 
     /// `modhostctl list`: aligned columns, "-" for empty cells, then a count per state.
     static func table(_ rows: [ModuleRow]) -> String {
-        let header = ["MODULE", "PLUGIN", "FILE", "VERSION", "STATE", "ORDER", "GEN", "LAST-ERROR"]
+        let header = ["MODULE", "PLUGIN", "FILE", "VERSION", "STATE", "ORDER", "GEN", "ISOLATION", "PID", "RESTARTS", "LAST-ERROR"]
         func cell(_ text: String?) -> String {
             guard let text, !text.isEmpty else { return "-" }
             return JSONValue.escapingControlCharacters(text)
         }
         let cells = rows.map { row in
             [cell(row.module), cell(row.plugin), cell(row.file), cell(row.version), cell(stateText(row)),
-             cell(row.order.map(String.init)), cell(row.generation.map(String.init)), cell(row.lastError)]
+             cell(row.order.map(String.init)), cell(row.generation.map(String.init)), cell(row.isolation),
+             cell(row.workerPid.map(String.init)), cell(row.restarts.map(String.init)), cell(row.lastError)]
         }
         var widths = header.map(\.count)
         for line in cells {

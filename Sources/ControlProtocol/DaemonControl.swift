@@ -43,8 +43,9 @@ public struct ModuleRow: Codable, Sendable, Equatable {
     /// The plugin file as found in the plugin directory.
     public var file: String
     public var version: String
-    /// "running", "stuck", "disabled" or "stopped" for a module; "refused", "quarantined",
-    /// "waiting" or "loading" for a file row.
+    /// "running", "stuck", "disabled" or "stopped" for a module, or for a module of an
+    /// isolated plugin whose worker is down "crashed", "restarting" or "quarantined";
+    /// "refused", "quarantined", "waiting" or "loading" for a file row.
     public var state: String
     public var order: Int?
     /// How many times this plugin has been loaded in this process (1 for the first load).
@@ -55,6 +56,12 @@ public struct ModuleRow: Codable, Sendable, Equatable {
     public var stuckIn: String?
     /// For a `stuck` module: how long that callback has been running, in seconds.
     public var stuckSeconds: Double?
+    /// Where the module's plugin runs: "in-process" or "process" (docs/isolation.md).
+    public var isolation: String?
+    /// For a module of an isolated plugin: its worker's pid (while one runs).
+    public var workerPid: Int32?
+    /// For a module of an isolated plugin: how many times its worker was restarted.
+    public var restarts: Int?
 
     public init(module: String, plugin: String, file: String, version: String, state: String,
                 order: Int? = nil, generation: Int? = nil, lastError: String? = nil,

@@ -25,6 +25,8 @@ public struct DaemonOptions: Sendable {
     public var configPathExplicit = false
     /// The trial loader; nil finds `modhost-trial` next to the running executable.
     public var trialLoader: String?
+    /// The isolated plugins' worker; nil finds `modhost-worker` next to the running executable.
+    public var worker: String?
 
     public enum LogFormat: String, Sendable { case text, json }
 
@@ -97,7 +99,13 @@ public actor Daemon: DaemonControl {
             imagesDirectory: stateDirectory + "/images", crashGuard: crashGuard,
             validator: Validator(allowInsecure: options.allowInsecurePlugins || configuration.allowInsecurePlugins),
             workers: workers, trialLoader: ProcessTrialLoader(executable: options.trialLoader),
-            logger: Logger(label: "modhostd"))
+            isolation: Self.isolationPolicy(configuration, options), logger: Logger(label: "modhostd"))
+    }
+
+    /// The plugin set's isolation policy for `configuration`.
+    static func isolationPolicy(_ configuration: DaemonConfiguration, _ options: DaemonOptions) -> IsolationPolicy {
+        IsolationPolicy(defaultIsolation: configuration.isolation, plugins: configuration.plugins,
+                        workerExecutable: options.worker, logLevel: configuration.logLevel)
     }
 
     var directories: [String] { configuration.pluginDirectories }
@@ -334,12 +342,21 @@ public actor Daemon: DaemonControl {
         for status in statuses {
             let plugin = loaded[status.plugin]
             let stuck = status.running ? workers.stuck(module: status.name) : nil
-            rows.append(ModuleRow(
+            let worker = plugin?.worker
+            var state = stuck != nil ? "stuck" : status.running ? "running" : (status.enabled ? "stopped" : "disabled")
+            // A running module of an isolated plugin whose worker is down shows why.
+            if status.running, let worker, worker.phase != .running {
+                state = worker.phase == .quarantined ? "quarantined" : worker.phase == .starting ? "restarting" : "crashed"
+            }
+            var row = ModuleRow(
                 module: status.name, plugin: status.plugin, file: plugin?.file ?? "", version: status.version,
-                state: stuck != nil ? "stuck" : status.running ? "running" : (status.enabled ? "stopped" : "disabled"),
-                order: status.order, generation: plugin?.generation,
-                lastError: plugin?.lastError?.description,
-                stuckIn: stuck?.what, stuckSeconds: stuck.map { ($0.elapsed.seconds * 10).rounded() / 10 }))
+                state: state, order: status.order, generation: plugin?.generation,
+                lastError: plugin?.lastError?.description ?? worker?.lastCrash.map { "worker \($0)" },
+                stuckIn: stuck?.what, stuckSeconds: stuck.map { ($0.elapsed.seconds * 10).rounded() / 10 })
+            row.isolation = plugin.map { $0.isolation.rawValue }
+            row.workerPid = worker?.pid
+            row.restarts = worker?.restarts
+            rows.append(row)
         }
         for file in snapshot.files {
             rows.append(ModuleRow(module: "-", plugin: "-", file: file.path, version: "-", state: file.state.rawValue,
@@ -407,6 +424,7 @@ public actor Daemon: DaemonControl {
         LoggingSystem.setLevel(fresh.logLevel)
         await plugins.setValidator(Validator(allowInsecure: options.allowInsecurePlugins || fresh.allowInsecurePlugins))
         await plugins.setDirectories(fresh.pluginDirectories)
+        await plugins.setIsolation(Self.isolationPolicy(fresh, options))
         if fresh.modules != old.modules {
             await plugins.updateSettings(fresh.modules)
         }
@@ -441,6 +459,23 @@ public actor Daemon: DaemonControl {
             let names = await plugins.snapshot().plugins.map(\.name)
             throw DaemonError(code: "unknown_plugin", message: "no plugin named \(plugin) is loaded; loaded: \(names.joined(separator: ", "))")
         }
+        if let isolated = loaded.isolated {
+            // In its worker, within the request deadline; a crash there fails only this call.
+            let outcome = try await withinRequestDeadline("call \(plugin).\(function)") { () async -> Result<CallValue, IsolatedCallError> in
+                do throws(IsolatedCallError) {
+                    switch arguments {
+                    case .texts(let texts): return .success(try await isolated.call(function, texts: texts))
+                    case .json(let values): return .success(try await isolated.call(function, json: values))
+                    }
+                } catch {
+                    return .failure(error)
+                }
+            }
+            switch outcome {
+            case .success(let value): return value
+            case .failure(let error): throw DaemonError(code: error.code, message: error.message)
+            }
+        }
         guard let table = loaded.functions else {
             throw DaemonError(code: "unknown_function", message: "plugin \(plugin) exports no functions for calling by name")
         }
@@ -454,13 +489,7 @@ public actor Daemon: DaemonControl {
         do {
             return try outcome.get()
         } catch {
-            let code: String
-            switch error {
-            case .undeclaredFunction: code = "unknown_function"
-            case .wrongArity, .wrongType, .invalidArgument: code = "invalid_arguments"
-            default: code = "call_failed"
-            }
-            throw DaemonError(code: code, message: "\(error)")
+            throw DaemonError(code: error.code, message: "\(error)")
         }
     }
 

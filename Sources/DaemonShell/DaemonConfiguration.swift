@@ -1,6 +1,7 @@
 import ControlProtocol
 import DaemonKit
 import Foundation
+import ModuleHost
 import ModuleKit
 import PluginFormat
 
@@ -12,7 +13,9 @@ import PluginFormat
 ///       "eventDeadlineSeconds": 5,
 ///       "requestDeadlineSeconds": 10,
 ///       "shutdownBudgetSeconds": 30,
-///       "logLevel": "info"
+///       "logLevel": "info",
+///       "isolation": "in-process",
+///       "plugins": { "Ledger": { "isolation": "process", "limits": { "addressSpaceBytes": 536870912 } } }
 ///     }
 ///
 /// Every field is optional. Command-line options add to or override it. SIGHUP and
@@ -31,6 +34,10 @@ public struct DaemonConfiguration: Sendable, Equatable {
     public var shutdownBudget: Duration = .seconds(30)
     public var logLevel: LogLevel = .info
     public var allowInsecurePlugins = false
+    /// Where plugins run unless `plugins` or their manifest says otherwise (docs/isolation.md).
+    public var isolation: Isolation = .inProcess
+    /// Per-plugin isolation settings, by plugin name.
+    public var plugins: [String: PluginIsolationSettings] = [:]
 
     /// The allowed durations, in seconds, in the file (`eventDeadlineSeconds`,
     /// `requestDeadlineSeconds`, `shutdownBudgetSeconds`) and on the command line
@@ -40,7 +47,7 @@ public struct DaemonConfiguration: Sendable, Equatable {
     /// The fields a configuration file may hold (docs/daemon.md documents each one, and
     /// share/modhostd.json.example sets each one).
     public static let fieldNames: Set<String> = ["pluginDirectories", "modules", "eventDeadlineSeconds", "requestDeadlineSeconds",
-                                                 "shutdownBudgetSeconds", "logLevel", "allowInsecurePlugins"]
+                                                 "shutdownBudgetSeconds", "logLevel", "allowInsecurePlugins", "isolation", "plugins"]
 
     /// The largest configuration file read, in bytes (1 MiB).
     public static let maximumFileSize = 1 << 20
@@ -132,7 +139,71 @@ public struct DaemonConfiguration: Sendable, Equatable {
             guard let flag = insecure.boolValue else { throw invalid(path, "field \"allowInsecurePlugins\" is not true or false", "use a boolean") }
             configuration.allowInsecurePlugins = flag
         }
+        if let isolation = fields["isolation"] {
+            configuration.isolation = try Self.isolation(isolation, path, field: "isolation")
+        }
+        if let plugins = fields["plugins"] {
+            guard case .object(let entries) = plugins else {
+                throw invalid(path, "field \"plugins\" is not an object", "map plugin names to {\"isolation\", \"limits\", \"user\", \"group\"}")
+            }
+            for (name, entry) in entries.sorted(by: { $0.key < $1.key }) {
+                configuration.plugins[name] = try pluginSettings(name, entry, path)
+            }
+        }
         return configuration
+    }
+
+    private static func isolation(_ value: JSONValue, _ path: String, field: String) throws(DaemonError) -> Isolation {
+        guard let text = value.stringValue, let isolation = Isolation(rawValue: text) else {
+            throw invalid(path, "field \"\(field)\" is \(value.jsonText), not \"in-process\" or \"process\"", "use one of those")
+        }
+        return isolation
+    }
+
+    /// The largest value of a worker limit.
+    static let limitRange = 1...(1 << 53)
+
+    private static func pluginSettings(_ name: String, _ entry: JSONValue, _ path: String) throws(DaemonError) -> PluginIsolationSettings {
+        if let problem = PluginName.problem(name) {
+            throw invalid(path, "field \"plugins\" names \(problem)", "use the plugin names `modhostctl list` shows")
+        }
+        guard case .object(let fields) = entry else {
+            throw invalid(path, "field \"plugins.\(name)\" is not an object", "write {\"isolation\": \"process\"}")
+        }
+        if let extra = fields.keys.sorted().first(where: { !["isolation", "limits", "user", "group"].contains($0) }) {
+            throw invalid(path, "field \"plugins.\(name).\(extra)\" is unknown", "use isolation, limits, user and group")
+        }
+        var settings = PluginIsolationSettings()
+        if let isolation = fields["isolation"] {
+            settings.isolation = try Self.isolation(isolation, path, field: "plugins.\(name).isolation")
+        }
+        for key in ["user", "group"] {
+            guard let value = fields[key] else { continue }
+            guard let text = value.stringValue, !text.isEmpty, text.utf8.count <= 64, !text.contains("\0") else {
+                throw invalid(path, "field \"plugins.\(name).\(key)\" is not a user or group name or number", "e.g. \"nobody\"")
+            }
+            if key == "user" { settings.user = text } else { settings.group = text }
+        }
+        if let limits = fields["limits"] {
+            guard case .object(let values) = limits else {
+                throw invalid(path, "field \"plugins.\(name).limits\" is not an object", "e.g. {\"addressSpaceBytes\": 536870912, \"openFiles\": 256}")
+            }
+            let keys: [(String, WritableKeyPath<WorkerLimits, Int?>)] = [
+                ("addressSpaceBytes", \.addressSpaceBytes), ("openFiles", \.openFiles), ("cpuSeconds", \.cpuSeconds), ("processes", \.processes),
+            ]
+            if let extra = values.keys.sorted().first(where: { key in !keys.contains { $0.0 == key } }) {
+                throw invalid(path, "field \"plugins.\(name).limits.\(extra)\" is unknown", "use \(keys.map(\.0).joined(separator: ", "))")
+            }
+            for (key, target) in keys {
+                guard let value = values[key] else { continue }
+                guard let number = value.numberValue, let integer = CheckedNumber.integer(number, in: limitRange) else {
+                    throw invalid(path, "field \"plugins.\(name).limits.\(key)\" is \(value.jsonText), not a whole number \(CheckedNumber.describe(limitRange))",
+                                  "use a positive whole number")
+                }
+                settings.limits[keyPath: target] = integer
+            }
+        }
+        return settings
     }
 
     private static func invalid(_ path: String, _ problem: String, _ fix: String) -> DaemonError {

@@ -33,8 +33,9 @@ package enum FatalSignalRecorder {
     /// Remembers `loaded` (from `file`, with content `hash`) as a plugin a crash can be
     /// attributed to.
     static func track(_ loaded: LoadedPlugin, file: String, hash: String) {
+        guard let library = loaded.library else { return }
         let record = JSONValue.object(["file": .string(file), "plugin": .string(loaded.name), "hash": .string(hash)]).jsonText
-        _ = String(record.dropLast()).withCString { modhost_crash_recorder_add(loaded.library.handle, $0) }
+        _ = String(record.dropLast()).withCString { modhost_crash_recorder_add(library.handle, $0) }
     }
 }
 

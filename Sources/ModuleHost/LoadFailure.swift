@@ -25,6 +25,8 @@ public struct LoadFailure: Error, Sendable, Equatable, CustomStringConvertible {
         case entrySymbol = "entry symbol"
         case descriptor
         case exports
+        /// An isolated plugin's worker could not be started or did not get ready.
+        case isolation
         case module
         case crashGuard = "crash guard"
     }

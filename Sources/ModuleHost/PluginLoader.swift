@@ -12,12 +12,24 @@ public struct LoadedPlugin: Sendable {
         public let swiftType: (any PluginModule.Type)?
     }
     public let file: PluginFile
-    public let library: DynamicLibrary
+    /// The image mapped in this process; nil for an isolated plugin, whose code runs in its
+    /// worker process only.
+    public let library: DynamicLibrary?
     public let modules: [Module]
     /// The functions the manifest declares for calling by name, checked to be defined in
-    /// this file; nil when it declares none.
+    /// this file; nil when it declares none (and for an isolated plugin: see `isolated`).
     public let functions: FunctionTable?
+    /// The worker an isolated plugin runs in (docs/isolation.md); nil in process.
+    public let isolated: IsolatedPlugin?
     public var name: String { file.name }
+
+    init(file: PluginFile, library: DynamicLibrary?, modules: [Module], functions: FunctionTable?, isolated: IsolatedPlugin? = nil) {
+        self.file = file
+        self.library = library
+        self.modules = modules
+        self.functions = functions
+        self.isolated = isolated
+    }
 }
 
 /// What one load pass did: plugins loaded in dependency order, and every file refused

@@ -61,6 +61,8 @@ public actor PluginSet {
     var settings: [String: ModuleSettings]
     /// `setEnabled` on top of `settings`.
     var enabledOverrides: [String: Bool] = [:]
+    /// Which plugins run in a worker process (docs/isolation.md).
+    public private(set) var isolationPolicy: IsolationPolicy
     let changes = SerialQueue()
 
     /// A loaded plugin and where it came from.
@@ -107,20 +109,24 @@ public actor PluginSet {
     /// - `trialLoader`: loads a new plugin somewhere the process does not depend on before
     ///   it is loaded here (`ProcessTrialLoader`: a child process); nil loads new plugins
     ///   directly, so one that crashes while loading takes this process with it.
+    /// - `isolation`: which plugins run in a worker process of their own, supervised
+    ///   (docs/isolation.md); by default all run in this process.
     /// - `logger`: where every load, refusal, replacement and removal is logged.
     public init(host: HostInstance, settings: [String: ModuleSettings] = [:], directories: [String],
                 imagesDirectory: String, crashGuard: CrashGuard, validator: Validator = Validator(),
                 registry: ModuleRegistry = ModuleRegistry(), workers: PluginWorkers = PluginWorkers(),
-                trialLoader: (any TrialLoader)? = ProcessTrialLoader(), logger: Logger = Logger(label: "plugins")) {
+                trialLoader: (any TrialLoader)? = ProcessTrialLoader(), isolation: IsolationPolicy = IsolationPolicy(),
+                logger: Logger = Logger(label: "plugins")) {
         self.init(host: host, settings: settings, directories: directories, imagesDirectory: imagesDirectory,
                   crashGuard: crashGuard, validator: validator, registry: registry, workers: workers,
-                  trialLoader: trialLoader, logger: logger, stateLock: nil)
+                  trialLoader: trialLoader, isolation: isolation, logger: logger, stateLock: nil)
     }
 
     init(host: HostInstance, settings: [String: ModuleSettings], directories: [String], imagesDirectory: String,
          crashGuard: CrashGuard, validator: Validator, registry: ModuleRegistry, workers: PluginWorkers,
-         trialLoader: (any TrialLoader)?, logger: Logger, stateLock: ExclusiveLock?) {
+         trialLoader: (any TrialLoader)?, isolation: IsolationPolicy = IsolationPolicy(), logger: Logger, stateLock: ExclusiveLock?) {
         self.stateLock = stateLock
+        self.isolationPolicy = isolation
         self.host = host
         self.settings = settings
         self.directories = directories
@@ -223,8 +229,10 @@ public actor PluginSet {
 
     /// Enables or disables module `module` from now on, over what the settings say, until
     /// this set ends. Throws, changing nothing, when no loaded plugin provides it.
+    /// Enabling a module of a quarantined isolated plugin lets the plugin run again.
     public func setEnabled(_ enabled: Bool, module: String) async throws(UnknownModule) {
-        _ = try registry.factory(named: module)
+        let factory = try registry.factory(named: module)
+        if enabled { records[factory.plugin]?.loaded.isolated?.release() }
         enabledOverrides[module] = enabled
         await changes.run { await self.applySettings() }
     }
@@ -240,9 +248,23 @@ public actor PluginSet {
 
     /// Stops changes (`stopChanges`), waits for the change in progress, then shuts the host
     /// down: every module gets willTerminate (awaited) and deinit, in reverse order.
+    /// Then every isolated plugin's worker ends.
     public func shutdown() async {
         stopChanges()
-        await changes.run { await self.host.shutdown() }
+        await changes.run {
+            await self.host.shutdown()
+            await self.stopWorkers()
+        }
+    }
+
+    func stopWorkers() {
+        for record in records.values { record.loaded.isolated?.stop() }
+    }
+
+    /// Which plugins run in a worker process, from the next load or replacement of each
+    /// plugin on (a plugin already running keeps its isolation until then).
+    public func setIsolation(_ policy: IsolationPolicy) {
+        isolationPolicy = policy
     }
 
     /// The plugin directories from the next `reconcile` on; a plugin of a directory no
@@ -285,7 +307,7 @@ public actor PluginSet {
             PluginSetSnapshot.Plugin(
                 name: record.loaded.name, file: record.source, version: record.loaded.file.manifest.version,
                 generation: record.generation, modules: record.loaded.modules.map(\.factory.name),
-                lastError: refused[record.source]?.failure)
+                lastError: refused[record.source]?.failure, worker: record.loaded.isolated?.status)
         }
         let sources = Set(records.values.map(\.source))
         let files = refused.sorted { $0.key < $1.key }.filter { !sources.contains($0.key) }.map { path, entry in
@@ -330,6 +352,9 @@ public struct PluginSetSnapshot: Sendable {
         public var modules: [String]
         /// Why the file's current content is not what runs (a newer version was refused).
         public var lastError: LoadFailure?
+        /// Its worker, when it runs isolated (docs/isolation.md); nil in process.
+        public var worker: WorkerStatus?
+        public var isolation: Isolation { worker == nil ? .inProcess : .process }
     }
 
     public enum FileState: String, Sendable {

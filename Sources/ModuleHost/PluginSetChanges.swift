@@ -73,7 +73,7 @@ extension PluginSet {
                 }
                 continue
             }
-            if let record = records.values.first(where: { $0.source == path }), record.identity == identity { continue }
+            if let record = records.values.first(where: { $0.source == path }), record.identity == identity, !isolationChanged(record) { continue }
             if let entry = refused[path], entry.identity == identity, entry.failure.check != .dependency { continue }
             if let crash = crashGuard.crash(forFile: path, identity: identity.key) {
                 refuse(LoadFailure(file: path, check: .crashGuard, problem: "this file \(crash.what) at \(crash.time)",
@@ -98,7 +98,7 @@ extension PluginSet {
                 unidentified += 1
                 continue
             }
-            if let record = records.values.first(where: { $0.source == path }), record.hash == hash {
+            if let record = records.values.first(where: { $0.source == path }), record.hash == hash, !isolationChanged(record) {
                 records[record.loaded.name]?.identity = identity  // touched, same content
                 continue
             }
@@ -234,25 +234,34 @@ extension PluginSet {
             refuse(error, identity, &none)
             return false
         }
+        let isolated = isolationPolicy.isolation(of: file.manifest) == .process
         do throws(LoadFailure) {
-            if trial { try await trialLoad(image.file) }
+            try checkIsolation(of: file)
+            // A worker is a trial load of its own: it loads the plugin away from this process.
+            if trial && !isolated { try await trialLoad(image.file) }
         } catch {
             deleteImage(image.file)
             refuse(error, identity, &none)
             return false
         }
-        let loaded: LoadedPlugin
+        var loaded: LoadedPlugin?
         do throws(LoadFailure) {
-            crashGuard.begin(file: file.path, plugin: file.name, hash: hash, phase: "entry")
-            defer { crashGuard.end() }
-            loaded = try PluginLoader(validator: validator, registry: registry, workers: workers).open(image.file)
-            FatalSignalRecorder.track(loaded, file: file.path, hash: hash)
-            try registry.register(loaded)
+            if isolated {
+                loaded = try await isolate(image.file)
+            } else {
+                crashGuard.begin(file: file.path, plugin: file.name, hash: hash, phase: "entry")
+                defer { crashGuard.end() }
+                loaded = try PluginLoader(validator: validator, registry: registry, workers: workers).open(image.file)
+                FatalSignalRecorder.track(loaded!, file: file.path, hash: hash)
+            }
+            try registry.register(loaded!)
         } catch {
+            loaded?.isolated?.stop()
             deleteImage(image.file)
             refuse(error.relocated(to: file.path), identity, &none)
             return false
         }
+        guard let loaded else { return false }
         generations[file.name] = generation
         refused[file.path] = nil
         waiting.remove(file.path)
@@ -261,7 +270,7 @@ extension PluginSet {
         crashGuard.begin(file: file.path, plugin: file.name, hash: hash, phase: "init")
         await host.add(loaded.modules.map(\.factory))
         crashGuard.end()
-        logger.info("loaded plugin \(file.name) \(file.manifest.version)\(generation > 1 ? " (generation \(generation))" : "")",
+        logger.info("loaded plugin \(file.name) \(file.manifest.version)\(generation > 1 ? " (generation \(generation))" : "")\(loaded.isolated.map { " in worker process \($0.status.pid.map(String.init) ?? "-")" } ?? "")",
                     [("plugin", file.name), ("file", file.path), ("modules", loaded.modules.map(\.factory.name).joined(separator: ","))])
         return true
     }
@@ -278,6 +287,7 @@ extension PluginSet {
         for victim in victims {
             guard let record = records[victim] else { continue }
             await host.remove(moduleNamed: record.loaded.modules.map(\.factory.name))
+            record.loaded.isolated?.stop()
             registry.unregister(plugin: victim)
             records[victim] = nil
             retire(record)
@@ -312,9 +322,59 @@ extension PluginSet {
 
     /// Counts `record`'s image as retired (it stays mapped) and deletes its private copy.
     func retire(_ record: Record) {
-        retiredCount += 1
-        retiredBytes += record.size
+        // An isolated plugin's image was mapped by its worker only, which has ended.
+        if record.loaded.isolated == nil {
+            retiredCount += 1
+            retiredBytes += record.size
+        }
         deleteImage(record.loaded.file)
+    }
+
+    // MARK: - Isolation
+
+    /// Starts a worker for `image` (an isolated plugin's private copy) and
+    /// returns the plugin as this process sees it: its modules forward to the worker.
+    func isolate(_ image: PluginFile, replacing: [String: String] = [:]) async throws(LoadFailure) -> LoadedPlugin {
+        let isolated = IsolatedPlugin(file: image, preloads: dependencyImages(of: image.manifest, replacing: replacing),
+                                      settings: isolationPolicy.plugins[image.name] ?? PluginIsolationSettings(),
+                                      policy: isolationPolicy, host: host, logger: logger)
+        let modules = try await isolated.start()
+        return LoadedPlugin(file: image, library: nil, modules: isolated.factories(modules, defaultOrder: image.manifest.order),
+                            functions: nil, isolated: isolated)
+    }
+
+    /// The private copies of the plugins `manifest`'s plugin depends on, directly or not,
+    /// each after its own dependencies (`replacing`: plugin name to the copy of the version
+    /// being loaded instead).
+    func dependencyImages(of manifest: Manifest, replacing: [String: String] = [:]) -> [String] {
+        var result: [String] = []
+        var seen: Set<String> = []
+        func visit(_ name: String) {
+            guard let record = records[name], seen.insert(name).inserted else { return }
+            for dependency in record.loaded.file.manifest.dependencies { visit(dependency) }
+            result.append(replacing[name] ?? record.loaded.file.resolvedPath)
+        }
+        for dependency in manifest.dependencies { visit(dependency) }
+        return result
+    }
+
+    /// Whether `record`'s plugin runs otherwise than the isolation policy now says (it is
+    /// then loaded again, as a new version would be).
+    func isolationChanged(_ record: Record) -> Bool {
+        let wanted = isolationPolicy.isolation(of: record.loaded.file.manifest)
+        guard let isolated = record.loaded.isolated else { return wanted == .process }
+        return wanted == .inProcess || isolated.settings != isolationPolicy.plugins[record.loaded.name] ?? PluginIsolationSettings()
+    }
+
+    /// Refuses a plugin to run in process when a plugin it depends on runs isolated: its
+    /// image is not in this process to bind to.
+    func checkIsolation(of file: PluginFile) throws(LoadFailure) {
+        guard isolationPolicy.isolation(of: file.manifest) == .inProcess else { return }
+        if let dependency = file.manifest.dependencies.first(where: { records[$0]?.loaded.isolated != nil }) {
+            throw LoadFailure(file: file.path, check: .isolation,
+                              problem: "plugin \(file.name) runs in process and depends on \(dependency), which runs in a worker process; its code is not in this process to bind to",
+                              fix: "isolate \(file.name) too (\"plugins\": {\"\(file.name)\": {\"isolation\": \"process\"}}) or run \(dependency) in process")
+        }
     }
 
     // MARK: - Replace
@@ -355,7 +415,10 @@ extension PluginSet {
                                      hash: name == file.name ? hash : record.hash, renames: renames)
                 }
                 images[name] = image
-                try await trialLoad(image.file, preloading: chain.prefix { $0 != name }.compactMap { images[$0]?.file.resolvedPath })
+                try checkIsolation(of: source)
+                if isolationPolicy.isolation(of: source.manifest) == .inProcess {
+                    try await trialLoad(image.file, preloading: chain.prefix { $0 != name }.compactMap { images[$0]?.file.resolvedPath })
+                }
             }
         } catch {
             for image in images.values { deleteImage(image.file) }
@@ -366,14 +429,21 @@ extension PluginSet {
         }
         var loaded: [String: LoadedPlugin] = [:]
         do throws(LoadFailure) {
-            crashGuard.begin(file: file.path, plugin: file.name, hash: hash, phase: "entry")
-            defer { crashGuard.end() }
+            let replacing = images.mapValues(\.file.resolvedPath)
             for name in chain {
-                let opened = try PluginLoader(validator: validator, registry: registry, workers: workers).open(images[name]!.file)
+                let image = images[name]!.file
+                if isolationPolicy.isolation(of: image.manifest) == .process {
+                    loaded[name] = try await isolate(image, replacing: replacing)
+                    continue
+                }
+                crashGuard.begin(file: file.path, plugin: file.name, hash: hash, phase: "entry")
+                defer { crashGuard.end() }
+                let opened = try PluginLoader(validator: validator, registry: registry, workers: workers).open(image)
                 FatalSignalRecorder.track(opened, file: records[name]?.source ?? file.path, hash: name == file.name ? hash : records[name]?.hash ?? hash)
                 loaded[name] = opened
             }
         } catch {
+            for plugin in loaded.values { plugin.isolated?.stop() }
             for image in images.values { deleteImage(image.file) }
             refuse(error.relocated(to: file.path), identity, &none)
             logger.error("replacing plugin \(file.name) failed; version \(old.loaded.file.manifest.version) keeps running",
@@ -389,6 +459,7 @@ extension PluginSet {
         crashGuard.end()
         for name in chain {
             let previous = records[name]!
+            previous.loaded.isolated?.stop()
             retire(previous)
             let image = images[name]!
             generations[name] = image.generation

@@ -180,15 +180,26 @@ enum TrialProcess {
 
     private static func spawn(_ executable: String, arguments: [String], environment: [String: String],
                               output: Int32) throws(SpawnError) -> pid_t {
+        let (code, pid) = spawnInGroup(executable, arguments: arguments, environment: environment) { actions in
+            posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
+            posix_spawn_file_actions_adddup2(&actions, output, 1)
+        }
+        guard code == 0 else { throw SpawnError(description: String(cString: strerror(code))) }
+        return pid
+    }
+
+    /// posix_spawn of `executable` in a process group of its own, with no signal blocked or
+    /// ignored because this process does, exactly `environment`, and the descriptors
+    /// `files` sets up: (posix_spawn's error, pid).
+    static func spawnInGroup(_ executable: String, arguments: [String], environment: [String: String],
+                             files: (inout posix_spawn_file_actions_t) -> Void) -> (Int32, pid_t) {
         var actions = posix_spawn_file_actions_t()
         posix_spawn_file_actions_init(&actions)
         defer { posix_spawn_file_actions_destroy(&actions) }
-        posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
-        posix_spawn_file_actions_adddup2(&actions, output, 1)
+        files(&actions)
         var attributes = posix_spawnattr_t()
         posix_spawnattr_init(&attributes)
         defer { posix_spawnattr_destroy(&attributes) }
-        // Its own process group; no signal blocked or ignored because the daemon does.
         posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF))
         posix_spawnattr_setpgroup(&attributes, 0)
         var none = sigset_t()
@@ -206,8 +217,7 @@ enum TrialProcess {
         }
         var pid: pid_t = 0
         let code = posix_spawn(&pid, executable, &actions, &attributes, argv, envp)
-        guard code == 0 else { throw SpawnError(description: String(cString: strerror(code))) }
-        return pid
+        return (code, pid)
     }
 
     /// Reads what `fd` holds now, up to `limit` bytes, without waiting for more.

@@ -28,6 +28,9 @@ public struct Manifest: Codable, Sendable, Equatable {
     public var modules: [String]
     /// Functions exported for calling by name, with their signatures.
     public var exports: [Export]
+    /// Where the plugin asks to run: "process" (in a worker process of its own) or
+    /// "in-process"; nil leaves it to the host's configuration (docs/isolation.md).
+    public var isolation: String?
 
     public enum Language: String, Codable, Sendable { case swift, c }
 
@@ -83,7 +86,7 @@ public struct Manifest: Codable, Sendable, Equatable {
     public init(
         name: String, version: String, description: String = "", abi: String, language: Language,
         toolchain: Toolchain? = nil, dependencies: [String] = [], order: Int = 0, modules: [String],
-        exports: [Export] = []
+        exports: [Export] = [], isolation: String? = nil
     ) {
         self.name = name
         self.version = version
@@ -95,11 +98,15 @@ public struct Manifest: Codable, Sendable, Equatable {
         self.order = order
         self.modules = modules
         self.exports = exports
+        self.isolation = isolation
     }
 
     enum CodingKeys: String, CodingKey {
-        case name, version, description, abi, language, toolchain, dependencies, order, modules, exports
+        case name, version, description, abi, language, toolchain, dependencies, order, modules, exports, isolation
     }
+
+    /// The values `isolation` may take.
+    public static let isolationValues = ["in-process", "process"]
 
     /// The ABI version as (major, minor), or nil when `abi` is not "MAJOR.MINOR".
     public var abiVersion: (major: Int, minor: Int)? { Self.majorMinor(abi) }
@@ -209,6 +216,15 @@ public struct Manifest: Codable, Sendable, Equatable {
         exports = try reader.objects("exports").enumerated().map { (index, fields) throws(ManifestError) in
             let inner = FieldReader(fields: fields, path: "exports[\(index)].")
             return Export(name: try inner.string("name"), signature: try inner.string("signature"))
+        }
+        if reader.field("isolation") != nil {
+            let value = try reader.string("isolation")
+            guard Self.isolationValues.contains(value) else {
+                throw ManifestError(reason: "field \"isolation\" is \"\(value)\", expected \"process\" or \"in-process\"")
+            }
+            isolation = value
+        } else {
+            isolation = nil
         }
     }
 

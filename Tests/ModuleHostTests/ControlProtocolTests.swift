@@ -357,10 +357,10 @@ import TestSupport
         #expect(lines.count == 6)  // header, two rows, blank, summary, final newline
         guard lines.count >= 5 else { return }
         let header = lines[0]
-        #expect(header.split(separator: " ") == ["MODULE", "PLUGIN", "FILE", "VERSION", "STATE", "ORDER", "GEN", "LAST-ERROR"])
+        #expect(header.split(separator: " ") == ["MODULE", "PLUGIN", "FILE", "VERSION", "STATE", "ORDER", "GEN", "ISOLATION", "PID", "RESTARTS", "LAST-ERROR"])
         #expect(lines[1].split(separator: " ", omittingEmptySubsequences: true)
-            == ["greeting", "Greeting", "/srv/plugins/libGreeting.so", "1.2.0", "running", "10", "2", "-"])
-        #expect(lines[2].hasSuffix(" -    ELF format check failed: not an ELF file"))
+            == ["greeting", "Greeting", "/srv/plugins/libGreeting.so", "1.2.0", "running", "10", "2", "-", "-", "-", "-"])
+        #expect(lines[2].hasSuffix(" -         ELF format check failed: not an ELF file"))
         // Columns line up: every cell starts where its header does.
         for (name, cell) in [("STATE", "running"), ("GEN", "2"), ("FILE", "/srv"), ("LAST-ERROR", "-")] {
             let column = try #require(header.range(of: name)).lowerBound.utf16Offset(in: header)

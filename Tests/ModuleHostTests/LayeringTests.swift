@@ -19,6 +19,7 @@ struct LayeringTests {
                               "DaemonShell"]),
         ("modhostd", ["CommandLineTools", "ModuleHost"]),
         ("modhostctl", ["CommandLineTools"]),
+        ("modhost-worker", ["ModuleHost"]),
     ]
 
     /// The modules of this package and its SDK; any other import is the system's.

@@ -24,5 +24,6 @@ int modhost_address_in_object(const void *address, void *handle);
 int modhost_pipe_cloexec(int fds[2]);
 
 #include "crash_recorder.h"
+#include "worker_process.h"
 
 #endif

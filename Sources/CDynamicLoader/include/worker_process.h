@@ -1,0 +1,33 @@
+#ifndef MODHOST_WORKER_PROCESS_H
+#define MODHOST_WORKER_PROCESS_H
+
+#include <stdint.h>
+#include <sys/types.h>
+
+/* What modhost-worker does to itself before it loads any plugin code (docs/isolation.md).
+ * prctl and close_range are variadic or undeclared for Swift, hence plain C. */
+
+/* prctl(PR_SET_PDEATHSIG, signal): the worker gets `signal` when the daemon thread that
+ * started it ends. 0 on success, -1 with errno. */
+int modhost_worker_set_parent_death_signal(int signal);
+
+/* prctl(PR_SET_NO_NEW_PRIVS, 1): no exec the worker does gains privileges. */
+int modhost_worker_set_no_new_privileges(void);
+
+/* Closes every descriptor from `first` on (close_range, else one by one through
+ * /proc/self/fd). 0 on success, -1 with errno. */
+int modhost_worker_close_from(int first);
+
+/* The pid of the process at the other end of UNIX socket `fd` (SO_PEERCRED), -1 with
+ * errno when `fd` is no connected UNIX socket. */
+pid_t modhost_worker_peer_pid(int fd);
+
+/* socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC): the daemon's end and the worker's
+ * (which posix_spawn moves to descriptor 3, clearing close-on-exec there). */
+int modhost_worker_socketpair(int fds[2]);
+
+/* setrlimit(resource, {value, value}) for the limits a worker takes (RLIMIT_AS,
+ * RLIMIT_NOFILE, RLIMIT_CPU, RLIMIT_NPROC: 0..3 in that order). */
+int modhost_worker_set_limit(int which, uint64_t value);
+
+#endif

@@ -1,0 +1,54 @@
+#define _GNU_SOURCE
+#include "worker_process.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+int modhost_worker_set_parent_death_signal(int signal) { return prctl(PR_SET_PDEATHSIG, signal, 0, 0, 0); }
+
+int modhost_worker_set_no_new_privileges(void) { return prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); }
+
+int modhost_worker_close_from(int first) {
+#ifdef SYS_close_range
+    if (syscall(SYS_close_range, (unsigned)first, ~0U, 0) == 0) return 0;
+#endif
+    DIR *dir = opendir("/proc/self/fd");
+    if (!dir) return -1;
+    int own = dirfd(dir);
+    int fds[1024];
+    int count = 0;
+    struct dirent *entry;
+    while ((entry = readdir(dir)) != NULL && count < 1024) {
+        char *end;
+        long fd = strtol(entry->d_name, &end, 10);
+        if (*end == 0 && end != entry->d_name && fd >= first && fd != own) fds[count++] = (int)fd;
+    }
+    closedir(dir);
+    for (int i = 0; i < count; i++) close(fds[i]);
+    return 0;
+}
+
+pid_t modhost_worker_peer_pid(int fd) {
+    struct ucred credentials;
+    socklen_t size = sizeof credentials;
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &credentials, &size) != 0) return -1;
+    return credentials.pid;
+}
+
+int modhost_worker_socketpair(int fds[2]) { return socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds); }
+
+int modhost_worker_set_limit(int which, uint64_t value) {
+    static const int resources[] = {RLIMIT_AS, RLIMIT_NOFILE, RLIMIT_CPU, RLIMIT_NPROC};
+    if (which < 0 || which > 3) {
+        errno = EINVAL;
+        return -1;
+    }
+    struct rlimit limit = {(rlim_t)value, (rlim_t)value};
+    return setrlimit(resources[which], &limit);
+}

@@ -1,0 +1,897 @@
+import CDynamicLoader
+import DaemonKit
+import Dispatch
+import Foundation
+import Glibc
+import ModuleKit
+import PluginCall
+import PluginFormat
+import Synchronization
+
+/// A call by name in an isolated plugin that failed: the control protocol's code
+/// (`unknown_function`, `invalid_arguments`, `call_failed`) and a message.
+public struct IsolatedCallError: Error, Sendable, Equatable, CustomStringConvertible {
+    public var code: String
+    public var message: String
+    public var description: String { message }
+}
+
+/// Where a plugin's code runs (docs/isolation.md).
+public enum Isolation: String, Sendable, Equatable, CaseIterable {
+    /// In the daemon's own process: fastest; a crash there is the daemon's.
+    case inProcess = "in-process"
+    /// In a `modhost-worker` process of its own, supervised by the daemon.
+    case process
+}
+
+/// Resource limits of an isolated plugin's worker (setrlimit); nil leaves the daemon's.
+public struct WorkerLimits: Sendable, Equatable {
+    /// RLIMIT_AS, in bytes.
+    public var addressSpaceBytes: Int?
+    /// RLIMIT_NOFILE.
+    public var openFiles: Int?
+    /// RLIMIT_CPU, in seconds of CPU time.
+    public var cpuSeconds: Int?
+    /// RLIMIT_NPROC: processes of the worker's user (bounds a fork bomb).
+    public var processes: Int?
+
+    public init(addressSpaceBytes: Int? = nil, openFiles: Int? = nil, cpuSeconds: Int? = nil, processes: Int? = nil) {
+        self.addressSpaceBytes = addressSpaceBytes
+        self.openFiles = openFiles
+        self.cpuSeconds = cpuSeconds
+        self.processes = processes
+    }
+
+    var json: JSONValue {
+        var fields: [String: JSONValue] = [:]
+        if let addressSpaceBytes { fields["addressSpaceBytes"] = .number(Double(addressSpaceBytes)) }
+        if let openFiles { fields["openFiles"] = .number(Double(openFiles)) }
+        if let cpuSeconds { fields["cpuSeconds"] = .number(Double(cpuSeconds)) }
+        if let processes { fields["processes"] = .number(Double(processes)) }
+        return .object(fields)
+    }
+}
+
+/// One plugin's isolation settings, from the configuration's `"plugins"` object.
+public struct PluginIsolationSettings: Sendable, Equatable {
+    /// nil: the manifest's preference, else the default.
+    public var isolation: Isolation?
+    public var limits = WorkerLimits()
+    /// The user (name or uid) and group the worker runs as when the daemon runs as root.
+    public var user: String?
+    public var group: String?
+
+    public init(isolation: Isolation? = nil, limits: WorkerLimits = WorkerLimits(), user: String? = nil, group: String? = nil) {
+        self.isolation = isolation
+        self.limits = limits
+        self.user = user
+        self.group = group
+    }
+}
+
+/// Which plugins a `PluginSet` isolates and how: per plugin, the configuration's setting,
+/// else the manifest's preference (`"isolation": "process"`), else `defaultIsolation`.
+public struct IsolationPolicy: Sendable, Equatable {
+    public var defaultIsolation: Isolation
+    public var plugins: [String: PluginIsolationSettings]
+    /// The `modhost-worker` executable.
+    public var workerExecutable: String
+    /// The level of the log lines a worker sends.
+    public var logLevel: LogLevel
+    /// Supervision: a worker that crashes `burst` times within `window` is quarantined.
+    public var burst: Int
+    public var window: Duration
+
+    public init(defaultIsolation: Isolation = .inProcess, plugins: [String: PluginIsolationSettings] = [:],
+                workerExecutable: String? = nil, logLevel: LogLevel = .info, burst: Int = 5, window: Duration = .seconds(10)) {
+        self.defaultIsolation = defaultIsolation
+        self.plugins = plugins
+        self.workerExecutable = workerExecutable ?? Self.besideExecutable
+        self.logLevel = logLevel
+        self.burst = burst
+        self.window = window
+    }
+
+    /// `modhost-worker` next to the running executable.
+    public static var besideExecutable: String {
+        let executable = (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0]
+        return (executable as NSString).deletingLastPathComponent + "/modhost-worker"
+    }
+
+    /// Where `manifest`'s plugin runs.
+    public func isolation(of manifest: Manifest) -> Isolation {
+        if let chosen = plugins[manifest.name]?.isolation { return chosen }
+        if manifest.isolation == Isolation.process.rawValue { return .process }
+        return defaultIsolation
+    }
+}
+
+/// What an operator (and `modhostctl list`/`metrics`) sees of an isolated plugin's worker.
+public struct WorkerStatus: Sendable, Equatable {
+    public enum Phase: String, Sendable {
+        /// A worker is starting (the first time or after a crash).
+        case starting
+        case running
+        /// The worker ended without being asked; a restart is scheduled.
+        case crashed
+        /// Crashed `burst` times within `window`: not restarted until its file changes or
+        /// a module of it is enabled (`modhostctl enable`).
+        case quarantined
+        /// Stopped by the daemon (removal, replacement, shutdown).
+        case stopped
+    }
+    public var phase: Phase
+    /// The running worker's pid.
+    public var pid: Int32?
+    /// Workers started after the first.
+    public var restarts: Int
+    /// Workers that ended without being asked (crash, exit, killed as unresponsive).
+    public var crashes: Int
+    /// The last worker's end, e.g. "killed by signal 11 (Segmentation fault)".
+    public var lastCrash: String?
+    /// The running worker's resident set size, in bytes (from /proc), nil when none runs.
+    public var residentBytes: Int64?
+}
+
+/// One plugin running in a `modhost-worker` process, supervised: the daemon side of
+/// docs/isolation.md. Its modules are `IsolatedModule`s in the daemon's host instance; each
+/// forwards what it is given over the worker's socket.
+///
+/// Supervision: a worker that crashes, exits or does not answer within the event deadline
+/// (it is then killed) is logged with the plugin's name and its signal or exit status; its
+/// modules are `crashed` (they get nothing) until a new worker runs them again, created,
+/// initialized and started with the configuration they had. The first restart is at once,
+/// the next after 0.1 s, 0.2 s, ... (doubling); `burst` crashes within `window` quarantine
+/// the plugin. A worker's whole process group is killed when it ends.
+public final class IsolatedPlugin: Sendable {
+    public let name: String
+    let file: PluginFile
+    let preloads: [String]
+    let settings: PluginIsolationSettings
+    let policy: IsolationPolicy
+    let host: HostInstance
+    let logger: Logger
+    let deadline: Duration
+
+    struct ModuleRecord {
+        var configuration: JSONValue
+        var started = false
+    }
+
+    struct State {
+        var connection: WorkerConnection?
+        var phase = WorkerStatus.Phase.starting
+        var restarts = 0
+        var crashes = 0
+        var crashTimes: [ContinuousClock.Instant] = []
+        var lastCrash: String?
+        /// The modules the daemon runs, in creation order, and how to run them again.
+        var modules: [(name: String, record: ModuleRecord)] = []
+        var startedOnce = false
+    }
+    private let state = Mutex(State())
+
+    init(file: PluginFile, preloads: [String], settings: PluginIsolationSettings, policy: IsolationPolicy,
+         host: HostInstance, logger: Logger) {
+        name = file.name
+        self.file = file
+        self.preloads = preloads
+        self.settings = settings
+        self.policy = policy
+        self.host = host
+        self.logger = logger.with("plugin", file.name)
+        deadline = host.eventDeadline
+    }
+
+    /// The worker now.
+    public var status: WorkerStatus {
+        let (phase, connection, restarts, crashes, lastCrash) = state.withLock {
+            ($0.phase, $0.connection, $0.restarts, $0.crashes, $0.lastCrash)
+        }
+        let pid = phase == .running || phase == .starting ? connection?.pid : nil
+        return WorkerStatus(phase: phase, pid: pid, restarts: restarts, crashes: crashes, lastCrash: lastCrash,
+                            residentBytes: pid.flatMap(Self.residentBytes(of:)))
+    }
+
+    /// Starts the first worker and returns the modules its plugin provides (name, version).
+    func start() async throws(LoadFailure) -> [(name: String, version: String)] {
+        let connection = try await launch()
+        state.withLock {
+            $0.connection = connection
+            $0.phase = .running
+        }
+        // A worker that ended between its ready frame and now was not ours yet to restart.
+        if let ending = connection.ending { ended(connection, ending) }
+        return connection.modules
+    }
+
+    /// Spawns a worker, sends it the load frame and waits (up to the trial deadline) for it
+    /// to be ready.
+    private func launch() async throws(LoadFailure) -> WorkerConnection {
+        func fail(_ problem: String, _ fix: String) -> LoadFailure {
+            LoadFailure(file: file.path, check: .isolation, problem: problem, fix: fix)
+        }
+        var load: [String: JSONValue] = [
+            "op": "load", "plugin": .string(name), "file": .string(file.path), "image": .string(file.resolvedPath),
+            "preload": .array(preloads.map { .string($0) }), "logLevel": .string(policy.logLevel.description),
+            "eventDeadlineSeconds": .number(Double(deadline.components.seconds) + Double(deadline.components.attoseconds) / 1e18),
+            "limits": settings.limits.json,
+        ]
+        if let manifest = try? JSONValue(encoding: file.manifest) { load["manifest"] = manifest }
+        if geteuid() == 0 {
+            do {
+                let (uid, gid) = try Self.identity(user: settings.user, group: settings.group)
+                if let uid { load["uid"] = .number(Double(uid)) }
+                if let gid { load["gid"] = .number(Double(gid)) }
+            } catch {
+                throw fail(error.description, "name an existing user and group in the plugin's configuration")
+            }
+        }
+        let connection: WorkerConnection
+        do {
+            connection = try WorkerConnection.spawn(policy.workerExecutable, plugin: self)
+        } catch {
+            throw fail("cannot start the worker \(policy.workerExecutable): \(error)",
+                       "install modhost-worker next to modhostd")
+        }
+        guard connection.channel.send(.object(load)) else {
+            connection.stop()
+            throw fail("the worker ended before it was given its plugin", "see the log lines before this one")
+        }
+        let ready = await connection.ready(within: .seconds(ProcessTrialLoader.defaultTimeout))
+        switch ready {
+        case .success:
+            return connection
+        case .failure(let failure):
+            connection.stop()
+            throw LoadFailure(file: file.path, check: failure.check, problem: failure.problem, fix: failure.fix)
+        }
+    }
+
+    // MARK: - What modules ask
+
+    /// Creates module `module` in the worker; nil when its factory refused. When the worker
+    /// cannot answer, the module is still created here, `crashed`, and the worker restarted.
+    func create(_ module: String, configuration: JSONValue, running: [String]) -> (info: ModuleInfo?, notifications: Set<String>)? {
+        state.withLock { state in
+            state.modules.removeAll { $0.name == module }
+            state.modules.append((module, ModuleRecord(configuration: configuration)))
+        }
+        let reply = request(["op": "create", "module": .string(module), "configuration": configuration,
+                             "running": .array(running.map { .string($0) })], what: "create of \(module)")
+        guard let reply else { return (nil, []) }
+        if reply["created"]?.boolValue != true {
+            state.withLock { $0.modules.removeAll { $0.name == module } }
+            return nil
+        }
+        let info = try? reply["info"]?.decode(ModuleInfo.self)
+        var names: Set<String> = []
+        if case .array(let list) = reply["notifications"] ?? .null { names = Set(list.compactMap(\.stringValue)) }
+        return (info, names)
+    }
+
+    /// Delivers a synchronous event; returns once the worker has (or could not).
+    func deliver(_ module: String, kind: String, event: String, payload: JSONValue) {
+        if kind == "start" {
+            state.withLock { state in
+                if let index = state.modules.firstIndex(where: { $0.name == module }) { state.modules[index].record.started = true }
+            }
+        }
+        _ = request(["op": "event", "module": .string(module), "kind": .string(kind), "event": .string(event), "payload": payload],
+                    what: event)
+        if kind == "deinit" { state.withLock { $0.modules.removeAll { $0.name == module } } }
+    }
+
+    /// Delivers an awaited event and waits for it (up to the deadline).
+    func deliverAwaited(_ module: String, event: String, payload: JSONValue) async {
+        guard let connection = currentConnection else { return }
+        let outcome = await connection.requestAsync(["op": "awaited", "module": .string(module), "event": .string(event), "payload": payload],
+                                                    deadline: deadline)
+        check(outcome, connection, what: event)
+    }
+
+    /// Gives `module` a new configuration in the worker; false when it removed itself.
+    func configure(_ module: String, configuration: JSONValue) -> Bool {
+        state.withLock { state in
+            if let index = state.modules.firstIndex(where: { $0.name == module }) { state.modules[index].record.configuration = configuration }
+        }
+        guard let reply = request(["op": "configure", "module": .string(module), "configuration": configuration], what: "configurationChanged")
+        else { return true }
+        return reply["running"]?.boolValue ?? true
+    }
+
+    func stateForReplacement(_ module: String) -> JSONValue? {
+        guard let state = request(["op": "state", "module": .string(module)], what: "stateForReplacement")?["state"], state != .null
+        else { return nil }
+        return state
+    }
+
+    func restore(_ module: String, state: JSONValue) {
+        _ = request(["op": "restore", "module": .string(module), "state": state], what: "restore")
+    }
+
+    /// Calls `function` in the worker with arguments as text (`texts`) or JSON values
+    /// (`json`), as a plugin loaded in process is called: the same results and the same
+    /// error codes (`CallError.code`). No deadline here: the caller's applies.
+    public func call(_ function: String, texts: [String]? = nil, json: [JSONValue]? = nil) async throws(IsolatedCallError) -> CallValue {
+        guard let connection = currentConnection else {
+            throw IsolatedCallError(code: "call_failed", message: "plugin \(name)'s worker is not running (\(status.phase.rawValue)); try again once it is restarted")
+        }
+        var message: [String: JSONValue] = ["op": "call", "function": .string(function)]
+        if let texts { message["texts"] = .array(texts.map { .string($0) }) }
+        if let json { message["json"] = .array(json) }
+        switch await connection.requestAsync(.object(message), deadline: nil) {
+        case .reply(let reply):
+            if let error = reply["error"] {
+                throw IsolatedCallError(code: error.text("code") ?? "call_failed", message: error.text("message") ?? "the call failed")
+            }
+            guard let type = reply.text("type").flatMap(ValueType.init(rawValue:)), let value = try? type.value(fromJSON: reply["value"] ?? .null)
+            else { throw IsolatedCallError(code: "call_failed", message: "plugin \(name)'s worker gave an invalid result") }
+            return value
+        case .timedOut, .gone:
+            throw IsolatedCallError(code: "call_failed",
+                                    message: "plugin \(name)'s worker ended during the call of \(function)\(lastCrashText); it is restarted")
+        }
+    }
+
+    private var lastCrashText: String {
+        // The reaper may report the end just after the reply failed.
+        status.lastCrash.map { " (\($0))" } ?? ""
+    }
+
+    private var currentConnection: WorkerConnection? {
+        state.withLock { $0.phase == .running ? $0.connection : nil }
+    }
+
+    /// Sends `message` and waits for its reply up to the event deadline; nil when no worker
+    /// runs or it did not answer (it is then killed and restarted).
+    private func request(_ message: JSONValue, what: String) -> JSONValue? {
+        guard let connection = currentConnection else { return nil }
+        let outcome = connection.request(message, deadline: deadline)
+        check(outcome, connection, what: what)
+        if case .reply(let reply) = outcome { return reply }
+        return nil
+    }
+
+    /// A worker that did not answer in time, or whose module's code overran its deadline
+    /// there, is killed: the supervision restarts it.
+    private func check(_ outcome: WorkerConnection.Outcome, _ connection: WorkerConnection, what: String) {
+        switch outcome {
+        case .timedOut:
+            connection.kill(reason: "it did not answer \(what) within \(deadline.secondsText)")
+        case .reply(let reply):
+            if let stuck = reply.text("stuck") {
+                connection.kill(reason: "its code did not return from \(stuck) within \(deadline.secondsText)")
+            }
+        case .gone:
+            break
+        }
+    }
+
+    // MARK: - Supervision
+
+    /// Called by the connection's reaper once its worker has ended and been reaped.
+    func ended(_ connection: WorkerConnection, _ ending: String) {
+        let now = ContinuousClock.now
+        let window = policy.window
+        let decision: (quarantined: Bool, delay: Duration, crashes: Int)? = state.withLock { state in
+            guard state.connection === connection, state.phase != .stopped else { return nil }
+            state.connection = nil
+            state.crashes += 1
+            state.lastCrash = ending
+            state.crashTimes = state.crashTimes.filter { now - $0 < window } + [now]
+            let recent = state.crashTimes.count
+            if recent >= policy.burst {
+                state.phase = .quarantined
+                return (true, .zero, recent)
+            }
+            state.phase = .crashed
+            let delay: Duration = recent <= 1 ? .zero : .milliseconds(100) * (1 << min(recent - 2, 8))
+            return (false, delay, recent)
+        }
+        guard let decision else { return }
+        let modules = state.withLock { $0.modules.map(\.name) }
+        logger.error("plugin \(name)'s worker (pid \(connection.pid)) \(ending); its modules are crashed: \(modules.joined(separator: ", "))",
+                     [("pid", "\(connection.pid)"), ("cause", ending)])
+        if decision.quarantined {
+            logger.error("plugin \(name) is quarantined: its worker ended \(decision.crashes) times within \(window.secondsText); it is not restarted until its file changes or a module of it is enabled (modhostctl enable MODULE)",
+                         [("crashes", "\(decision.crashes)")])
+            return
+        }
+        scheduleRestart(after: decision.delay)
+    }
+
+    private func scheduleRestart(after delay: Duration) {
+        Task.detached { [self] in
+            if delay > .zero { try? await Task.sleep(for: delay) }
+            await self.restart()
+        }
+    }
+
+    /// Starts a new worker and runs the daemon's modules of this plugin in it again.
+    private func restart() async {
+        guard state.withLock({ state -> Bool in
+            guard state.phase == .crashed || state.phase == .quarantined else { return false }
+            state.phase = .starting
+            return true
+        }) else { return }
+        let connection: WorkerConnection
+        do {
+            connection = try await launch()
+        } catch {
+            logger.error("cannot restart plugin \(name)'s worker: \(error.problem)")
+            let quarantine = state.withLock { state -> Bool in
+                guard state.phase == .starting else { return false }
+                state.phase = .quarantined
+                state.lastCrash = error.problem
+                return true
+            }
+            if quarantine { logger.error("plugin \(name) is quarantined until its file changes or a module of it is enabled") }
+            return
+        }
+        let (modules, stopped, restarts) = state.withLock { state -> ([(name: String, record: ModuleRecord)], Bool, Int) in
+            guard state.phase == .starting else { return ([], true, 0) }
+            // Still `starting`: the modules get nothing until they run again in order.
+            state.connection = connection
+            state.restarts += 1
+            return (state.modules, false, state.restarts)
+        }
+        if stopped {
+            connection.stop()
+            return
+        }
+        if let ending = connection.ending {
+            ended(connection, ending)
+            return
+        }
+        logger.info("restarted plugin \(name)'s worker (pid \(connection.pid), restart \(restarts))", [("pid", "\(connection.pid)")])
+        let running = host.runningModuleNames
+        for (module, record) in modules {
+            let reply = connection.request(["op": "create", "module": .string(module), "configuration": record.configuration,
+                                            "running": .array(running.map { .string($0) })], deadline: deadline)
+            check(reply, connection, what: "create of \(module)")
+            guard case .reply(let created) = reply, created["created"]?.boolValue == true else { continue }
+            if record.started {
+                check(connection.request(["op": "event", "module": .string(module), "kind": "start", "event": "start"], deadline: deadline),
+                      connection, what: "start")
+            }
+        }
+        state.withLock { state in
+            if state.connection === connection && state.phase == .starting { state.phase = .running }
+        }
+    }
+
+    /// Lets a quarantined plugin run again (`modhostctl enable` of one of its modules):
+    /// the crash count starts over and a worker is started now.
+    func release() {
+        let quarantined = state.withLock { state -> Bool in
+            guard state.phase == .quarantined else { return false }
+            state.crashTimes = []
+            return true
+        }
+        guard quarantined else { return }
+        logger.info("plugin \(name) leaves quarantine (enabled); starting its worker")
+        Task.detached { [self] in await self.restart() }
+    }
+
+    /// Ends the worker for good (removal, replacement, shutdown): no restart follows.
+    func stop() {
+        let connection = state.withLock { state -> WorkerConnection? in
+            state.phase = .stopped
+            defer { state.connection = nil }
+            return state.connection
+        }
+        connection?.stop()
+    }
+
+    /// The logger lines of the worker are logged here, with the plugin's name and pid.
+    func log(_ message: JSONValue, pid: pid_t) {
+        let level = message.integer("level").flatMap(LogLevel.init(rawValue:)) ?? .info
+        var logger = Logger(label: message.text("label") ?? "modhostd")
+        if case .array(let pairs) = message["metadata"] ?? .null {
+            for case .array(let pair) in pairs where pair.count == 2 {
+                if let key = pair[0].stringValue, let value = pair[1].stringValue { logger = logger.with(key, value) }
+            }
+        }
+        logger.log(level, message.text("message") ?? "", [("plugin", name), ("worker", "\(pid)")])
+    }
+
+    /// A notification a module of the worker posted: to every module of the daemon's host.
+    func post(_ message: JSONValue) {
+        guard let notification = message.text("name") else { return }
+        host.postFromAnywhere(notification: notification, payload: message["payload"] ?? .null)
+    }
+
+    // MARK: - Helpers
+
+    /// The uid and gid of `user` and `group` (names or numbers); the user's group when no
+    /// group is named.
+    static func identity(user: String?, group: String?) throws(TrialProcess.SpawnError) -> (uid_t?, gid_t?) {
+        var uid: uid_t?
+        var gid: gid_t?
+        if let user {
+            if let number = UInt32(user) {
+                uid = number
+            } else if let entry = getpwnam(user) {
+                uid = entry.pointee.pw_uid
+                gid = entry.pointee.pw_gid
+            } else {
+                throw TrialProcess.SpawnError(description: "no user named \(user)")
+            }
+        }
+        if let group {
+            if let number = UInt32(group) {
+                gid = number
+            } else if let entry = getgrnam(group) {
+                gid = entry.pointee.gr_gid
+            } else {
+                throw TrialProcess.SpawnError(description: "no group named \(group)")
+            }
+        }
+        return (uid, gid)
+    }
+
+    /// A process's resident set size from /proc/PID/statm, in bytes.
+    static func residentBytes(of pid: pid_t) -> Int64? {
+        guard let bytes = try? BoundedFile.read("/proc/\(pid)/statm", limit: 4096) else { return nil }
+        let fields = String(decoding: bytes, as: UTF8.self).split(separator: " ")
+        guard fields.count > 1, let pages = Int64(fields[1]) else { return nil }
+        return pages * Int64(sysconf(Int32(_SC_PAGESIZE)))
+    }
+}
+
+/// One worker process and its socket: requests and their replies, the reader thread and
+/// the reaper thread.
+final class WorkerConnection: Sendable {
+    let pid: pid_t
+    let channel: WorkerChannel
+    private let plugin: IsolatedPlugin
+    private let pending = Mutex<[Int: Waiter]>([:])
+    private let nextID = Atomic<Int>(1)
+    /// Set once the reaper has seen the end (then the pid may be reused: never signal it).
+    private let life = Mutex((ended: false, killReason: String?.none))
+    private let readiness = Waiter()
+    /// Completed by the reaper with `{"ending": TEXT}` once the worker has been reaped.
+    private let finished = Waiter()
+    private let described = Mutex<[(name: String, version: String)]>([])
+
+    /// The modules the worker's plugin provides, from its ready frame.
+    var modules: [(name: String, version: String)] { described.withLock { $0 } }
+
+    enum Outcome {
+        case reply(JSONValue)
+        case timedOut
+        case gone
+    }
+
+    /// A request waiting for its reply, from a blocked thread or an awaiting task.
+    final class Waiter: Sendable {
+        private struct State {
+            var outcome: Outcome?
+            var continuation: CheckedContinuation<Outcome, Never>?
+        }
+        private let state = Mutex(State())
+        private let semaphore = DispatchSemaphore(value: 0)
+
+        /// The first outcome wins.
+        func complete(_ outcome: Outcome) {
+            let continuation: CheckedContinuation<Outcome, Never>?? = state.withLock { state in
+                guard state.outcome == nil else { return .none }
+                state.outcome = outcome
+                defer { state.continuation = nil }
+                return .some(state.continuation)
+            }
+            guard let continuation else { return }
+            semaphore.signal()
+            continuation?.resume(returning: outcome)
+        }
+
+        func wait(upTo deadline: Duration) -> Outcome {
+            let (seconds, attoseconds) = deadline.components
+            let nanoseconds = Int(clamping: seconds) &* 1_000_000_000 &+ Int(attoseconds / 1_000_000_000)
+            if semaphore.wait(timeout: .now() + .nanoseconds(max(0, nanoseconds))) == .timedOut { complete(.timedOut) }
+            return state.withLock { $0.outcome ?? .gone }
+        }
+
+        /// The outcome, if there is one yet.
+        func peek() -> Outcome? { state.withLock { $0.outcome } }
+
+        func wait() async -> Outcome {
+            await withCheckedContinuation { continuation in
+                let done: Outcome? = state.withLock { state in
+                    if let outcome = state.outcome { return outcome }
+                    state.continuation = continuation
+                    return nil
+                }
+                if let done { continuation.resume(returning: done) }
+            }
+        }
+    }
+
+    private init(pid: pid_t, fd: Int32, plugin: IsolatedPlugin) {
+        self.pid = pid
+        channel = WorkerChannel(fd: fd)
+        self.plugin = plugin
+    }
+
+    /// Starts `executable` with one end of a new socketpair as its descriptor 3, in a
+    /// process group of its own, with a clean environment, and starts the reader and reaper
+    /// threads.
+    static func spawn(_ executable: String, plugin: IsolatedPlugin) throws(TrialProcess.SpawnError) -> WorkerConnection {
+        var ends: [Int32] = [-1, -1]
+        guard modhost_worker_socketpair(&ends) == 0 else {
+            throw TrialProcess.SpawnError(description: "socketpair: \(String(cString: strerror(errno)))")
+        }
+        let workerEnd = ends[1]
+        let (code, pid) = SpawnThread.run { spawnProcess(executable, socket: workerEnd) }
+        close(ends[1])
+        guard code == 0 else {
+            close(ends[0])
+            throw TrialProcess.SpawnError(description: String(cString: strerror(code)))
+        }
+        let connection = WorkerConnection(pid: pid, fd: ends[0], plugin: plugin)
+        let reader = Thread { connection.read() }
+        reader.name = "worker.\(plugin.name).read"
+        reader.start()
+        let reaper = Thread { connection.reap() }
+        reaper.name = "worker.\(plugin.name).reap"
+        reaper.start()
+        return connection
+    }
+
+    /// posix_spawn of `executable` with `socket` as its descriptor 3, standard input
+    /// /dev/null, in a process group of its own, with a clean environment: nothing of the
+    /// daemon's reaches plugin code, and no Swift backtrace on a crash (it delays the end by
+    /// a quarter of a second or more). (error, pid).
+    private static func spawnProcess(_ executable: String, socket: Int32) -> (Int32, pid_t) {
+        TrialProcess.spawnInGroup(executable, arguments: [],
+                                  environment: ["PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "SWIFT_BACKTRACE": "enable=no"]) {
+            actions in
+            posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
+            posix_spawn_file_actions_adddup2(&actions, socket, WorkerProcess.socketDescriptor)
+        }
+    }
+
+    /// The worker's ready frame (its modules), its failed frame, or its end.
+    func ready(within deadline: Duration) async -> Result<Void, LoadFailure> {
+        let timer = DispatchWorkItem { [readiness] in readiness.complete(.timedOut) }
+        let (seconds, _) = deadline.components
+        DispatchQueue.global().asyncAfter(deadline: .now() + .seconds(Int(seconds)), execute: timer)
+        let outcome = await readiness.wait()
+        timer.cancel()
+        func failure(_ problem: String, _ fix: String) -> LoadFailure {
+            LoadFailure(file: plugin.file.path, check: .isolation, problem: problem, fix: fix)
+        }
+        switch outcome {
+        case .reply(let message) where message.text("op") == "ready":
+            var modules: [(name: String, version: String)] = []
+            if case .array(let list) = message["modules"] ?? .null {
+                for entry in list { if let name = entry.text("name") { modules.append((name, entry.text("version") ?? "")) } }
+            }
+            described.withLock { $0 = modules }
+            return .success(())
+        case .reply(let message):
+            let check = message.text("check").flatMap(LoadFailure.Check.init(rawValue:)) ?? .isolation
+            return .failure(LoadFailure(file: plugin.file.path, check: check, problem: "in its worker: \(message.text("problem") ?? "it failed")",
+                                        fix: message.text("fix") ?? "see the log"))
+        case .timedOut:
+            kill(reason: "it was not ready within \(deadline.secondsText)")
+            return .failure(failure("its worker was not ready within \(deadline.secondsText)", "fix the plugin's load-time code"))
+        case .gone:
+            // The reaper says how it ended, once it has reaped it.
+            let ending = await finished.wait()
+            var text = "ended"
+            if case .reply(let message) = ending { text = message.text("ending") ?? text }
+            return .failure(failure("its worker \(text) while loading it", "fix the plugin's load-time code; the daemon was not affected"))
+        }
+    }
+
+    /// Sends a request and blocks the calling thread up to `deadline` for its reply.
+    func request(_ message: JSONValue, deadline: Duration) -> Outcome {
+        guard let (waiter, _) = submit(message) else { return .gone }
+        let outcome = waiter.wait(upTo: deadline)
+        return outcome
+    }
+
+    /// Sends a request and awaits its reply, up to `deadline` when given.
+    func requestAsync(_ message: JSONValue, deadline: Duration?) async -> Outcome {
+        guard let (waiter, _) = submit(message) else { return .gone }
+        var timer: DispatchWorkItem?
+        if let deadline {
+            let item = DispatchWorkItem { waiter.complete(.timedOut) }
+            let (seconds, attoseconds) = deadline.components
+            DispatchQueue.global().asyncAfter(deadline: .now() + .nanoseconds(Int(clamping: seconds) &* 1_000_000_000 &+ Int(attoseconds / 1_000_000_000)),
+                                              execute: item)
+            timer = item
+        }
+        let outcome = await waiter.wait()
+        timer?.cancel()
+        return outcome
+    }
+
+    private func submit(_ message: JSONValue) -> (Waiter, Int)? {
+        guard case .object(var fields) = message else { return nil }
+        let id = nextID.add(1, ordering: .relaxed).oldValue
+        fields["id"] = .number(Double(id))
+        let waiter = Waiter()
+        pending.withLock { $0[id] = waiter }
+        guard channel.send(.object(fields)) else {
+            _ = pending.withLock { $0.removeValue(forKey: id) }
+            return nil
+        }
+        return (waiter, id)
+    }
+
+    /// The reader thread: replies to their waiters, log lines and notifications to the
+    /// plugin; at the end of the stream every waiter learns the worker is gone.
+    private func read() {
+        var reader = FrameReader(fd: channel.fd)
+        while let message = try? reader.next() {
+            if let id = message.integer("id") {
+                pending.withLock { $0.removeValue(forKey: id) }?.complete(.reply(message))
+                continue
+            }
+            switch message.text("op") {
+            case "log": plugin.log(message, pid: pid)
+            case "post": plugin.post(message)
+            case "ready", "failed": readiness.complete(.reply(message))
+            default: break
+            }
+        }
+        readiness.complete(.gone)
+        let waiters = pending.withLock { pending in
+            defer { pending = [:] }
+            return Array(pending.values)
+        }
+        for waiter in waiters { waiter.complete(.gone) }
+    }
+
+    /// The reaper thread: waits for the worker to end, kills what is left of its process
+    /// group, reaps it and reports how it ended.
+    private func reap() {
+        var info = siginfo_t()
+        while waitid(P_PID, id_t(pid), &info, WEXITED | WNOWAIT) != 0 && errno == EINTR {}
+        let reason = life.withLock { life -> String? in
+            life.ended = true
+            // Whatever the plugin forked dies with it.
+            Glibc.kill(-pid, SIGKILL)
+            return life.killReason
+        }
+        var status: Int32 = 0
+        while waitpid(pid, &status, 0) < 0 && errno == EINTR {}
+        var ending: String
+        if status & 0x7f == 0 {
+            ending = "exited with status \((status >> 8) & 0xff)"
+        } else {
+            let signal = status & 0x7f
+            ending = "was killed by signal \(signal) (\(String(cString: strsignal(signal))))"
+        }
+        if let reason { ending += ": \(reason)" }
+        finished.complete(.reply(["ending": .string(ending)]))
+        // The reader stops (a process the plugin forked may still hold the other end).
+        channel.shutDown()
+        plugin.ended(self, ending)
+    }
+
+    /// How the worker ended, once it has been reaped; nil while it runs.
+    var ending: String? {
+        guard case .reply(let message) = finished.peek() else { return nil }
+        return message.text("ending")
+    }
+
+    /// Kills the worker (its process group) because it misbehaved; the reaper reports it.
+    func kill(reason: String) {
+        life.withLock { life in
+            guard !life.ended else { return }
+            if life.killReason == nil { life.killReason = "killed because \(reason)" }
+            Glibc.kill(-pid, SIGKILL)
+            Glibc.kill(pid, SIGKILL)
+        }
+    }
+
+    /// Ends the worker on purpose: closing the socket makes it kill its process group; one
+    /// that has not ended after a second is killed.
+    func stop() {
+        channel.shutDown()
+        DispatchQueue.global().asyncAfter(deadline: .now() + 1) { [self] in
+            life.withLock { life in
+                guard !life.ended else { return }
+                Glibc.kill(-pid, SIGKILL)
+            }
+        }
+    }
+}
+
+/// A module of an isolated plugin, as the daemon's host instance sees it: everything it is
+/// given goes to the module of the same name in the plugin's worker.
+final class IsolatedModule: Module {
+    let plugin: IsolatedPlugin
+    let moduleName: String
+    let info: ModuleInfo
+    let notifications: Set<String>
+
+    init?(plugin: IsolatedPlugin, name: String, version: String, configuration: JSONValue, running: [String]) {
+        guard let created = plugin.create(name, configuration: configuration, running: running) else { return nil }
+        self.plugin = plugin
+        moduleName = name
+        info = created.info ?? ModuleInfo(name: name, version: version)
+        notifications = created.notifications
+    }
+
+    func handle(_ event: ModuleEvent, host: isolated HostInstance) {
+        switch event {
+        // The worker's own host sent these already (create initializes, configure changes).
+        case .initialize, .configurationChanged: return
+        case .start: plugin.deliver(moduleName, kind: "start", event: "start", payload: .null)
+        case .deinitialize: plugin.deliver(moduleName, kind: "deinit", event: "deinit", payload: .null)
+        case .notification(let name, let payload): plugin.deliver(moduleName, kind: "notification", event: name, payload: payload)
+        case .custom(let name, let payload): plugin.deliver(moduleName, kind: "custom", event: name, payload: payload)
+        @unknown default: return
+        }
+    }
+
+    func handle(_ event: AsyncModuleEvent, host: isolated HostInstance) async {
+        await plugin.deliverAwaited(moduleName, event: event.name, payload: event.payload)
+    }
+
+    func updateConfiguration(_ configuration: JSONValue, host: isolated HostInstance) -> (any Module)? {
+        plugin.configure(moduleName, configuration: configuration) ? self : nil
+    }
+
+    func stateForReplacement(host: isolated HostInstance) -> JSONValue? { plugin.stateForReplacement(moduleName) }
+
+    func restore(state: JSONValue, host: isolated HostInstance) { plugin.restore(moduleName, state: state) }
+}
+
+extension IsolatedPlugin {
+    /// The factories of the daemon's modules of this plugin.
+    func factories(_ modules: [(name: String, version: String)], defaultOrder: Int) -> [LoadedPlugin.Module] {
+        modules.map { module in
+            LoadedPlugin.Module(
+                factory: ModuleFactory(name: module.name, version: module.version, plugin: name, defaultOrder: defaultOrder) {
+                    [self] host, configuration in
+                    IsolatedModule(plugin: self, name: module.name, version: module.version, configuration: configuration,
+                                   running: host.runningModuleNames)
+                },
+                swiftType: nil)
+        }
+    }
+}
+
+/// The one thread every worker is spawned from. PR_SET_PDEATHSIG fires when the *thread*
+/// that started a process ends, and pool threads come and go: this one never ends.
+enum SpawnThread {
+    private final class Job: Sendable {
+        let body: @Sendable () -> Void
+        let done = DispatchSemaphore(value: 0)
+        init(_ body: @escaping @Sendable () -> Void) { self.body = body }
+    }
+
+    private static let queue = Mutex<[Job]>([])
+    private static let wake = DispatchSemaphore(value: 0)
+    private static let started: Bool = {
+        let thread = Thread {
+            while true {
+                wake.wait()
+                while let job = queue.withLock({ $0.isEmpty ? nil : $0.removeFirst() }) {
+                    job.body()
+                    job.done.signal()
+                }
+            }
+        }
+        thread.name = "worker.spawn"
+        thread.start()
+        return true
+    }()
+
+    /// Runs `body` on the spawn thread and returns its result.
+    static func run<T: Sendable>(_ body: @escaping @Sendable () -> T) -> T {
+        _ = started
+        let result = Mutex<T?>(nil)
+        let job = Job { let value = body(); result.withLock { $0 = value } }
+        queue.withLock { $0.append(job) }
+        wake.signal()
+        job.done.wait()
+        return result.withLock { $0! }
+    }
+}

@@ -1,0 +1,315 @@
+import CDynamicLoader
+import Dispatch
+import Glibc
+import ModuleKit
+import PluginCall
+import PluginFormat
+import Synchronization
+
+/// The program `modhost-worker` runs: one isolated plugin, in a process of its own, for the
+/// daemon that started it (docs/isolation.md). The daemon is the only client: the worker
+/// refuses to run unless descriptor 3 is a UNIX socket whose other end belongs to its
+/// parent process.
+///
+/// In order, before any plugin code runs: it asks for SIGKILL when its parent ends
+/// (PR_SET_PDEATHSIG), checks who started it, closes every other descriptor but 0-2, reads
+/// the `load` frame, takes the group and user it names (when started by root), sets its
+/// resource limits and PR_SET_NO_NEW_PRIVS; then it loads the plugin's dependencies and the
+/// plugin, answers `ready` (or `failed`), and serves frames until the daemon closes the
+/// socket, when it kills its whole process group (itself and anything the plugin forked).
+public enum WorkerProcess {
+    /// The descriptor the daemon passes the socket on.
+    public static let socketDescriptor: Int32 = 3
+    /// Exit status when not started by modhostd.
+    public static let notStartedByDaemon: Int32 = 64
+
+    /// Runs the worker; never returns.
+    public static func main() -> Never {
+        _ = modhost_worker_set_parent_death_signal(SIGKILL)
+        let parent = getppid()
+        let peer = modhost_worker_peer_pid(socketDescriptor)
+        guard parent > 1, peer == parent else {
+            StandardError.write("modhost-worker: refused: it runs one isolated plugin for modhostd, which starts it over a socket on descriptor 3; it is never started by hand (set \"isolation\": \"process\" in modhostd's configuration instead)\n")
+            exit(notStartedByDaemon)
+        }
+        _ = modhost_worker_close_from(socketDescriptor + 1)
+        let channel = WorkerChannel(fd: socketDescriptor)
+        var reader = FrameReader(fd: socketDescriptor)
+        let load: JSONValue
+        do {
+            load = try reader.next()
+        } catch {
+            endGroup()
+        }
+        if let problem = takePrivileges(load) {
+            channel.send(["op": "failed", "check": "isolation", "problem": .string(problem),
+                          "fix": "correct the plugin's \"user\", \"group\" or \"limits\" in modhostd's configuration"])
+            endGroup()
+        }
+        LoggingSystem.bootstrap(ChannelLogBackend(channel: channel), level: load.text("logLevel").flatMap(LogLevel.init(name:)) ?? .info)
+        let service: WorkerService
+        do throws(LoadFailure) {
+            service = try WorkerService(load: load, channel: channel)
+        } catch {
+            channel.send(["op": "failed", "check": .string(error.check.rawValue), "problem": .string(error.problem), "fix": .string(error.fix)])
+            endGroup()
+        }
+        channel.send(["op": "ready", "pid": .number(Double(getpid())),
+                      "modules": .array(service.plugin.modules.map { ["name": .string($0.factory.name), "version": .string($0.factory.version)] })])
+        let (stream, continuation) = AsyncStream.makeStream(of: JSONValue.self)
+        Task { await service.serve(stream) }
+        while true {
+            do {
+                continuation.yield(try reader.next())
+            } catch {
+                // The daemon closed the socket (or ended): the C callbacks already queued (a
+                // destroy after deinit) get the event deadline to finish, then everything of
+                // this plugin ends.
+                service.drain()
+                endGroup()
+            }
+        }
+    }
+
+    /// Kills the worker's process group: the worker and whatever the plugin started.
+    static func endGroup() -> Never {
+        kill(0, SIGKILL)
+        _exit(0)
+    }
+
+    /// Applies `load`'s group, user, limits and PR_SET_NO_NEW_PRIVS; the problem, if one
+    /// could not be applied.
+    static func takePrivileges(_ load: JSONValue) -> String? {
+        if let group = load.integer("gid") {
+            guard setgroups(0, nil) == 0, setgid(gid_t(group)) == 0 else { return "cannot take group \(group): \(String(cString: strerror(errno)))" }
+        }
+        if let user = load.integer("uid") {
+            guard setuid(uid_t(user)) == 0 else { return "cannot take user \(user): \(String(cString: strerror(errno)))" }
+        }
+        let limits: [(key: String, which: Int32)] = [("addressSpaceBytes", 0), ("openFiles", 1), ("cpuSeconds", 2), ("processes", 3)]
+        for (key, which) in limits {
+            guard let value = load["limits"]?.integer(key) else { continue }
+            if modhost_worker_set_limit(which, UInt64(max(0, value))) != 0 {
+                return "cannot set limit \(key) to \(value): \(String(cString: strerror(errno)))"
+            }
+        }
+        if modhost_worker_set_no_new_privileges() != 0 { return "cannot set PR_SET_NO_NEW_PRIVS: \(String(cString: strerror(errno)))" }
+        return nil
+    }
+}
+
+/// The daemon's running module names, as of the last `create` (`has_module`).
+final class DaemonModules: Sendable {
+    let names = Mutex<Set<String>>([])
+}
+
+/// Sends every log line of the worker to the daemon, which logs it as its own with the
+/// plugin's name.
+struct ChannelLogBackend: LogBackend {
+    let channel: WorkerChannel
+
+    func write(_ record: LogRecord) {
+        channel.send(["op": "log", "level": .number(Double(record.level.rawValue)), "label": .string(record.label),
+                      "message": .string(record.message),
+                      "metadata": .array(record.metadata.map { .array([.string($0.0), .string($0.1)]) })])
+    }
+}
+
+/// The plugin loaded in the worker and its modules, on a host instance of the worker's
+/// own; serves the daemon's requests (docs/isolation.md, "Frames").
+final class WorkerService: Sendable {
+    let channel: WorkerChannel
+    let plugin: LoadedPlugin
+    let host: HostInstance
+    let workers: PluginWorkers
+    /// Modules running elsewhere in the daemon, as of the last `create`: what `has_module`
+    /// answers for names outside this plugin.
+    let daemonModules = DaemonModules()
+    let calls = DispatchQueue(label: "worker.calls")
+
+    init(load: JSONValue, channel: WorkerChannel) throws(LoadFailure) {
+        self.channel = channel
+        let path = load.text("file") ?? ""
+        func fail(_ problem: String) -> LoadFailure {
+            LoadFailure(file: path, check: .manifest, problem: problem, fix: "restart modhostd; this is a bug if it persists")
+        }
+        guard let image = load.text("image"), let manifestJSON = load["manifest"] else { throw fail("the load frame lacks image or manifest") }
+        let manifest: Manifest
+        do {
+            manifest = try Manifest(json: manifestJSON)
+        } catch {
+            throw fail("the load frame's manifest is invalid: \(error)")
+        }
+        let deadline = load["eventDeadlineSeconds"]?.numberValue.flatMap { CheckedNumber.duration(seconds: $0, in: 0.001...3600) } ?? .seconds(5)
+        let host = HostInstance(name: "modhostd", eventDeadline: deadline, logger: Logger(label: "modhostd"))
+        self.host = host
+        let workers = PluginWorkers()
+        self.workers = workers
+        // The plugins it depends on are mapped first, under the names its NEEDED entries
+        // ask for; their modules do not run here.
+        if case .array(let preloads) = load["preload"] ?? .array([]) {
+            for case .string(let library) in preloads {
+                do {
+                    _ = try DynamicLibrary(path: library)
+                } catch {
+                    throw LoadFailure(file: path, check: .dependency, problem: "cannot load a plugin it depends on (\(library)): \(error.message)",
+                                      fix: "fix that plugin first")
+                }
+            }
+        }
+        let daemonModules = self.daemonModules
+        let channelForPost = channel
+        let loader = PluginLoader(registry: ModuleRegistry(), workers: workers) { name, host in
+            try CHostServices(
+                moduleName: name, logger: host.logger(for: name),
+                post: { notification, payload in
+                    channelForPost.send(["op": "post", "name": .string(notification), "payload": payload])
+                },
+                hasModule: { name in host.isRunning(moduleNamed: name) || daemonModules.names.withLock { $0.contains(name) } })
+        }
+        let file = PluginFile(path: path, resolvedPath: image, manifest: manifest, dynamic: DynamicInfo(), warnings: [])
+        plugin = try loader.open(file)
+        if !manifest.dependencies.isEmpty {
+            Logger(label: "modhostd").warning(
+                "plugin \(manifest.name) runs in a worker process: the modules of \(manifest.dependencies.joined(separator: ", ")) run elsewhere, and a cast of a module to one of their protocols finds nothing here; use events, notifications or calls by name across processes",
+                [("plugin", manifest.name)])
+        }
+    }
+
+    /// Waits, up to the event deadline, until no C callback is queued or running.
+    func drain() {
+        let until = ContinuousClock.now + host.eventDeadline
+        while !(workers.busyModules.isEmpty && workers.busyCalls.isEmpty) && ContinuousClock.now < until {
+            usleep(5_000)
+        }
+    }
+
+    /// Serves the frames in `stream`, in order; awaited events and calls by name run beside
+    /// the rest, each answering when it is done.
+    func serve(_ stream: AsyncStream<JSONValue>) async {
+        var settings: [String: ModuleSettings] = [:]
+        for await message in stream {
+            let id = message["id"] ?? .null
+            let module = message.text("module") ?? ""
+            switch message.text("op") {
+            case "create":
+                if case .array(let names) = message["running"] ?? .null {
+                    daemonModules.names.withLock { $0 = Set(names.compactMap(\.stringValue)) }
+                }
+                settings[module] = ModuleSettings(configuration: message["configuration"] ?? [:])
+                await host.updateSettings(settings)
+                reply(id, await create(module))
+            case "event":
+                let event = Self.event(message)
+                await host.perform { host in
+                    if let event { host.module(named: module)?.handle(event, host: host) }
+                }
+                reply(id, stuckReply(module))
+            case "awaited":
+                let event: AsyncModuleEvent
+                switch message.text("event") ?? "" {
+                case "willUnload": event = .willUnload
+                case "willTerminate": event = .willTerminate
+                case let name: event = .custom(name: name, payload: message["payload"] ?? .null)
+                }
+                Task {
+                    await self.host.send(event, to: module)
+                    self.reply(id, self.stuckReply(module))
+                }
+            case "configure":
+                settings[module] = ModuleSettings(configuration: message["configuration"] ?? [:])
+                await host.updateSettings(settings)
+                reply(id, ["running": .bool(host.isRunning(moduleNamed: module))])
+            case "state":
+                let state = await host.perform { host in host.module(named: module)?.stateForReplacement(host: host) }
+                reply(id, ["state": state ?? .null])
+            case "restore":
+                let state = message["state"] ?? .null
+                await host.perform { host in host.module(named: module)?.restore(state: state, host: host) }
+                reply(id, [:])
+            case "call":
+                call(id, message)
+            default:
+                reply(id, ["error": ["code": "invalid_request", "message": .string("unknown op \(message.text("op") ?? "none")")]])
+            }
+        }
+    }
+
+    /// Creates `module` (and so initializes it: `add` does); its notifications and info,
+    /// or `created: false` when its factory refused.
+    private func create(_ module: String) async -> JSONValue {
+        guard let factory = plugin.modules.first(where: { $0.factory.name == module })?.factory else {
+            return ["created": false]
+        }
+        if await !host.perform({ $0.module(named: module) != nil }) { await host.add([factory]) }
+        let described: (notifications: [String], info: ModuleInfo)? = await host.perform { host in
+            host.module(named: module).map { (Array($0.notifications).sorted(), $0.info) }
+        }
+        guard let described else { return ["created": false] }
+        let info = (try? JSONValue(encoding: described.info)) ?? .null
+        return ["created": true, "notifications": .array(described.notifications.map { .string($0) }), "info": info]
+    }
+
+    /// A reply that says whether `module`'s C code overran its deadline and is stuck.
+    private func stuckReply(_ module: String) -> JSONValue {
+        if let stuck = workers.stuck(module: module) { return ["stuck": .string(stuck.what)] }
+        return [:]
+    }
+
+    private static func event(_ message: JSONValue) -> ModuleEvent? {
+        let payload = message["payload"] ?? .null
+        let name = message.text("event") ?? ""
+        switch message.text("kind") {
+        case "start": return .start
+        case "deinit": return .deinitialize
+        case "notification": return .notification(name: name, payload: payload)
+        case "custom": return .custom(name: name, payload: payload)
+        default: return nil
+        }
+    }
+
+    /// Calls a function by name on the worker's call thread, one call at a time, and
+    /// answers with its value or the error the daemon would give in process.
+    private func call(_ id: JSONValue, _ message: JSONValue) {
+        let function = message.text("function") ?? ""
+        guard let table = plugin.functions else {
+            reply(id, ["error": ["code": "unknown_function", "message": .string("plugin \(plugin.name) exports no functions for calling by name")]])
+            return
+        }
+        calls.async {
+            do throws(CallError) {
+                let value: CallValue
+                if case .array(let texts) = message["texts"] ?? .null {
+                    value = try table.call(function, texts: texts.compactMap(\.stringValue))
+                } else if case .array(let values) = message["json"] ?? .null {
+                    value = try table.call(function, json: values)
+                } else {
+                    value = try table.call(function, json: [])
+                }
+                self.reply(id, ["type": .string(value.type.rawValue), "value": value.json])
+            } catch {
+                self.reply(id, ["error": ["code": .string(error.code), "message": .string(error.description)]])
+            }
+        }
+    }
+
+    private func reply(_ id: JSONValue, _ body: JSONValue) {
+        guard case .object(var fields) = body else { return }
+        fields["id"] = id
+        if !channel.send(.object(fields)) {
+            channel.send(["id": id, "error": ["code": "call_failed", "message": "the reply is larger than 16 MiB"]])
+        }
+    }
+}
+
+extension CallError {
+    /// The control protocol's error code for this error, the same in process and isolated:
+    /// `unknown_function`, `invalid_arguments` or `call_failed`.
+    public var code: String {
+        switch self {
+        case .undeclaredFunction: "unknown_function"
+        case .wrongArity, .wrongType, .invalidArgument: "invalid_arguments"
+        default: "call_failed"
+        }
+    }
+}
