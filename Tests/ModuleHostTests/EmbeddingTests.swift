@@ -108,6 +108,10 @@ struct EmbeddingTests {
         #expect(await process.waitFor("my-service: replaced Calculator 1.1.0 (generation 2)"), "\(process.text)")
         #expect(process.text.contains("plugins: replaced plugin Calculator 1.0.0 by 1.1.0 (generation 2)"), "\(process.text)")
         #expect(await process.waitFor(#"event tick #4 payload {"from":"my-service"}"#), "\(process.text)")
+        // The service calls calc_add right after the notification: wait for that line too.
+        for _ in 0..<600 where process.text.components(separatedBy: "my-service: calc_add(40, 2) = 42").count < 3 {
+            try await Task.sleep(for: .milliseconds(50))
+        }
         log = process.text
         #expect(log.contains("my-service: module calculator 1.1.0 is running"), "\(log)")
         #expect(log.components(separatedBy: "my-service: calc_add(40, 2) = 42").count == 3, "\(log)")
