@@ -10,6 +10,7 @@ import ModuleKit
 struct Bench {
     static func main() async {
         let arguments = Array(CommandLine.arguments.dropFirst())
+        if arguments.first == "--echo" { EchoProcess.serve() }
         if arguments.first == "--child", arguments.count == 3 {
             do {
                 print(try LoadBenchmark.measure(arguments[1], arguments[2]))
@@ -56,6 +57,10 @@ struct Bench {
         await group("replace") {
             try LoadBenchmark(sdk: sdk, work: work + "/load").generate(count: 1110)
             return try await ReplaceBenchmark(sdk: sdk, work: work + "/replace", plugins: work + "/load/src").run()
+        }
+        await group("isolation") {
+            try LoadBenchmark(sdk: sdk, work: work + "/load").generate(count: 1110)
+            return try await IsolationBenchmark(sdk: sdk, work: work + "/isolation", plugins: work + "/load/src").run()
         }
 
         do {

@@ -185,11 +185,12 @@ final class DaemonProcess: Sendable {
     var pid: Int32 { process.processIdentifier }
     private let lines = Mutex<[(UInt64, String)]>([])
 
-    init(sdk: String, root: String, pluginDirectory: String, state: String = "state", environment: [String: String] = [:]) throws {
+    init(sdk: String, root: String, pluginDirectory: String, state: String = "state", environment: [String: String] = [:],
+         arguments: [String] = []) throws {
         socket = root + "/" + state + ".sock"
         let process = Process()
         process.executableURL = URL(fileURLWithPath: sdk + "/bin/modhostd")
-        process.arguments = ["--plugins", pluginDirectory, "--state-dir", root + "/" + state, "--socket", socket, "--log-level", "info"]
+        process.arguments = ["--plugins", pluginDirectory, "--state-dir", root + "/" + state, "--socket", socket, "--log-level", "info"] + arguments
         process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }
         let pipe = Pipe()
         process.standardError = pipe

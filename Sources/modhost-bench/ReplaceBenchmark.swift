@@ -80,8 +80,14 @@ struct ReplaceBenchmark {
 
     /// `cycles` replaces of one plugin, alone in a daemon: RSS and mappings per cycle
     /// (reported against one fresh daemon's figure), and files left in the state directory.
-    func leftovers(plugin: String, file: String, label: String) async throws -> [BenchRow] {
+    /// `configuration`: the daemon's configuration file, if any.
+    func leftovers(plugin: String, file: String, label: String, configuration: String? = nil) async throws -> [BenchRow] {
         let root = try fresh("leftovers-" + label)
+        var arguments: [String] = []
+        if let configuration {
+            try configuration.write(toFile: root + "/modhostd.json", atomically: true, encoding: .utf8)
+            arguments = ["--config", root + "/modhostd.json"]
+        }
         let versions = root + "/versions"
         try FileManager.default.createDirectory(atPath: versions, withIntermediateDirectories: true)
         var variants: [(version: String, path: String)] = []
@@ -89,7 +95,7 @@ struct ReplaceBenchmark {
             let version = "1.\(cycle).0"
             variants.append((version, try withVersion(file, version, in: versions)))
         }
-        let daemon = try DaemonProcess(sdk: sdk, root: root, pluginDirectory: root + "/plugins")
+        let daemon = try DaemonProcess(sdk: sdk, root: root, pluginDirectory: root + "/plugins", arguments: arguments)
         defer { daemon.stop() }
         guard await daemon.waitForLine(containing: "control socket ready", after: 0) != nil else { throw failure("daemon did not start") }
         let target = root + "/plugins/" + (file as NSString).lastPathComponent
