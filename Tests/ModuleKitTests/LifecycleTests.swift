@@ -116,6 +116,7 @@ struct LifecycleTests {
         let recorder = Recorder()
         let host = makeHost()
         await host.add([probe("a", recorder: recorder), probe("b", order: 1, recorder: recorder)])
+        await host.start()
         recorder.clear()
         await host.updateSettings(["a": ModuleSettings(configuration: ["level": 2])])
         #expect(recorder.all == ["a.configurationChanged({\"level\":2})"])
@@ -210,6 +211,7 @@ struct LifecycleTests {
         let recorder = Recorder()
         let host = makeHost()
         await host.add([probe("a", recorder: recorder), probe("b", order: 1, recorder: recorder)])
+        await host.start()
         recorder.clear()
         await host.send(AsyncModuleEvent.custom(name: "willLogout", payload: ["user": "u1"]))
         #expect(recorder.all == ["a.willLogout", "a.willLogout.done", "b.willLogout", "b.willLogout.done"])
@@ -259,6 +261,7 @@ struct LifecycleTests {
             probe("slow", order: 0, recorder: recorder, behavior: ProbeBehavior(sleepOn: ["flush"])),
             probe("b", order: 1, recorder: recorder),
         ])
+        await host.start()
         recorder.clear()
         await host.send(AsyncModuleEvent.custom(name: "flush", payload: .null))
         #expect(recorder.all.contains("b.flush.done"))
@@ -291,6 +294,7 @@ struct LifecycleTests {
             ModuleFactory(name: "pause", version: "1.0", defaultOrder: 0) { _, _ in Pause(pause: .milliseconds(600)) },
             probe("stuck", order: 1, recorder: recorder, behavior: ProbeBehavior(blockOn: ["flush"], gate: gate)),
         ])
+        await host.start()
         await host.send(AsyncModuleEvent.custom(name: "flush", payload: .null))
         var elapsed: Duration?
         for await diagnostic in diagnostics {
@@ -310,6 +314,7 @@ struct LifecycleTests {
         let recorder = Recorder()
         let host = makeHost(deadline: deadline)
         await host.add([probe("a", recorder: recorder)])
+        await host.start()
         recorder.clear()
         await host.send(AsyncModuleEvent.custom(name: "flush", payload: .null))
         #expect(recorder.all == ["a.flush", "a.flush.done"])
@@ -322,6 +327,7 @@ struct LifecycleTests {
         let recorder = Recorder()
         let host = makeHost(deadline: .seconds(3600))
         await host.add([probe("slow", recorder: recorder, behavior: ProbeBehavior(sleepOn: ["flush"]))])
+        await host.start()
         let sending = Task { await host.send(AsyncModuleEvent.custom(name: "flush", payload: .null)) }
         await recorder.wait { $0.contains("slow.flush") }
         sending.cancel()
@@ -369,10 +375,11 @@ struct LifecycleTests {
         let recorder = Recorder()
         let host = makeHost()
         await host.add([probe("a", recorder: recorder)])
+        await host.start()
         await host.send(ModuleEvent.initialize)
         await host.send(ModuleEvent.deinitialize, to: "a")
         await host.send(ModuleEvent.custom(name: "ping", payload: 1), to: "a")
-        #expect(recorder.all == ["a.init", "a.ping(1)"])
+        #expect(recorder.all == ["a.init", "a.start", "a.ping(1)"])
     }
 
     // "events the host application defines, with a payload" are delivered in order.
@@ -380,9 +387,59 @@ struct LifecycleTests {
         let recorder = Recorder()
         let host = makeHost()
         await host.add([probe("b", order: 1, recorder: recorder), probe("a", order: 0, recorder: recorder)])
+        await host.start()
         recorder.clear()
         await host.send(ModuleEvent.custom(name: "tick", payload: ["n": 1]))
         #expect(recorder.all == ["a.tick({\"n\":1})", "b.tick({\"n\":1})"])
+    }
+
+    // "A module receives nothing but its own init before its own start" (docs/modules.md,
+    // "The lifecycle"): what a module posts or sends in its init or start reaches a module
+    // ordered after it only after that module's own start, in the order it was made.
+    @Test func aModuleReceivesNothingButItsInitBeforeItsStart() async {
+        let recorder = Recorder()
+        let host = makeHost()
+        let listens = ProbeBehavior(notifications: ["a.initialized", "a.ready"])
+        await host.add([announcer("a", order: 1, recorder: recorder), probe("b", order: 2, recorder: recorder, behavior: listens)])
+        await host.start()
+        #expect(recorder.all == [
+            "a.init", "b.init", "a.start", "b.start",
+            "b.a.initialized(null)", "b.hello({\"from\":\"a.init\"})", "b.a.ready(1)", "b.hello({\"from\":\"a.start\"})",
+        ])
+    }
+
+    // The same for modules added to a running host: a new module gets what an earlier new
+    // module posts in its init only after its own start; a module already running gets it
+    // at once.
+    @Test func aModuleAddedToARunningHostGetsNothingBeforeItsStart() async {
+        let recorder = Recorder()
+        let host = makeHost()
+        let listens = ProbeBehavior(notifications: ["a.initialized", "a.ready"])
+        await host.add([probe("old", order: 0, recorder: recorder, behavior: listens)])
+        await host.start()
+        recorder.clear()
+        await host.add([announcer("a", order: 1, recorder: recorder), probe("b", order: 2, recorder: recorder, behavior: listens)])
+        #expect(recorder.all == [
+            "a.init", "old.a.initialized(null)", "old.hello({\"from\":\"a.init\"})", "b.init",
+            "a.start", "old.a.ready(1)", "old.hello({\"from\":\"a.start\"})", "b.start",
+            "b.a.initialized(null)", "b.hello({\"from\":\"a.init\"})", "b.a.ready(1)", "b.hello({\"from\":\"a.start\"})",
+        ])
+    }
+
+    // Before the host starts, notifications and custom events from outside wait for each
+    // module's start; a module removed before it started never gets them.
+    @Test func eventsBeforeStartWaitForEachModulesStart() async {
+        let recorder = Recorder()
+        let host = makeHost()
+        let listens = ProbeBehavior(notifications: ["n"])
+        await host.add([probe("a", order: 1, recorder: recorder, behavior: listens), probe("b", order: 2, recorder: recorder, behavior: listens)])
+        await host.post(notification: "n", payload: 1)
+        await host.send(ModuleEvent.custom(name: "tick", payload: 2), to: "b")
+        await host.send(AsyncModuleEvent.custom(name: "awaited", payload: 3))
+        await host.remove(moduleNamed: ["a"])
+        #expect(recorder.all == ["a.init", "b.init", "a.willUnload", "a.willUnload.done", "a.deinit"])
+        await host.start()
+        #expect(recorder.all.suffix(3) == ["b.start", "b.n(1)", "b.tick(2)"])
     }
 
     // After shutdown the instance accepts no more modules and shutting down again is harmless.
@@ -406,4 +463,35 @@ private final class Pause: Module {
     var info: ModuleInfo { ModuleInfo(name: "pause", version: "1.0") }
     func handle(_ event: ModuleEvent, host: isolated HostInstance) {}
     func handle(_ event: AsyncModuleEvent, host: isolated HostInstance) async { try? await Task.sleep(for: pause) }
+}
+
+/// A module that records its lifecycle and, in its init and its start, posts a
+/// notification ("NAME.initialized", "NAME.ready" with payload 1) and sends the custom event
+/// "hello" to every module.
+private final class Announcer: Module {
+    let moduleName: String
+    let recorder: Recorder
+    init(name: String, recorder: Recorder) {
+        moduleName = name
+        self.recorder = recorder
+    }
+    var info: ModuleInfo { ModuleInfo(name: moduleName, version: "1.0") }
+    func handle(_ event: ModuleEvent, host: isolated HostInstance) {
+        switch event {
+        case .initialize:
+            recorder.record("\(moduleName).init")
+            host.post(notification: "\(moduleName).initialized")
+            host.send(.custom(name: "hello", payload: ["from": .string("\(moduleName).init")]))
+        case .start:
+            recorder.record("\(moduleName).start")
+            host.post(notification: "\(moduleName).ready", payload: 1)
+            host.send(.custom(name: "hello", payload: ["from": .string("\(moduleName).start")]))
+        default:
+            break
+        }
+    }
+}
+
+private func announcer(_ name: String, order: Int, recorder: Recorder) -> ModuleFactory {
+    ModuleFactory(name: name, version: "1.0", plugin: "test", defaultOrder: order) { _, _ in Announcer(name: name, recorder: recorder) }
 }

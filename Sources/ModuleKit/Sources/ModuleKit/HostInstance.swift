@@ -17,6 +17,12 @@ import Synchronization
 ///
 ///     created ─▶ .initialize ─▶ .start ─▶ events, notifications ─▶ [.willUnload | .willTerminate] ─▶ .deinitialize
 ///
+/// A module receives nothing but its own `.initialize` before its own `.start`: a custom
+/// event or notification meant for it before then (posted by a module started before it,
+/// or sent before `start()`) is held and delivered right after its `.start`, in the order
+/// it was made (at most `heldEventLimit` of them; a module removed first never gets them).
+/// Awaited custom events skip modules that have not started.
+///
 /// Updates (add, remove, replace, settings changes, shutdown) are serialized: one runs at
 /// a time, in call order. While one is in progress the observables of `moduleManager`
 /// emit nothing; each emits at most once when it completes.
@@ -41,6 +47,12 @@ public actor HostInstance {
     /// The `moduleManager.generation` whose names `runningNames` holds.
     private var publishedGeneration: UInt64 = 0
     private var updateGateBusy = false
+    /// Synchronous events for modules that have not had their `.start` yet, by slot serial:
+    /// a module gets nothing but its own `.initialize` before its own `.start`. A serial is
+    /// here from the module's creation until its start (or removal).
+    private var heldUntilStart: [UInt64: [ModuleEvent]] = [:]
+    /// The most events held for one module; later ones are dropped (logged).
+    static let heldEventLimit = 1024
     private var updateGateWaiters: [CheckedContinuation<Void, Never>] = []
 
     private nonisolated let runningNames = Mutex<[String]>([])
@@ -153,9 +165,9 @@ public actor HostInstance {
         for slot in moduleManager.slots {
             guard moduleManager.index(ofSerial: slot.serial) != nil else { continue }
             if let around {
-                around(slot.factory.plugin) { slot.module.handle(.start, host: self) }
+                around(slot.factory.plugin) { startModule(slot) }
             } else {
-                slot.module.handle(.start, host: self)
+                startModule(slot)
             }
         }
     }
@@ -205,6 +217,7 @@ public actor HostInstance {
         var removed: [ModuleSlot] = []
         for serial in leaving {
             if let index = moduleManager.index(ofSerial: serial) { removed.append(moduleManager.slots.remove(at: index)) }
+            heldUntilStart[serial] = nil
         }
         for name in names { self.factories[name] = nil }
         publishRunningNames()
@@ -270,16 +283,20 @@ public actor HostInstance {
             let result = old.updateConfiguration(newConfiguration, host: self)
             guard let index = moduleManager.index(ofSerial: slot.serial) else { continue }
             if let result, result === old {
-                old.handle(.configurationChanged(newConfiguration), host: self)
+                deliver(.configurationChanged(newConfiguration), to: moduleManager.slots[index])
             } else if let result {
+                let serial = moduleManager.makeSerial()
                 moduleManager.slots[index].module = result
-                moduleManager.slots[index].serial = moduleManager.makeSerial()
+                moduleManager.slots[index].serial = serial
                 moduleManager.slots[index].notifications = result.notifications
+                heldUntilStart[slot.serial] = nil
+                heldUntilStart[serial] = []
                 old.handle(.deinitialize, host: self)
                 result.handle(.initialize, host: self)
-                if phase == .started { result.handle(.start, host: self) }
+                if phase == .started, let index = moduleManager.index(ofSerial: serial) { startModule(moduleManager.slots[index]) }
             } else {
                 moduleManager.slots.remove(at: index)
+                heldUntilStart[slot.serial] = nil
                 publishRunningNames()
                 removedByConfiguration.insert(slot.name)
                 old.handle(.deinitialize, host: self)
@@ -322,6 +339,7 @@ public actor HostInstance {
             await deliver(.willTerminate, to: slot)
         }
         phase = .terminated
+        heldUntilStart.removeAll()
         while let slot = moduleManager.slots.popLast() {
             publishRunningNames()
             slot.module.handle(.deinitialize, host: self)
@@ -336,7 +354,8 @@ public actor HostInstance {
     // MARK: Events and notifications
 
     /// Delivers a synchronous event to every running module in order, or only to the one
-    /// named `name`, on this context, before returning.
+    /// named `name`, on this context, before returning; a module that has not had its
+    /// `.start` yet gets it right after its `.start`.
     ///
     /// `.notification` events go only to modules listening to that name (as `post`).
     /// The lifecycle events `.initialize`, `.start` and `.deinitialize` are the host's to
@@ -348,7 +367,8 @@ public actor HostInstance {
             return
         case .notification(let notification, _):
             for slot in moduleManager.slots where slot.notifications.contains(notification) && (name == nil || slot.name == name) {
-                slot.module.handle(event, host: self)
+                guard moduleManager.index(ofSerial: slot.serial) != nil else { continue }
+                deliver(event, to: slot)
             }
             return
         case .configurationChanged, .custom:
@@ -359,15 +379,17 @@ public actor HostInstance {
         #endif
         }
         if let name {
-            moduleManager.slot(named: name)?.module.handle(event, host: self)
+            if let slot = moduleManager.slot(named: name) { deliver(event, to: slot) }
             return
         }
-        let modules = moduleManager.orderedModules
-        for module in modules { module.handle(event, host: self) }
+        for slot in moduleManager.slots where moduleManager.index(ofSerial: slot.serial) != nil {
+            deliver(event, to: slot)
+        }
     }
 
     /// Delivers an awaited event to every running module, or only to the one named `name`,
-    /// one module at a time, and returns when all have finished or overrun.
+    /// one module at a time, and returns when all have finished or overrun. A custom event
+    /// skips the modules that have not had their `.start` yet.
     ///
     /// `.willTerminate` and `.willUnload` go in reverse order (teardown), custom events in
     /// order. Each module has `eventDeadline`: a handler still running then is logged (with
@@ -379,7 +401,7 @@ public actor HostInstance {
         if let name { targets = targets.filter { $0.name == name } }
         switch event {
         case .willTerminate, .willUnload: targets.reverse()
-        case .custom: break
+        case .custom: targets.removeAll { heldUntilStart[$0.serial] != nil }
         }
         for slot in targets where moduleManager.index(ofSerial: slot.serial) != nil {
             await deliver(event, to: slot)
@@ -388,13 +410,14 @@ public actor HostInstance {
 
     /// Posts a notification: delivered as `.notification(name:payload:)`, on this context
     /// and before returning, to every running module whose `notifications` contain `name`,
-    /// in order. Other modules never see it.
+    /// in order; a module that has not had its `.start` yet gets it right after its
+    /// `.start`. Other modules never see it.
     public func post(notification name: String, payload: JSONValue = .null) {
         let event = ModuleEvent.notification(name: name, payload: payload)
         let slots = moduleManager.slots
         for slot in slots where slot.notifications.contains(name) {
             guard moduleManager.index(ofSerial: slot.serial) != nil else { continue }
-            slot.module.handle(event, host: self)
+            deliver(event, to: slot)
         }
     }
 
@@ -554,6 +577,7 @@ public actor HostInstance {
             let slot = ModuleSlot(
                 factory: factory, module: module, serial: moduleManager.makeSerial(), order: effectiveOrder(factory),
                 notifications: module.notifications)
+            heldUntilStart[slot.serial] = []
             created.append(slot)
             moduleManager.slots.append(slot)
         }
@@ -573,8 +597,43 @@ public actor HostInstance {
         }
         guard phase == .started else { return }
         for slot in created where moduleManager.index(ofSerial: slot.serial) != nil {
-            slot.module.handle(.start, host: self)
+            startModule(slot)
         }
+    }
+
+    /// `.start` to a module, then the events held for it until then, in order (stopping
+    /// if a handler removes it). Events made for it while it starts are held too, so its
+    /// start handler is never re-entered by them.
+    private func startModule(_ slot: ModuleSlot) {
+        slot.module.handle(.start, host: self)
+        while let held = heldUntilStart.removeValue(forKey: slot.serial), !held.isEmpty {
+            // Events made while these are delivered are held again, and delivered next.
+            heldUntilStart[slot.serial] = []
+            for event in held {
+                guard moduleManager.index(ofSerial: slot.serial) != nil else {
+                    heldUntilStart[slot.serial] = nil
+                    return
+                }
+                slot.module.handle(event, host: self)
+            }
+        }
+    }
+
+    /// A synchronous event to one running module: at once when it has started, else held
+    /// until its `.start`.
+    private func deliver(_ event: ModuleEvent, to slot: ModuleSlot) {
+        guard var held = heldUntilStart[slot.serial] else {
+            slot.module.handle(event, host: self)
+            return
+        }
+        guard held.count < Self.heldEventLimit else {
+            logger.warning("module has not started and holds \(Self.heldEventLimit) events already; event dropped",
+                           [("module", slot.name), ("event", event.name)])
+            return
+        }
+        heldUntilStart[slot.serial] = nil
+        held.append(event)
+        heldUntilStart[slot.serial] = held
     }
 
     /// `.willUnload` (optional, awaited), `.deinitialize`, removal, for the slot if still present.
@@ -583,6 +642,7 @@ public actor HostInstance {
         if sendWillUnload { await deliver(.willUnload, to: slot) }
         guard let index = moduleManager.index(ofSerial: slot.serial) else { return }
         let removed = moduleManager.slots.remove(at: index)
+        heldUntilStart[removed.serial] = nil
         publishRunningNames()
         removed.module.handle(.deinitialize, host: self)
     }
