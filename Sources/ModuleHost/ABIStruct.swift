@@ -133,8 +133,9 @@ struct PluginDescriptor {
         let stride = ABIStruct<modhost_module>(first).size
         let minimum = ModuleDescriptor.minimumSize, maximum = ABIStruct<modhost_module>.hostSize
         guard stride >= minimum, stride <= maximum else {
-            throw DescriptorProblem(check: .descriptor, problem: "module descriptors are \(stride) bytes, ABI \(HostSDK.abiMajor).\(HostSDK.abiMinor) needs "
-                                    + (stride < minimum ? "at least \(minimum) (through version)" : "at most \(maximum)"),
+            throw DescriptorProblem(check: .descriptor, problem: "module descriptors are \(stride) bytes, "
+                                    + (stride < minimum ? "ABI \(HostSDK.abiMajor).0 needs at least \(minimum) (through version)"
+                                        : "ABI \(HostSDK.abiMajor).\(HostSDK.abiMinor) needs at most \(maximum)"),
                                     fix: "initialise struct_size with sizeof(modhost_module)")
         }
         var descriptors: [ModuleDescriptor] = []

@@ -2,9 +2,10 @@ import ModuleKit
 import PluginFormat
 
 /// A module written in C, seen by the host as a `Module`: each event becomes a call of the
-/// descriptor's `handle_event` with the event's name and JSON payload.
+/// descriptor's `handle_event` with the event's name and JSON payload, or, when the plugin
+/// set it (ABI 1.1), of `receive` with the event's kind (`modhost_event_kind`) too.
 ///
-/// Every C function of one module instance (`create`, `handle_event`, `destroy`) runs on
+/// Every C function of one module instance (`create`, `handle_event` or `receive`, `destroy`) runs on
 /// the module's own `PluginWorker`, one at a time and in order, never on the host
 /// instance's actor nor on a Swift concurrency thread. The host waits for each call up to
 /// its `eventDeadline`: a call still running then leaves the module *stuck* (logged,
@@ -71,25 +72,27 @@ final class CModule: Module {
             }
             let instance = instance
             let name = event.name
-            let finished: Void? = worker.run(name, deadline: deadline) { instance.deliver(name, nil) }
+            let finished: Void? = worker.run(name, deadline: deadline) { instance.deliver(.lifecycle, name, nil) }
             queueDestroy()
             if finished == nil { overran(name) }
             return
         }
-        guard admits(event.name, isHostsOwn: Self.isHostsOwn(event)) else { return }
+        let kind = Self.kind(of: event)
+        guard admits(event.name, isHostsOwn: kind == .lifecycle) else { return }
         let instance = instance
         let name = event.name
         let payload = event.payload
-        if worker.run(name, deadline: deadline, { instance.deliver(name, payload) }) == nil { overran(name) }
+        if worker.run(name, deadline: deadline, { instance.deliver(kind, name, payload) }) == nil { overran(name) }
     }
 
     func handle(_ event: AsyncModuleEvent, host: isolated HostInstance) async {
-        guard admits(event.name, isHostsOwn: !Self.isCustom(event)) else { return }
+        let kind: CEventKind = Self.isCustom(event) ? .custom : .lifecycle
+        guard admits(event.name, isHostsOwn: kind == .lifecycle) else { return }
         let instance = instance
         let name = event.name
         let payload = event.payload
         // Awaited without holding a thread; the host's own deadline decides when it stops waiting.
-        await worker.run(name, deadline: deadline) { instance.deliver(name, payload) }
+        await worker.run(name, deadline: deadline) { instance.deliver(kind, name, payload) }
     }
 
     func updateConfiguration(_ configuration: JSONValue, host: isolated HostInstance) -> (any Module)? {
@@ -117,12 +120,13 @@ final class CModule: Module {
         return true
     }
 
-    private static func isHostsOwn(_ event: ModuleEvent) -> Bool {
+    private static func kind(of event: ModuleEvent) -> CEventKind {
         switch event {
-        case .custom, .notification: false
-        case .initialize, .start, .deinitialize, .configurationChanged: true
+        case .custom: .custom
+        case .notification: .notification
+        case .initialize, .start, .deinitialize, .configurationChanged: .lifecycle
         // A lifecycle event a later ModuleKit adds is the host's too.
-        @unknown default: true
+        @unknown default: .lifecycle
         }
     }
 
@@ -138,7 +142,7 @@ final class CModule: Module {
 
     private func queueDeliver(_ name: String, _ payload: JSONValue) {
         let instance = instance
-        worker.submit(name, deadline: deadline) { instance.deliver(name, payload) }
+        worker.submit(name, deadline: deadline) { instance.deliver(.lifecycle, name, payload) }
     }
 
     /// `destroy` after everything queued, then the worker leaves the registry.
@@ -179,13 +183,24 @@ private final class CModuleInstance: @unchecked Sendable {
         return pointer != nil
     }
 
-    func deliver(_ name: String, _ payload: JSONValue?) {
-        guard !destroyed, let pointer, let handle = descriptor.handleEvent else { return }
+    /// Calls `receive` with `kind` when the plugin set it (ABI 1.1), else `handle_event`.
+    func deliver(_ kind: CEventKind, _ name: String, _ payload: JSONValue?) {
+        guard !destroyed, let pointer else { return }
+        if let receive = descriptor.receive {
+            Self.withCStrings(name, payload) { receive(pointer, kind.value, $0, $1) }
+        } else if let handle = descriptor.handleEvent {
+            Self.withCStrings(name, payload) { handle(pointer, $0, $1) }
+        }
+    }
+
+    /// `name` and `payload` as C strings for the length of `body`; a null payload is NULL.
+    private static func withCStrings(_ name: String, _ payload: JSONValue?,
+                                     _ body: (UnsafePointer<CChar>, UnsafePointer<CChar>?) -> Void) {
         name.withCString { name in
             if let payload, payload != .null {
-                payload.jsonText.withCString { handle(pointer, name, $0) }
+                payload.jsonText.withCString { body(name, $0) }
             } else {
-                handle(pointer, name, nil)
+                body(name, nil)
             }
         }
     }
@@ -217,6 +232,8 @@ struct ModuleDescriptor: @unchecked Sendable {
     let handleEvent: Layout.HandleEvent?
     let destroy: Layout.Destroy?
     let swiftType: UnsafeRawPointer?
+    /// ABI 1.1: nil for a plugin built against 1.0 (its struct ends before it) or when unset.
+    let receive: Layout.Receive?
     /// The plugin's `struct_size`, for messages.
     let structSize: Int
 
@@ -230,6 +247,7 @@ struct ModuleDescriptor: @unchecked Sendable {
         static let handleEvent = ABIField(pointer: \Layout.handle_event)
         static let destroy = ABIField(pointer: \Layout.destroy)
         static let swiftType = ABIField(pointer: \Layout.swift_type)
+        static let receive = ABIField(pointer: \Layout.receive)
     }
 
     /// The smallest module descriptor: through `version`.
@@ -256,6 +274,7 @@ struct ModuleDescriptor: @unchecked Sendable {
         handleEvent = raw.pointer(Field.handleEvent).map { unsafeBitCast($0, to: Layout.HandleEvent.self) }
         destroy = raw.pointer(Field.destroy).map { unsafeBitCast($0, to: Layout.Destroy.self) }
         swiftType = raw.pointer(Field.swiftType)
+        receive = raw.pointer(Field.receive).map { unsafeBitCast($0, to: Layout.Receive.self) }
         structSize = raw.size
     }
 }
@@ -264,6 +283,21 @@ extension modhost_module {
     typealias Create = @convention(c) (UnsafePointer<modhost_host_api>, UnsafePointer<CChar>) -> UnsafeMutableRawPointer?
     typealias HandleEvent = @convention(c) (UnsafeMutableRawPointer?, UnsafePointer<CChar>, UnsafePointer<CChar>?) -> Void
     typealias Destroy = @convention(c) (UnsafeMutableRawPointer?) -> Void
+    typealias Receive = @convention(c) (UnsafeMutableRawPointer?, UInt32, UnsafePointer<CChar>, UnsafePointer<CChar>?) -> Void
+}
+
+/// `modhost_event_kind` (ABI 1.1): what `receive` tells a C module about an event.
+enum CEventKind {
+    case lifecycle, custom, notification
+
+    /// The header's value.
+    var value: UInt32 {
+        switch self {
+        case .lifecycle: UInt32(MODHOST_EVENT_LIFECYCLE.rawValue)
+        case .custom: UInt32(MODHOST_EVENT_CUSTOM.rawValue)
+        case .notification: UInt32(MODHOST_EVENT_NOTIFICATION.rawValue)
+        }
+    }
 }
 
 extension Duration {

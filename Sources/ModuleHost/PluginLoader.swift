@@ -274,9 +274,9 @@ public struct PluginLoader: Sendable {
                 }
                 modules.append(.init(factory: ModuleFactory(type, plugin: file.name, defaultOrder: order), swiftType: type))
             case Int(MODHOST_MODULE_C.rawValue):
-                guard descriptor.create != nil, descriptor.handleEvent != nil, descriptor.destroy != nil else {
-                    throw fail("C module \(descriptor.name) lacks create, handle_event or destroy (its struct_size is \(descriptor.structSize) bytes)",
-                               "set all three function pointers")
+                guard descriptor.create != nil, descriptor.handleEvent != nil || descriptor.receive != nil, descriptor.destroy != nil else {
+                    throw fail("C module \(descriptor.name) lacks create, handle_event (or receive) or destroy (its struct_size is \(descriptor.structSize) bytes)",
+                               "set create, destroy, and handle_event or receive")
                 }
                 let services = hostServices
                 let workers = workers

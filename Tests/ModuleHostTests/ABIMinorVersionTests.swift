@@ -47,7 +47,7 @@ import TestSupport
             """
     }
 
-    /// `modhost_module` without `swift_type`, its newest field.
+    /// `modhost_module` without `swift_type` (and what 1.1 appended after it).
     static let fieldsBeforeSwiftType = """
         uint32_t struct_size; uint32_t kind; const char *name; const char *version;
         const char *const *notifications;
@@ -67,7 +67,7 @@ import TestSupport
         let report = PluginLoader().load(directories: [dir.path])
         #expect(report.refused.isEmpty, "\(report.refused)")
         let plugin = try #require(report.loaded.first { $0.file.path == file })
-        // The second module is read at the plugin's stride (56 bytes), not the host's (64).
+        // The second module is read at the plugin's stride (56 bytes), not the host's (72).
         #expect(plugin.modules.map(\.factory.name) == ["older-a", "older-b"])
         #expect(plugin.modules.map(\.factory.version) == ["1.0", "2.0"])
         #expect(MemoryLayout<modhost_module>.size > ModuleDescriptor.minimumSize)
@@ -83,6 +83,90 @@ import TestSupport
             #expect(events.contains("\(module) deinit"[...]))
         }
     }
+
+    /// A C plugin whose module "NAME" listens to "ping" and appends a line to `eventsFile`
+    /// for every event: "KIND EVENT PAYLOAD" through `receive` (ABI 1.1) when `useReceive`,
+    /// else "EVENT PAYLOAD" through `handle_event`. `header` is the header it includes.
+    func eventPlugin(_ name: String, header: String, useReceive: Bool) -> String {
+        """
+        #include "\(header)"
+        #include <stdio.h>
+        static const char *const notes[] = {"ping", NULL};
+        static void *create(const modhost_host_api *host, const char *config) { (void)config; return (void *)host; }
+        static void append(const char *line) {
+            FILE *out = fopen("\(eventsFile)", "a");
+            if (out) { fprintf(out, "%s\\n", line); fclose(out); }
+        }
+        static void handle(void *self, const char *event, const char *payload) {
+            (void)self; char line[256];
+            snprintf(line, sizeof line, "%s %s", event, payload ? payload : "-"); append(line);
+        }
+        #if MODHOST_ABI_MINOR >= 1
+        static void receive(void *self, uint32_t kind, const char *event, const char *payload) {
+            (void)self; char line[256];
+            const char *kinds[] = {"?", "lifecycle", "custom", "notification"};
+            snprintf(line, sizeof line, "%s %s %s", kind <= 3 ? kinds[kind] : "?", event, payload ? payload : "-"); append(line);
+        }
+        #endif
+        static void destroy(void *self) { (void)self; }
+        static const modhost_module modules[] = {{
+            .struct_size = sizeof(modhost_module), .kind = MODHOST_MODULE_C, .name = "\(name.lowercased())", .version = "1.0",
+            .notifications = notes, .create = create, .destroy = destroy,
+            \(useReceive ? ".receive = receive" : ".handle_event = handle"),
+        }};
+        static const modhost_plugin plugin = MODHOST_PLUGIN_INIT("\(name)", modules);
+        MODHOST_PLUGIN_ENTRY { return &plugin; }
+        """
+    }
+
+    /// Loads the one plugin in `dir`, runs it in a host through every kind of event, and
+    /// returns the lines its module wrote.
+    func runThroughEveryKindOfEvent(module: String) async throws -> [String] {
+        let report = PluginLoader().load(directories: [dir.path])
+        #expect(report.refused.isEmpty, "\(report.refused)")
+        let plugin = try #require(report.loaded.first)
+        let host = HostInstance(name: "abi-kinds")
+        await host.add(plugin.modules.map(\.factory))
+        await host.start()
+        await host.post(notification: "ping", payload: ["n": 1])
+        await host.send(ModuleEvent.custom(name: "ping", payload: 2), to: module)
+        await host.send(AsyncModuleEvent.custom(name: "willLogout", payload: .null))
+        await host.shutdown()
+        return try String(contentsOfFile: eventsFile, encoding: .utf8).split(separator: "\n").map(String.init)
+    }
+
+    /// docs/abi.md, "Versioning policy", ABI 1.1: a C module that sets `receive` learns the
+    /// kind of each event: a notification it listens to and a custom event of the same name
+    /// are told apart, and the host's lifecycle events are marked as such.
+    @Test func aModuleThatSetsReceiveLearnsTheKindOfEachEvent() async throws {
+        let header = BuildProducts.directory + "/include/modulehost.h"
+        _ = try build("Kinds", eventPlugin("Kinds", header: header, useReceive: true), modules: ["kinds"])
+        #expect(try await runThroughEveryKindOfEvent(module: "kinds") == [
+            "lifecycle init -", "lifecycle start -", "notification ping {\"n\":1}", "custom ping 2", "custom willLogout -",
+            "lifecycle willTerminate -", "lifecycle deinit -",
+        ])
+    }
+
+    /// A plugin built against the 1.0 header (kept as Tests/Fixtures/modulehost-1.0.h) still
+    /// loads in this host and its handle_event gets every event, as before.
+    @Test func aPluginBuiltAgainstThe10HeaderLoadsAndBehavesAsBefore() async throws {
+        let header = Self.fixtures + "/modulehost-1.0.h"
+        let file = try factory.buildC("Older", source: eventPlugin("Older", header: header, useReceive: false),
+                                      manifest: PluginFactory.manifest(plugin: "Older", modules: ["older"], abi: "1.0"))
+        #expect(try PluginFactory.embeddedManifest(file).contains("\"abi\":\"1.0\""))
+        #expect(try await runThroughEveryKindOfEvent(module: "older") == [
+            "init -", "start -", "ping {\"n\":1}", "ping 2", "willLogout -", "willTerminate -", "deinit -",
+        ])
+        // It is a 1.0 plugin: its descriptors are 1.0's size and say minor 0.
+        let library = try DynamicLibrary(path: file)
+        let entry = try library.symbol("modhost_plugin_entry_v1").get()
+        let descriptor = try PluginDescriptor(unsafeBitCast(entry, to: (@convention(c) () -> UnsafeRawPointer?).self)()!)
+        #expect(descriptor.abiMinor == 0)
+        #expect(try descriptor.moduleDescriptors().map(\.structSize) == [ABIField(pointer: \modhost_module.swift_type).end])
+    }
+
+    /// Tests/Fixtures, next to this test target.
+    static let fixtures = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().path + "/Fixtures"
 
     @Test func aModuleStructTooSmallForANameAndVersionIsRefusedWithOneLine() throws {
         let file = try build("TinyModule", olderPlugin("TinyModule", fields: "uint32_t struct_size; uint32_t kind; const char *name;",
@@ -110,6 +194,6 @@ import TestSupport
                              modules: ["newerminor"])
         let refused = try #require(PluginLoader().load(directories: [dir.path]).refused.first { $0.file == file })
         #expect(refused.check == .abi)
-        #expect(refused.problem == "the descriptor says ABI 1.1, this host provides 1.0")
+        #expect(refused.problem == "the descriptor says ABI 1.\(HostSDK.abiMinor + 1), this host provides 1.\(HostSDK.abiMinor)")
     }
 }

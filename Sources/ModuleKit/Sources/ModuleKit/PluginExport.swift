@@ -52,7 +52,7 @@ public enum PluginExport {
                 name: strdup(type.name)!,
                 version: strdup(type.version)!,
                 notifications: nil, create: nil, handle_event: nil, destroy: nil,
-                swift_type: UnsafeRawPointer(box))
+                swift_type: UnsafeRawPointer(box), receive: nil)
         }
         let plugin = UnsafeMutablePointer<modhost_plugin>.allocate(capacity: 1)
         plugin.initialize(to: modhost_plugin(

@@ -12,6 +12,9 @@
  * differs from its own. MODHOST_ABI_MINOR grows when fields are appended at the end of a
  * struct; every struct starts with `struct_size`, so a newer host reads only the fields an
  * older plugin knows and treats the rest as absent (NULL / 0).
+ *
+ * History: 1.0, the first version. 1.1 appended modhost_module.receive (with
+ * modhost_event_kind): a C module may learn the kind of each event it receives.
  */
 #ifndef MODULEHOST_H
 #define MODULEHOST_H
@@ -25,7 +28,7 @@ extern "C" {
 #endif
 
 #define MODHOST_ABI_MAJOR 1
-#define MODHOST_ABI_MINOR 0
+#define MODHOST_ABI_MINOR 1
 
 /* The symbol every plugin exports; the _v1 suffix follows MODHOST_ABI_MAJOR. */
 #define MODHOST_ENTRY_SYMBOL "modhost_plugin_entry_v1"
@@ -58,6 +61,22 @@ typedef enum modhost_module_kind {
     /* swift_type is a value made by ModuleKit's PluginExport; C code never sets it. */
     MODHOST_MODULE_SWIFT = 2,
 } modhost_module_kind;
+
+/*
+ * ABI 1.1: the kind of an event a module receives through modhost_module.receive. The host
+ * passes only the kinds this header defines.
+ */
+typedef enum modhost_event_kind {
+    /* From the host itself: "init", "start", "configurationChanged", "willUnload",
+     * "willTerminate", "deinit". No custom event or notification ever carries these names. */
+    MODHOST_EVENT_LIFECYCLE = 1,
+    /* An event sent directly to modules (modhostctl send, a host application's
+     * HostInstance.send), whether the module listens to its name or not. */
+    MODHOST_EVENT_CUSTOM = 2,
+    /* A notification the module listens to (listed in `notifications`), posted by a module
+     * (post_notification), the host application or an operator (modhostctl post). */
+    MODHOST_EVENT_NOTIFICATION = 3,
+} modhost_event_kind;
 
 /*
  * Services the host offers a C module. The host passes one table per module instance
@@ -96,7 +115,7 @@ typedef struct modhost_module {
      * Return an opaque instance pointer, or NULL to report failure (the module is
      * then refused with that reason). */
     void *_Nullable (*_Nullable create)(const modhost_host_api *_Nonnull host, const char *_Nonnull config_json);
-    /* MODHOST_MODULE_C only. Deliver an event: "init", "start", "deinit",
+    /* MODHOST_MODULE_C only (unless `receive` is set). Deliver an event: "init", "start", "deinit",
      * "configurationChanged" (payload: the new configuration), "willUnload",
      * "willTerminate", or a host-defined event or notification name. The strings are
      * valid only during the call; payload_json may be NULL. Called on the module
@@ -110,6 +129,14 @@ typedef struct modhost_module {
 
     /* MODHOST_MODULE_SWIFT only: produced by ModuleKit, opaque to C. */
     const void *_Nullable swift_type;
+
+    /* ABI 1.1. MODHOST_MODULE_C only, optional: handle_event with the kind of the event (a
+     * modhost_event_kind) first. When set, the host calls it for every event instead of
+     * handle_event, which may then be NULL; the same rules apply (strings valid during the
+     * call, on the module's own worker, one call at a time). A plugin built against ABI
+     * 1.0 has no such field: its handle_event gets every event, as before. */
+    void (*_Nullable receive)(void *_Nullable instance, uint32_t kind, const char *_Nonnull event,
+                              const char *_Nullable payload_json);
 } modhost_module;
 
 /* What the entry symbol returns. Static storage, like the module descriptors. */
