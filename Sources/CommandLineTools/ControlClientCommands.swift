@@ -15,12 +15,13 @@ import Glibc
 /// process on the socket runs as another user than root or the caller (nothing is sent to it).
 extension ControlCommand {
     /// The commands handled here.
-    static let daemonCommands: Set<String> = ["list", "status", "info", "enable", "disable", "reload", "send", "call"]
+    static let daemonCommands: Set<String> = ["list", "status", "info", "enable", "disable", "reload", "send", "post", "call"]
 
     /// The allowed `--timeout`, in seconds.
     static let timeoutRange = 0.001...86400.0
 
-    /// Options every daemon command takes; `send` also takes `payload`, `to` and `await`.
+    /// Options every daemon command takes; `send` also takes `payload`, `to` and `await`,
+    /// `post` takes `payload`.
     private static let commonOptions: Set<String> = ["json", "socket", "timeout", "help"]
 
     private static let commandHelp: [String: String] = [
@@ -61,9 +62,17 @@ extension ControlCommand {
         "send": """
             USAGE: modhostctl send [--payload JSON] [--to NAME] [--await] [--socket PATH] EVENT
 
-            Sends the host event EVENT with a JSON payload (default null) to every module, or to
-            NAME only. With --await, the daemon sends it as an asynchronous event and replies once
-            the modules have handled it (or their deadline passed).
+            Sends the event EVENT with a JSON payload (default null) directly to every running
+            module, whether it listens to that name or not, or to NAME only. With --await, the
+            daemon sends it as an asynchronous event and replies once the modules have handled it
+            (or their deadline passed). To reach only the modules that listen, use post.
+            """,
+        "post": """
+            USAGE: modhostctl post [--payload JSON] [--json] [--socket PATH] NAME
+
+            Posts the notification NAME with a JSON payload (default null) to the running modules
+            that listen to it (the notifications a module declares), in order, and prints which
+            modules got it.
             """,
         "call": """
             USAGE: modhostctl call [--json] [--socket PATH] PLUGIN FUNCTION [ARG...]
@@ -95,7 +104,11 @@ extension ControlCommand {
             output.out((Self.commandHelp[command] ?? "") + "\n\n" + Self.daemonOptionsHelp)
             return .success
         }
-        let allowed = command == "send" ? Self.commonOptions.union(["payload", "to", "await"]) : Self.commonOptions
+        let allowed = switch command {
+        case "send": Self.commonOptions.union(["payload", "to", "await"])
+        case "post": Self.commonOptions.union(["payload"])
+        default: Self.commonOptions
+        }
         if let stray = (Array(parsed.values.keys) + Array(parsed.flags)).sorted().first(where: { !allowed.contains($0) }) {
             throw UsageError("option '--\(stray)' is not valid for \(command)")
         }
@@ -107,9 +120,10 @@ extension ControlCommand {
         case "enable", "disable":
             guard operands.count == 1 else { throw UsageError("\(command) takes exactly one module NAME") }
             fields["module"] = .string(operands[0])
-        case "send":
-            guard operands.count == 1 else { throw UsageError("send takes exactly one EVENT") }
-            fields["event"] = .string(operands[0])
+        case "send", "post":
+            let operand = command == "send" ? "EVENT" : "notification NAME"
+            guard operands.count == 1 else { throw UsageError("\(command) takes exactly one \(operand)") }
+            fields[command == "send" ? "event" : "notification"] = .string(operands[0])
             if let text = parsed.value("payload") {
                 do {
                     fields["payload"] = try JSONValue.parse(Array(text.utf8))
@@ -187,6 +201,12 @@ extension ControlCommand {
             let target = fields["to"]?.stringValue.map { "module \($0)" } ?? "every module"
             let awaited = fields["await"] == true ? " and awaited it" : ""
             output.out("sent \(fields["event"]?.stringValue ?? "") to \(target)\(awaited)")
+        case "post":
+            var listeners: [String] = []
+            if case .array(let names)? = result["listeners"] { listeners = names.compactMap(\.stringValue) }
+            let name = fields["notification"]?.stringValue ?? ""
+            output.out(listeners.isEmpty ? "posted \(name); no running module listens to it"
+                                         : "posted \(name) to \(listeners.joined(separator: ", "))")
         case "call":
             // The result as text, like a shell command's output; nothing for void.
             if result["type"] != "void" { output.out(result["text"]?.stringValue ?? "") }

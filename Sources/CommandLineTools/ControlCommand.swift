@@ -22,7 +22,9 @@ public struct ControlCommand: Sendable {
           disable NAME              Disable a module at run time
           reload                    Re-read the configuration and rescan the plugin directories (as SIGHUP)
           send EVENT [--payload JSON] [--to NAME] [--await]
-                                    Send an event to every module, or to one
+                                    Send an event directly to every module, or to one
+          post NAME [--payload JSON]
+                                    Post a notification to the modules that listen to it
           call PLUGIN FUNCTION ARG...
                                     Call a function a loaded plugin exports and print its result
           inspect FILE              Print a plugin's manifest and validation verdict, without loading it

@@ -31,14 +31,14 @@ public struct ControlService: Sendable {
     public static let protocolVersion = 1
 
     /// Every command of protocol version 1, sorted.
-    public static let commands = ["call", "disable", "enable", "info", "list", "ping", "reload", "send", "status", "version"]
+    public static let commands = ["call", "disable", "enable", "info", "list", "ping", "post", "reload", "send", "status", "version"]
 
     /// The daemon the requests are carried out on.
     public let daemon: any DaemonControl
     private let logger: Logger?
 
     /// A service for `daemon`. With a `logger`, every request that changes something
-    /// (enable, disable, reload, send, call) is logged at info level with the peer's pid and
+    /// (enable, disable, reload, send, post, call) is logged at info level with the peer's pid and
     /// uid, and rejected requests at debug level; without one, nothing is logged.
     public init(daemon: any DaemonControl, logger: Logger? = nil) {
         self.daemon = daemon
@@ -113,6 +113,14 @@ public struct ControlService: Sendable {
             try await daemon.send(event: event, payload: payload, to: target, awaited: awaited)
             return JSONValue.object([
                 "awaited": .bool(awaited), "event": .string(event), "to": target.map(JSONValue.string) ?? .null,
+            ]).jsonText
+        case "post":
+            let notification = try request.moduleName("notification")
+            let payload = request.fields["payload"] ?? .null
+            audit("post \(notification)", peer)
+            let listeners = try await daemon.post(notification: notification, payload: payload)
+            return JSONValue.object([
+                "listeners": .array(listeners.map(JSONValue.string)), "notification": .string(notification),
             ]).jsonText
         case "call":
             let plugin = try request.moduleName("plugin")

@@ -18,9 +18,13 @@ public protocol DaemonControl: Sendable {
     func setEnabled(_ enabled: Bool, module: String) async throws(DaemonError)
     /// Re-reads the configuration file and rescans every plugin directory, as SIGHUP does.
     func reload() async throws(DaemonError) -> ReloadSummary
-    /// Sends a host-defined event with a payload to every module, or to `module` only.
-    /// `awaited` sends it as an asynchronous event the daemon awaits (with the deadline).
+    /// Sends a host-defined event with a payload directly to every running module (whether
+    /// it listens to that name or not), or to `module` only. `awaited` sends it as an
+    /// asynchronous event the daemon awaits (with the deadline).
     func send(event: String, payload: JSONValue, to module: String?, awaited: Bool) async throws(DaemonError)
+    /// Posts a notification with a payload to the running modules that listen to its name
+    /// (a module's `notifications`), in order; returns their names, in order.
+    func post(notification: String, payload: JSONValue) async throws(DaemonError) -> [String]
     /// Calls a function a loaded plugin exports, by name, with arguments given as text (as
     /// typed on a command line) or as JSON values; see docs/calling.md.
     func call(plugin: String, function: String, arguments: CallArguments) async throws(DaemonError) -> CallValue

@@ -453,6 +453,21 @@ public actor Daemon: DaemonControl {
         logger.info("event \(event) sent\(module.map { " to \($0)" } ?? "")", [("event", event)])
     }
 
+    public func post(notification: String, payload: JSONValue) async throws(DaemonError) -> [String] {
+        try checkSendable(event: notification, to: nil)
+        try await untilReadyWithinRequestDeadline()
+        let listeners = try await withinRequestDeadline("notification \(notification)") { [host] in
+            await host.perform { host -> [String] in
+                let listeners = host.moduleManager.modules.filter { $0.notifications.contains(notification) }.map(\.moduleName)
+                host.post(notification: notification, payload: payload)
+                return listeners
+            }
+        }
+        for module in listeners { try checkNotStuck(in: notification, to: module) }
+        logger.info("notification \(notification) posted to \(listeners.count) listening modules", [("notification", notification)])
+        return listeners
+    }
+
     public func call(plugin: String, function: String, arguments: CallArguments) async throws(DaemonError) -> CallValue {
         try await untilReadyWithinRequestDeadline()
         guard let loaded = await plugins.plugin(named: plugin) else {

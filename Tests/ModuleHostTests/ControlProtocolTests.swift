@@ -113,6 +113,22 @@ import TestSupport
         await fixture.stop()
     }
 
+    @Test func postPassesTheNotificationAndPayloadAndNamesTheListeners() async throws {
+        let fixture = try Fixture()
+        let replies = try await fixture.exchange([
+            #"{"v":1,"id":1,"cmd":"post","notification":"tick","payload":{"n":1}}"#,
+            #"{"v":1,"id":2,"cmd":"post","notification":"quiet"}"#,
+            #"{"v":1,"id":3,"cmd":"post"}"#,
+            #"{"v":1,"id":4,"cmd":"post","notification":"bad\u0000name"}"#,
+        ])
+        #expect(replies[0].text == #"{"id":1,"ok":true,"result":{"listeners":["counter"],"notification":"tick"},"v":1}"#)
+        #expect(replies[1].text == #"{"id":2,"ok":true,"result":{"listeners":[],"notification":"quiet"},"v":1}"#)
+        #expect(replies[2].code == "invalid_request")
+        #expect(replies[3].code == "invalid_request")
+        #expect(await fixture.daemon.calls == [#"post tick {"n":1}"#, "post quiet null"])
+        await fixture.stop()
+    }
+
     @Test func callTakesTextOrJSONArgumentsAndReturnsValueTextAndType() async throws {
         let fixture = try Fixture()
         let replies = try await fixture.exchange([
@@ -449,9 +465,13 @@ import TestSupport
         #expect(send.standardOutput == "sent configure to module greeting and awaited it\n")
         let plain = try await fixture.modhostctl(["send", "flush"])
         #expect(plain.standardOutput == "sent flush to every module\n")
+        let post = try await fixture.modhostctl(["post", "tick", "--payload", "[1]"])
+        #expect(post.standardOutput == "posted tick to counter\n")
+        let unheard = try await fixture.modhostctl(["post", "quiet"])
+        #expect(unheard.standardOutput == "posted quiet; no running module listens to it\n")
         #expect(await fixture.daemon.calls == [
             "setEnabled true greeting", "setEnabled false nope", #"send configure {"a":[1,2.5]} greeting true"#,
-            "send flush null * false",
+            "send flush null * false", "post tick [1]", "post quiet null",
         ])
         await fixture.stop()
     }
@@ -459,7 +479,8 @@ import TestSupport
     @Test func modhostctlUsageErrorsExit64AndHelpExits0() async throws {
         let fixture = try Fixture()
         for arguments in [["enable"], ["list", "extra"], ["list", "--payload", "1"], ["send"], ["call", "Calculator"],
-                          ["send", "x", "--payload", "{"], ["status", "--timeout", "soon"]]
+                          ["send", "x", "--payload", "{"], ["status", "--timeout", "soon"], ["post"], ["post", "a", "b"],
+                          ["post", "x", "--to", "greeting"], ["post", "x", "--await"]]
         {
             let result = try await fixture.modhostctl(arguments)
             #expect(result.status == 64, "\(arguments)")
@@ -470,13 +491,13 @@ import TestSupport
             .contains("--payload is not valid JSON at byte 1"))
         #expect(try await fixture.modhostctl(["list", "--payload", "1"]).standardError
             .contains("option '--payload' is not valid for list"))
-        for command in ["list", "status", "info", "enable", "disable", "reload", "send", "call"] {
+        for command in ["list", "status", "info", "enable", "disable", "reload", "send", "post", "call"] {
             let help = try await fixture.modhostctl([command, "--help"])
             #expect(help.status == 0)
             #expect(help.standardOutput.hasPrefix("USAGE: modhostctl \(command)"), "\(command)")
         }
         let overall = try await fixture.modhostctl(["--help"])
-        for command in ["list", "status", "info", "enable NAME", "disable NAME", "reload", "send EVENT", "call PLUGIN FUNCTION"] {
+        for command in ["list", "status", "info", "enable NAME", "disable NAME", "reload", "send EVENT", "post NAME", "call PLUGIN FUNCTION"] {
             #expect(overall.standardOutput.contains("  \(command)"), "\(command)")
         }
         #expect(await fixture.daemon.calls.isEmpty)
@@ -566,6 +587,11 @@ extension ControlProtocolTests {
             if let module, !Self.modules.contains(module) {
                 throw DaemonError(code: "unknown_module", message: "no module named \(module)")
             }
+        }
+
+        func post(notification: String, payload: JSONValue) throws(DaemonError) -> [String] {
+            calls.append("post \(notification) \(payload.jsonText)")
+            return notification == "tick" ? ["counter"] : []
         }
 
         func call(plugin: String, function: String, arguments: CallArguments) throws(DaemonError) -> CallValue {

@@ -1,5 +1,6 @@
 import Foundation
 import Glibc
+import ModuleKit
 import Testing
 import TestSupport
 
@@ -261,6 +262,31 @@ import TestSupport
             #expect(images.contains { $0.hasPrefix("Tally-\(generation)-") }, "\(images)")
         }
         #expect(await h.stop() == 0)
+    }
+
+    /// docs/control-protocol.md, `post` and `send`: `modhostctl post` reaches only the
+    /// modules that listen to the notification (Counter listens to "tick", Greeting to
+    /// nothing); `send` is a direct event that every module gets.
+    @Test func postReachesOnlyTheListenersAndSendReachesEveryModule() async throws {
+        let h = try Harness(["Greeting", "Counter"])
+        #expect(await h.waitFor("started 2 modules"))
+        let post = try h.ctl("post", "tick", "--payload", #"{"n":7}"#)
+        #expect(post.status == 0, "\(post.standardError)")
+        #expect(post.standardOutput == "posted tick to counter\n")
+        #expect(await h.waitFor(#"payload {"n":7}"#))
+        let unheard = try h.ctl("post", "nobody.listens")
+        #expect(unheard.standardOutput == "posted nobody.listens; no running module listens to it\n")
+        let json = try h.ctl("post", "tick", "--json")
+        #expect(try JSONValue.parse(Array(json.standardOutput.utf8)) == ["listeners": ["counter"], "notification": "tick"])
+        let reserved = try h.ctl("post", "start")
+        #expect(reserved.status == 1)
+        #expect(reserved.standardError.hasSuffix("(reserved_event)\n"))
+        #expect(try h.ctl("send", "knock").status == 0)
+        #expect(await h.waitFor("event knock #"))
+        #expect(await h.stop() == 0)
+        let log = h.daemon.text
+        #expect(log.components(separatedBy: "event tick #").count == 3, "the two posts of tick, and nothing else, reached counter")
+        #expect(!log.contains("nobody.listens #"))
     }
 
     @Test func aBrokenNewVersionLeavesTheOldOneRunning() async throws {

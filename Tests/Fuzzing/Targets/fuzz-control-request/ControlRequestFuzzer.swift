@@ -39,6 +39,11 @@ struct AnsweringDaemon: DaemonControl {
         if let module, module != "greeting" { throw DaemonError(code: "unknown_module", message: "no module named \(module)") }
     }
 
+    func post(notification: String, payload: JSONValue) async throws(DaemonError) -> [String] {
+        _ = payload.jsonText
+        return notification == "greeting.tick" ? ["greeting"] : []
+    }
+
     func call(plugin: String, function: String, arguments: CallArguments) async throws(DaemonError) -> CallValue {
         guard let text = Self.signatures[function], let signature = try? Signature(parsing: text) else {
             throw DaemonError(code: "unknown_function", message: "no function \(function)")
