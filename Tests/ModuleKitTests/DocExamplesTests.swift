@@ -127,8 +127,44 @@ final class RefreshingModule: Module {
     }
 }
 
+// MARK: docs/modules.md — "Threading rules", inside an observer
+
+/// Subscribes inside an observer that does not otherwise use the host, as the document
+/// shows: `subscribe(isolation: host)`.
+final class NestedObserverModule: Module {
+    let recorder: Recorder
+    private let subscriptions = DisposeBag()
+    init(recorder: Recorder) { self.recorder = recorder }
+    var moduleName: String { "nested" }
+    var info: ModuleInfo { ModuleInfo(name: "nested", version: "1") }
+
+    func handle(_ event: ModuleEvent, host: isolated HostInstance) {
+        guard case .start = event else { return }
+        let names = host.observeModules { $0.moduleName }
+        let recorder = recorder
+        let subscriptions = subscriptions
+        host.moduleManager.observeModule(MemoryStoreModule.self).subscribe { store in
+            guard store != nil else { return }
+            names.subscribe(isolation: host) { names in recorder.record(names.joined(separator: ",")) }   // not: names.subscribe { … }
+                .disposed(by: subscriptions)
+        }
+        .disposed(by: subscriptions)
+    }
+}
+
 @Suite("docs/modules.md examples")
 struct DocExamplesTests {
+    // docs: "Threading rules", "Inside an observer, name the host".
+    @Test func subscribingInsideAnObserverWithTheHostNamed() async {
+        let recorder = Recorder()
+        let host = HostInstance(name: "nested")
+        await host.add([ModuleFactory(name: "nested", version: "1") { _, _ in NestedObserverModule(recorder: recorder) },
+                        ModuleFactory(MemoryStoreModule.self)])
+        await host.start()
+        #expect(recorder.all == ["memory-store,nested"])
+        await host.shutdown()
+    }
+
     // docs: "Embedding a host instance".
     @Test func theHostSideExampleRuns() async throws {
         let host = HostInstance(

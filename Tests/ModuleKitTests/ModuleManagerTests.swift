@@ -324,6 +324,49 @@ struct ModuleManagerTests {
         #expect(recorder.all == ["nil", "s"])
     }
 
+    // `isDisposed` says that dispose() was called, nothing else: a getModule completion that
+    // ran leaves it false, and disposing afterwards turns it true.
+    @Test func isDisposedMeansDisposeWasCalledNotThatAOneShotCompletionRan() async {
+        let recorder = Recorder()
+        let host = makeHost()
+        await host.add([probe("p", recorder: Recorder())])
+        await host.perform { host in
+            let delivered = host.moduleManager.getModule(transform: { $0 as? Probe }) { _ in recorder.record("called") }
+            #expect(recorder.all == ["called"])
+            #expect(!delivered.isDisposed)
+            delivered.dispose()
+            #expect(delivered.isDisposed)
+        }
+        await host.add([probe("q", recorder: Recorder())])
+        #expect(recorder.all == ["called"], "a one-shot completion runs once")
+    }
+
+    // A module has one name: the factory's, which `moduleName` and `info.name` must repeat.
+    // A module whose names disagree is refused where it is created, not found under one
+    // name and reported under another.
+    @Test func aModuleWhoseNamesDisagreeIsRefusedWhereItIsCreated() async {
+        let host = makeHost()
+        let diagnostics = host.diagnostics()
+        await host.add([
+            ModuleFactory(name: "factory", version: "1", plugin: "test") { _, _ in Named(moduleName: "other", infoName: "factory") },
+            ModuleFactory(name: "info", version: "1", plugin: "test") { _, _ in Named(moduleName: "info", infoName: "shown") },
+            ModuleFactory(name: "good", version: "1", plugin: "test") { _, _ in Named(moduleName: "good", infoName: "good") },
+        ])
+        #expect(await host.moduleNames == ["good"])
+        #expect(await host.infos().map(\.name) == ["good"])
+        #expect(await host.perform { host in host.module(named: "other") == nil && host.module(named: "factory") == nil })
+        // A new instance from updateConfiguration is held to the same rule; the old one stays.
+        await host.updateSettings(["good": ModuleSettings(configuration: ["rename": "renamed"])])
+        #expect(await host.moduleNames == ["good"])
+        #expect(await host.perform { host in (host.module(named: "good") as? Named)?.infoName } == "good")
+        await host.shutdown()
+        var refused: [String] = []
+        for await diagnostic in diagnostics {
+            if case .moduleRefused(let module, "test") = diagnostic { refused.append(module) }
+        }
+        #expect(refused == ["factory", "info", "good"])
+    }
+
     // "A Disposable that can be disposed to avoid the completion being called."
     @Test func disposingGetModulePreventsTheCompletion() async {
         let recorder = Recorder()
@@ -495,5 +538,21 @@ extension HostInstance {
         await received.wait { !$0.isEmpty }
         iteration.cancel()
         return await iteration.value
+    }
+}
+
+/// A module whose `moduleName` and `info.name` are given; a configuration with "rename"
+/// returns a new instance whose names are that.
+private final class Named: Module {
+    let moduleName: String
+    let infoName: String
+    init(moduleName: String, infoName: String) {
+        self.moduleName = moduleName
+        self.infoName = infoName
+    }
+    var info: ModuleInfo { ModuleInfo(name: infoName, version: "1") }
+    func updateConfiguration(_ configuration: JSONValue, host: isolated HostInstance) -> (any Module)? {
+        guard let name = configuration["rename"]?.stringValue else { return self }
+        return Named(moduleName: name, infoName: name)
     }
 }

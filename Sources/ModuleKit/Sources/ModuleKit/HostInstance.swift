@@ -284,6 +284,8 @@ public actor HostInstance {
             guard let index = moduleManager.index(ofSerial: slot.serial) else { continue }
             if let result, result === old {
                 deliver(.configurationChanged(newConfiguration), to: moduleManager.slots[index])
+            } else if let result, !acceptsNames(of: result, from: moduleManager.slots[index].factory) {
+                continue
             } else if let result {
                 let serial = moduleManager.makeSerial()
                 moduleManager.slots[index].module = result
@@ -574,6 +576,7 @@ public actor HostInstance {
                 diagnosticsHub.emit(.moduleRefused(module: factory.name, plugin: factory.plugin))
                 continue
             }
+            guard acceptsNames(of: module, from: factory) else { continue }
             let slot = ModuleSlot(
                 factory: factory, module: module, serial: moduleManager.makeSerial(), order: effectiveOrder(factory),
                 notifications: module.notifications)
@@ -584,6 +587,20 @@ public actor HostInstance {
         moduleManager.sortSlots()
         publishRunningNames()
         return created
+    }
+
+    /// True when `module`'s `moduleName` and `info.name` are its factory's name: a module has
+    /// one name. Otherwise logs the three names and the fix, reports `.moduleRefused`, and
+    /// the module is not used.
+    private func acceptsNames(of module: any Module, from factory: ModuleFactory) -> Bool {
+        let moduleName = module.moduleName
+        let infoName = module.info.name
+        guard moduleName != factory.name || infoName != factory.name else { return true }
+        logger.error(
+            "module refused: a module has one name, but this one is \"\(factory.name)\" for its factory, \"\(moduleName)\" in moduleName and \"\(infoName)\" in info.name; make moduleName and info.name return the factory's name",
+            [("module", factory.name), ("plugin", factory.plugin), ("moduleName", moduleName), ("info.name", infoName)])
+        diagnosticsHub.emit(.moduleRefused(module: factory.name, plugin: factory.plugin))
+        return false
     }
 
     /// `.initialize` to each, then `restore(state:)` where a state exists, then `.start` to

@@ -9,10 +9,14 @@
 /// Errors: handlers do not throw. A module reports a problem by logging it (see
 /// `HostInstance.logger(for:)`); the host logs it with the module's name and carries on.
 public protocol Module: AnyObject {
-    /// The name the module is registered under: unique within a host instance.
+    /// The name the module is registered under: unique within a host instance. It must be
+    /// the name of the factory that made the module (for a `PluginModule`, `Self.name`,
+    /// which is the default); the host refuses a module whose names disagree, with an
+    /// error naming them.
     var moduleName: String { get }
 
-    /// Name, version and metadata, as gathered into the host's info payload.
+    /// Name, version and metadata, as gathered into the host's info payload. `info.name`
+    /// must be `moduleName` (the default for a `PluginModule`).
     var info: ModuleInfo { get }
 
     /// Extra notification names this module listens to, beyond the lifecycle events.
@@ -30,7 +34,9 @@ public protocol Module: AnyObject {
 
     /// Applies a new configuration. Return `self` after mutating in place (observers are
     /// not notified), a new instance to replace this one (observers are notified and
-    /// this instance gets `.deinitialize`), or nil to disable and remove the module.
+    /// this instance gets `.deinitialize`), or nil to disable and remove the module. A new
+    /// instance whose `moduleName` or `info.name` is not this module's name is refused
+    /// (logged) and this instance stays.
     func updateConfiguration(_ configuration: JSONValue, host: isolated HostInstance) -> (any Module)?
 
     /// Called on the old instance when a new version of its plugin replaces it: the state
@@ -219,7 +225,10 @@ public struct ModuleFactory: Sendable {
     public let plugin: String
     /// Order used when the settings give none.
     public let defaultOrder: Int
-    /// Extra notification names, known before the module is created.
+    /// Creates the module on the host's context with its configuration object (an empty
+    /// object when none is configured); nil refuses (the host logs it). The module's
+    /// `moduleName` and `info.name` must be `name`: the host refuses a module whose names
+    /// disagree.
     public let make: @Sendable (isolated HostInstance, JSONValue) -> (any Module)?
 
     public init(

@@ -237,14 +237,14 @@ public final class ModuleManager {
 
     /// Adds a subscription; delivers the current value at once when ready.
     func register(_ record: ObservationRecord) {
-        if records.count >= 32 { records.removeAll { $0.token.isDisposed } }
+        if records.count >= 32 { records.removeAll { $0.token.isSpent } }
         if isTerminated {
-            if !record.token.isDisposed { record.deliver(self) }
+            if !record.token.isSpent { record.deliver(self) }
             record.finish?()
             return
         }
         records.append(record)
-        if isReady, !record.token.isDisposed { record.deliver(self) }
+        if isReady, !record.token.isSpent { record.deliver(self) }
     }
 
     /// Evaluates every live subscription once (called when an update completes). A change
@@ -259,8 +259,8 @@ public final class ModuleManager {
         defer { emitting = false }
         repeat {
             passRequested = false
-            records.removeAll { $0.token.isDisposed }
-            for record in records where !record.token.isDisposed {
+            records.removeAll { $0.token.isSpent }
+            for record in records where !record.token.isSpent {
                 record.deliver(self)
                 if !isReady { break }
             }

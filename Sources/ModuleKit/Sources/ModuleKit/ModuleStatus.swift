@@ -36,7 +36,9 @@ public enum HostDiagnostic: Sendable, Hashable {
     case deadlineExceeded(module: String, event: String, elapsed: Duration)
     /// A handler that had exceeded its deadline finished later, after `elapsed` in total.
     case finishedLate(module: String, event: String, elapsed: Duration)
-    /// The module's factory returned nil; the module is not running.
+    /// The module's factory returned nil, or made a module whose `moduleName` or
+    /// `info.name` is not the factory's name (logged with the three names); the module is
+    /// not running.
     case moduleRefused(module: String, plugin: String)
     /// A module was not created because one with the same name is already running.
     case duplicateModule(module: String, plugin: String)

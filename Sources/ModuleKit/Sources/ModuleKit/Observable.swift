@@ -22,7 +22,8 @@ public protocol Disposable: Sendable {
     /// Stops the delivery, waiting for a call running on another thread to return (see the
     /// protocol). Idempotent; safe from any thread.
     func dispose()
-    /// True once `dispose()` was called (or a one-shot delivery happened).
+    /// True once `dispose()` was called, and only then: a `getModule` completion that was
+    /// delivered leaves it false (the completion itself tells that it ran).
     var isDisposed: Bool { get }
 }
 
@@ -32,7 +33,10 @@ public protocol Disposable: Sendable {
 /// wait for calls running on other threads.
 final class SubscriptionToken: Disposable {
     private struct State {
+        /// `dispose()` was called.
         var disposed = false
+        /// No call starts any more: disposed, or a one-shot call started.
+        var spent = false
         /// The threads running a guarded call (at most one for serial deliveries; a thread
         /// appears once per call it runs).
         var callers: [pthread_t] = []
@@ -41,12 +45,13 @@ final class SubscriptionToken: Disposable {
     }
     private let state: Mutex<State>
 
-    init(disposed: Bool = false) { state = Mutex(State(disposed: disposed)) }
+    init(disposed: Bool = false) { state = Mutex(State(disposed: disposed, spent: disposed)) }
 
     func dispose() {
         let me = pthread_self()
         let wait = state.withLock { state -> DispatchSemaphore? in
             state.disposed = true
+            state.spent = true
             guard state.callers.contains(where: { pthread_equal($0, me) == 0 }) else { return nil }
             let wake = DispatchSemaphore(value: 0)
             state.waiters.append((me, wake))
@@ -57,6 +62,9 @@ final class SubscriptionToken: Disposable {
 
     var isDisposed: Bool { state.withLock { $0.disposed } }
 
+    /// True once no guarded call starts any more: disposed, or a one-shot call started.
+    var isSpent: Bool { state.withLock { $0.spent } }
+
     /// Runs `call` unless the token is disposed; `dispose()` on another thread waits for it.
     func deliver(_ call: () -> Void) {
         guard let me = begin(once: false) else { return }
@@ -64,7 +72,7 @@ final class SubscriptionToken: Disposable {
         call()
     }
 
-    /// Like `deliver`, but marks the token disposed as the call starts: `call` runs at most
+    /// Like `deliver`, but marks the token spent as the call starts: `call` runs at most
     /// once, however many times this is reached. For one-shot completions.
     func deliverOnce(_ call: () -> Void) {
         guard let me = begin(once: true) else { return }
@@ -75,8 +83,8 @@ final class SubscriptionToken: Disposable {
     private func begin(once: Bool) -> pthread_t? {
         let me = pthread_self()
         return state.withLock { state -> pthread_t? in
-            if state.disposed { return nil }
-            if once { state.disposed = true }
+            if state.spent { return nil }
+            if once { state.spent = true }
             state.callers.append(me)
             return me
         }
