@@ -21,7 +21,7 @@ import Synchronization
 /// event or notification meant for it before then (posted by a module started before it,
 /// or sent before `start()`) is held and delivered right after its `.start`, in the order
 /// it was made (at most `heldEventLimit` of them; a module removed first never gets them).
-/// Awaited custom events skip modules that have not started.
+/// An awaited custom event cannot be held: sent before `start()`, it is delivered at once.
 ///
 /// Updates (add, remove, replace, settings changes, shutdown) are serialized: one runs at
 /// a time, in call order. While one is in progress the observables of `moduleManager`
@@ -390,8 +390,9 @@ public actor HostInstance {
     }
 
     /// Delivers an awaited event to every running module, or only to the one named `name`,
-    /// one module at a time, and returns when all have finished or overrun. A custom event
-    /// skips the modules that have not had their `.start` yet.
+    /// one module at a time, and returns when all have finished or overrun. It is not held
+    /// for modules that have not had their `.start` (the caller awaits it): sent before
+    /// `start()`, it reaches the initialized modules at once.
     ///
     /// `.willTerminate` and `.willUnload` go in reverse order (teardown), custom events in
     /// order. Each module has `eventDeadline`: a handler still running then is logged (with
@@ -403,7 +404,7 @@ public actor HostInstance {
         if let name { targets = targets.filter { $0.name == name } }
         switch event {
         case .willTerminate, .willUnload: targets.reverse()
-        case .custom: targets.removeAll { heldUntilStart[$0.serial] != nil }
+        case .custom: break
         }
         for slot in targets where moduleManager.index(ofSerial: slot.serial) != nil {
             await deliver(event, to: slot)
