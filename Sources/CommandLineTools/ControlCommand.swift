@@ -28,7 +28,9 @@ public struct ControlCommand: Sendable {
           call PLUGIN FUNCTION ARG...
                                     Call a function a loaded plugin exports and print its result
           inspect FILE              Print a plugin's manifest and validation verdict, without loading it
-          verify DIR|FILE...        Validate plugin files without loading them; exit 1 if any is refused
+          verify [--load] [--with DIR] DIR|FILE...
+                                    Check plugin files as modhostd would, without loading them
+                                    (--load: also trial-load each in a child process); exit 1 if any is refused
           manifest [options] FILE   Complete and check a plugin.json (used by plugin.mk)
           new --swift|--c NAME [--dir DIR]
                                     Write a plugin directory that builds, verifies and loads as is
@@ -79,9 +81,9 @@ public struct ControlCommand: Sendable {
 
     private func dispatch(_ arguments: [String]) async throws -> ExitCode {
         let valueOptions: Set<String> = ["language", "sdk", "library", "swift-version", "socket", "timeout", "payload", "to",
-                                          "plugin", "prefix", "dir"]
+                                          "plugin", "prefix", "dir", "with"]
         // After `call`, "-5" and "-inf" are the function's arguments, not options.
-        let parsed = try Arguments(arguments, valueOptions: valueOptions, flagOptions: ["json", "allow-insecure-plugins", "await", "swift", "c"],
+        let parsed = try Arguments(arguments, valueOptions: valueOptions, flagOptions: ["json", "allow-insecure-plugins", "await", "swift", "c", "load"],
                                    dashWordsArePositional: { $0.first == "call" })
         guard let command = parsed.positionals.first else {
             if parsed.has("help") { output.out(Self.help); return .success }
@@ -96,9 +98,9 @@ public struct ControlCommand: Sendable {
             guard operands.count == 1 else { throw UsageError("inspect takes exactly one FILE") }
             return inspect(operands[0], validator: validator, json: json)
         case "verify":
-            if parsed.has("help") { output.out("USAGE: modhostctl verify [--json] [--allow-insecure-plugins] DIR|FILE...\n\nValidates every plugin file without loading it; exits 1 if any is refused."); return .success }
+            if parsed.has("help") { output.out(Self.verifyHelp); return .success }
             guard !operands.isEmpty else { throw UsageError("verify needs at least one DIR or FILE") }
-            return verify(operands, validator: validator, json: json)
+            return await verify(operands, with: parsed.values["with"] ?? [], load: parsed.has("load"), validator: validator, json: json)
         case "manifest":
             if parsed.has("help") { output.out("USAGE: modhostctl manifest --language swift|c [--sdk LIBMODULEKIT] [--swift-version TEXT] [--library FILE] plugin.json\n\nPrints the manifest plugin.mk embeds: plugin.json completed with the ABI version, the language and, for Swift, the compiler and the ModuleKit version of LIBMODULEKIT (default: the libModuleKit.so of this modhostctl's prefix). With --library, the built plugin FILE must export every function plugin.json lists in \"exports\"."); return .success }
             guard operands.count == 1 else { throw UsageError("manifest takes exactly one plugin.json") }
@@ -182,18 +184,51 @@ public struct ControlCommand: Sendable {
         return result.valid ? .success : .failure
     }
 
-    func verify(_ operands: [String], validator: Validator, json: Bool) -> ExitCode {
-        var directories: [String] = [], files: [String] = []
-        for operand in operands {
-            var isDirectory: ObjCBool = false
-            if FileManager.default.fileExists(atPath: operand, isDirectory: &isDirectory), isDirectory.boolValue {
-                directories.append(operand)
-            } else {
-                files.append(operand)
+    static let verifyHelp = """
+        USAGE: modhostctl verify [--json] [--allow-insecure-plugins] [--load] [--with DIR]... DIR|FILE...
+
+        Checks every plugin file of the DIRs and every FILE as modhostd would before loading it,
+        without running plugin code: the file, its manifest, the entry symbol and every declared
+        export in its dynamic symbol table, names unique among the valid files, dependencies
+        present among them (or in a --with DIR) and without cycles. Exits 1 if any is refused.
+
+        OPTIONS:
+          --load                    Also load each valid file in a child process (modhost-trial, as
+                                    modhostd does), after what it depends on, and compare the modules
+                                    its entry point describes with its manifest
+          --with DIR                Plugins in DIR count as present for dependencies (e.g. the
+                                    daemon's plugin directory); they are not reported
+        """
+
+    func verify(_ operands: [String], with others: [String], load: Bool, validator: Validator, json: Bool) async -> ExitCode {
+        func split(_ operands: [String]) -> (directories: [String], files: [String]) {
+            var directories: [String] = [], files: [String] = []
+            for operand in operands {
+                var isDirectory: ObjCBool = false
+                if FileManager.default.fileExists(atPath: operand, isDirectory: &isDirectory), isDirectory.boolValue {
+                    directories.append(operand)
+                } else {
+                    files.append(operand)
+                }
             }
+            return (directories, files)
         }
-        // The loader's own checks, duplicate names included, without loading anything.
-        let (valid, refused) = PluginLoader(validator: validator).validate(directories: directories, files: files)
+        // The loader's own checks, duplicate names included, without loading anything; then
+        // the dependency order the daemon would load them in.
+        let loader = PluginLoader(validator: validator)
+        let (directories, files) = split(operands)
+        var (valid, refused) = loader.validate(directories: directories, files: files)
+        var present: [String: PluginFile] = [:]
+        for file in others.flatMap({ loader.validate(directories: [$0]).valid }) where present[file.name] == nil {
+            present[file.name] = file
+        }
+        for file in valid { present[file.name] = nil }
+        let order = DependencyOrder(valid, loaded: Set(present.keys))
+        refused += order.refused
+        valid = order.ordered
+        if load {
+            (valid, refused) = await trialLoad(valid, refused: refused, present: present)
+        }
         let results = (valid.map { Verdict(file: $0.path, valid: true, warnings: $0.warnings, manifest: $0.manifest) }
             + refused.map(refusedVerdict)).sorted { $0.file < $1.file }
         if json {
@@ -211,6 +246,48 @@ public struct ControlCommand: Sendable {
             output.out("\(results.count - refused) valid, \(refused) refused")
         }
         return results.allSatisfy(\.valid) ? .success : .failure
+    }
+
+    /// Trial-loads `valid` (in dependency order) with the daemon's trial loader, each after
+    /// the files of the plugins it depends on (those verified with it, or of `present`, the
+    /// `--with` directories); a plugin whose dependency was refused is refused as the daemon
+    /// would.
+    func trialLoad(_ valid: [PluginFile], refused: [LoadFailure], present: [String: PluginFile]) async -> ([PluginFile], [LoadFailure]) {
+        let trial = ProcessTrialLoader()
+        var loaded = present, passed: [PluginFile] = [], refused = refused
+        var failed: [String: LoadFailure] = [:]
+        for file in valid {
+            if let dependency = file.manifest.dependencies.first(where: { failed[$0] != nil }) {
+                let failure = LoadFailure(file: file.path, check: .dependency,
+                                          problem: "plugin \(file.name) needs \(dependency), which was refused (\(failed[dependency]!.check.rawValue))",
+                                          fix: "fix plugin \(dependency) first")
+                failed[file.name] = failure
+                refused.append(failure)
+                continue
+            }
+            // Its dependencies, and theirs, in load order, by absolute path (a bare name would
+            // be searched on the library path).
+            var needed: [PluginFile] = [], frontier = file.manifest.dependencies
+            while let name = frontier.popLast() {
+                guard let dependency = loaded[name], !needed.contains(where: { $0.name == name }) else { continue }
+                needed.append(dependency)
+                frontier += dependency.manifest.dependencies
+            }
+            let preloads = DependencyOrder(needed).ordered.map { absolutePath($0.resolvedPath) }
+            do throws(LoadFailure) {
+                try await trial.trialLoad(file.resolving(to: absolutePath(file.resolvedPath)), preloading: preloads)
+                loaded[file.name] = file
+                passed.append(file)
+            } catch {
+                failed[file.name] = error
+                refused.append(error)
+            }
+        }
+        return (passed, refused)
+    }
+
+    private func absolutePath(_ path: String) -> String {
+        path.hasPrefix("/") ? path : FileManager.default.currentDirectoryPath + "/" + path
     }
 
     /// Text from a plugin file (or its name) for the terminal: control characters escaped,
@@ -266,6 +343,10 @@ public struct ControlCommand: Sendable {
             manifest = try Manifest(json: .object(fields))
         } catch {
             output.err("Error: \(path): \(error.reason). Fix: correct \(path)")
+            return .dataError
+        }
+        if let unknown = manifest.unknownField {
+            output.err("Error: \(path): \(unknown.problem). Fix: \(unknown.fix(in: path))")
             return .dataError
         }
         if let library = parsed.value("library"), let problem = missingExports(manifest, library: library, language: language) {

@@ -26,6 +26,11 @@ public final class PluginFile: Sendable {
         self.dynamic = dynamic
         self.warnings = warnings
     }
+
+    /// The same file, its bytes read from `resolvedPath` (e.g. a private copy).
+    public func resolving(to resolvedPath: String) -> PluginFile {
+        PluginFile(path: path, resolvedPath: resolvedPath, manifest: manifest, dynamic: dynamic, warnings: warnings)
+    }
 }
 
 /// Lists the candidate plugin files of a directory (`isPluginFileName`), sorted by name.

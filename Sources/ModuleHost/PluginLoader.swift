@@ -190,27 +190,18 @@ public struct PluginLoader: Sendable {
         do {
             library = try DynamicLibrary(path: file.resolvedPath)
         } catch {
-            let fix = error.message.contains("undefined symbol")
-                ? "link the library that defines the symbol, or rebuild the plugin against this host's SDK"
-                : error.message.contains("cannot open shared object") ? "install the missing library or the plugin it depends on"
-                : "rebuild the plugin with plugin.mk"
-            throw fail(.dlopen, "dlopen failed: \(error.message)", fix)
+            throw .dlopenFailed(file.path, message: error.message)
         }
         let entry: UnsafeMutableRawPointer
         switch library.symbol(MODHOST_ENTRY_SYMBOL) {
         case .success(let address): entry = address
         case .failure:
-            throw fail(.entrySymbol, "the file does not export \(MODHOST_ENTRY_SYMBOL)",
-                       "export it: MODHOST_PLUGIN_ENTRY in C, @_cdecl(\"\(MODHOST_ENTRY_SYMBOL)\") in Swift")
+            throw .entryMissing(file.path)
         }
         switch library.owner(of: entry) {
         case .plugin: break
-        case .other(let owner):
-            throw fail(.entrySymbol, "\(MODHOST_ENTRY_SYMBOL) resolves from \(owner), not from this file",
-                       "define the entry symbol in this plugin itself")
-        case .unknown:
-            throw fail(.entrySymbol, "\(MODHOST_ENTRY_SYMBOL) resolves to an address in no loaded object, not in this file",
-                       "define the entry symbol in this plugin itself")
+        case .other(let owner): throw .entryForeign(file.path, owner: owner)
+        case .unknown: throw .entryForeign(file.path, owner: nil)
         }
         if file.manifest.language == .swift, let sdk = HostSDK.library {
             // The ModuleKit this plugin's scope resolves must be the host's.
@@ -221,15 +212,13 @@ public struct PluginLoader: Sendable {
             }
         }
         let function = unsafeBitCast(entry, to: modhost_plugin_entry_fn.self)
-        guard let descriptor = function() else {
-            throw fail(.descriptor, "\(MODHOST_ENTRY_SYMBOL) returned NULL", "return the plugin descriptor from the entry function")
-        }
+        guard let descriptor = function() else { throw .entryReturnedNull(file.path) }
         let modules: [LoadedPlugin.Module]
         do throws(DescriptorProblem) {
             let plugin = try PluginDescriptor(UnsafeRawPointer(descriptor))
             guard plugin.name == file.manifest.name else {
-                throw DescriptorProblem(check: .descriptor, problem: "the entry symbol describes plugin \(plugin.name), the manifest says \(file.manifest.name)",
-                                        fix: "use the same name in the code and in plugin.json")
+                let failure = LoadFailure.descriptorNamesAnotherPlugin(file.path, described: plugin.name, manifest: file.manifest.name)
+                throw DescriptorProblem(check: failure.check, problem: failure.problem, fix: failure.fix)
             }
             modules = try describeModules(plugin, file)
         } catch {
@@ -237,8 +226,7 @@ public struct PluginLoader: Sendable {
         }
         let described = modules.map(\.factory.name)
         guard described == file.manifest.modules else {
-            throw fail(.descriptor, "the entry symbol describes modules [\(described.joined(separator: ", "))], the manifest lists [\(file.manifest.modules.joined(separator: ", "))]",
-                       "list the same modules, in the same order, in plugin.json")
+            throw .modulesDiffer(file.path, described: described, manifest: file.manifest.modules)
         }
         var functions: FunctionTable?
         if !file.manifest.exports.isEmpty {

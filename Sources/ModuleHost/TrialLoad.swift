@@ -2,6 +2,7 @@ import CDynamicLoader
 import Dispatch
 import Foundation
 import Glibc
+import ModuleKit
 import Synchronization
 
 /// Loads a plugin somewhere a crash does not reach the caller, before a `PluginSet` loads
@@ -79,14 +80,54 @@ public struct ProcessTrialLoader: TrialLoader {
                               problem: "the plugin crashed a trial load in a child process (signal \(signal), \(String(cString: strsignal(signal))))",
                               fix: "fix the plugin's load-time code; the host process was not affected")
         case .exited(0):
-            return
+            if let failure = Self.moduleMismatch(result.reply, file) { throw failure }
         case .exited(TrialProcess.leftoverProcessStatus):
             throw LoadFailure(file: file.path, check: .dlopen, problem: "trial load refused it: \(result.reply)",
                               fix: "start helper processes from the module's init or start, not while the plugin is loaded, and reap them")
         case .exited:
-            throw LoadFailure(file: file.path, check: .dlopen, problem: "trial load refused it: \(result.reply)",
-                              fix: "rebuild the plugin with plugin.mk against this host")
+            throw Self.refusal(result.reply, file)
         }
+    }
+
+    /// The refusal a trial's reply "CAUSE: DETAIL" stands for, worded as the daemon's own
+    /// loader words the same cause (`LoadFailure`'s builders), with the fix for that cause.
+    static func refusal(_ reply: String, _ file: PluginFile) -> LoadFailure {
+        let (cause, detail) = reply.firstIndex(of: ":").map { (String(reply[..<$0]), String(reply[reply.index($0, offsetBy: 1)...]).trimmingCharacters(in: .whitespaces)) }
+            ?? (reply, "")
+        let shown = JSONValue.escapingControlCharacters(detail)
+        switch cause {
+        case "dlopen": return .dlopenFailed(file.path, message: shown)
+        case "preload":
+            return LoadFailure(file: file.path, check: .dependency, problem: "a plugin it depends on cannot be loaded with it: \(shown)",
+                               fix: "fix or rebuild the plugins in its dependencies first")
+        case "entry-missing": return .entryMissing(file.path)
+        case "entry-foreign": return .entryForeign(file.path, owner: shown)
+        case "entry-nowhere": return .entryForeign(file.path, owner: nil)
+        case "entry-null": return .entryReturnedNull(file.path)
+        case "plugin-name": return .descriptorNamesAnotherPlugin(file.path, described: shown, manifest: file.name)
+        case "descriptor":
+            return LoadFailure(file: file.path, check: .descriptor, problem: shown,
+                               fix: "build the plugin against this host's modulehost.h with MODHOST_PLUGIN_INIT (C) or PluginExport.plugin (Swift)")
+        default:
+            return LoadFailure(file: file.path, check: .dlopen, problem: "trial load refused it: \(JSONValue.escapingControlCharacters(reply))",
+                               fix: "rebuild the plugin with plugin.mk against this host")
+        }
+    }
+
+    /// For a successful trial's reply ("ok COUNT" and a module name a line): the refusal when
+    /// the entry's modules differ from the manifest's, as the daemon's loader refuses it; nil
+    /// when they agree (or not all names fit in the reply and the count agrees).
+    static func moduleMismatch(_ reply: String, _ file: PluginFile) -> LoadFailure? {
+        let lines = reply.split(separator: "\n", omittingEmptySubsequences: false).map(String.init)
+        guard let first = lines.first, first.hasPrefix("ok "), let count = Int(first.dropFirst(3)) else { return nil }
+        let names = Array(lines.dropFirst())
+        let expected = file.manifest.modules
+        if names.count == count {
+            return names == expected ? nil
+                : .modulesDiffer(file.path, described: names.map(JSONValue.escapingControlCharacters), manifest: expected)
+        }
+        return count == expected.count ? nil
+            : .modulesDiffer(file.path, described: names.map(JSONValue.escapingControlCharacters) + ["... (\(count) in all)"], manifest: expected)
     }
 }
 
@@ -109,8 +150,9 @@ enum TrialProcess {
         var reply: String
     }
 
-    /// The most of a trial's reply the daemon reads.
-    static let maximumReply = 4096
+    /// The most of a trial's reply the daemon reads (modhost-trial writes at most 16 KiB,
+    /// below a pipe's capacity).
+    static let maximumReply = 16384
 
     struct SpawnError: Error, CustomStringConvertible {
         var description: String

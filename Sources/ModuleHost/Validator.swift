@@ -1,5 +1,6 @@
 import Glibc
 import ModuleKit
+import PluginCall
 import PluginFormat
 
 /// The checks a plugin file must pass before the host lets `dlopen` touch it. None of
@@ -162,6 +163,11 @@ public struct Validator: Sendable {
         if manifest.language == .swift {
             try checkToolchain(manifest, fail)
         }
+        // Fields no manifest has: a typo in plugin.json (e.g. "dependecies") would otherwise
+        // drop what the author meant. After the ABI check, which names a newer plugin's cause.
+        if let unknown = manifest.unknownField {
+            throw fail(.manifest, "the manifest has an \(unknown.problem)", unknown.fix(in: "plugin.json") + " and rebuild with plugin.mk")
+        }
 
         // ModuleKit linkage.
         let dynamic: DynamicInfo
@@ -187,7 +193,65 @@ public struct Validator: Sendable {
                            "link with -lModuleKit (plugin.mk does)")
             }
         }
+        try checkSymbols(image, manifest, fail)
         return (PluginFile(path: path, resolvedPath: resolved, manifest: manifest, dynamic: dynamic, warnings: warnings), contents)
+    }
+}
+
+extension Validator {
+    /// The symbols the loader will look up, read from the dynamic symbol table without
+    /// loading the file: the entry symbol and every declared export must be defined in the
+    /// file itself, global, with default (or protected) visibility (what `dlsym` finds), and each export
+    /// must be a function with a name and a signature of the grammar (docs/calling.md).
+    /// A symbol missing from `.dynsym` but present in `.symtab` is named as hidden.
+    func checkSymbols(_ image: ELFImage, _ manifest: Manifest, _ fail: (LoadFailure.Check, String, String) -> LoadFailure) throws(LoadFailure) {
+        let exports: [(name: String, signature: Signature)]
+        do {
+            exports = try SymbolOwnership.parseExports(manifest.exports, plugin: manifest.name)
+        } catch {
+            throw fail(.exports, "\(error)", "correct the export in plugin.json (the name is the C symbol, the signature follows docs/calling.md) and rebuild")
+        }
+        let names = Set([MODHOST_ENTRY_SYMBOL] + exports.map(\.name))
+        let dynamic: [String: ELFImage.SymbolFacts]
+        do {
+            dynamic = try image.symbols(named: names)
+        } catch {
+            throw fail(.elf, error.description, "rebuild the plugin with plugin.mk")
+        }
+        // Only asked when something is missing: a non-stripped file says whether it is hidden.
+        var all: [String: ELFImage.SymbolFacts]?
+        func whyNotExported(_ name: String) -> String? {
+            if let facts = dynamic[name] { return facts.isExported ? nil : "it is \(facts.summary)" }
+            if all == nil { all = (try? image.symbols(named: names, in: ".symtab")) ?? [:] }
+            if let facts = all?[name], facts.defined { return "it is defined but hidden: \(facts.summary), not in the dynamic symbol table" }
+            return nil
+        }
+        if let facts = dynamic[MODHOST_ENTRY_SYMBOL], !facts.defined {
+            throw LoadFailure.entryForeign(image.path, owner: "another file (this one only refers to it)").at(fail)
+        }
+        if dynamic[MODHOST_ENTRY_SYMBOL]?.isExported != true {
+            throw LoadFailure.entryMissing(image.path, detail: whyNotExported(MODHOST_ENTRY_SYMBOL)).at(fail)
+        }
+        for export in exports {
+            let facts = dynamic[export.name]
+            if facts?.isExported == true, let facts, facts.type != ELFImage.SymbolFacts.typeFunction, facts.type != 10 /* STT_GNU_IFUNC */ {
+                throw fail(.exports, "declared export \(export.name) is \(facts.summary), not a function",
+                           "export a function named \(export.name), or remove it from plugin.json's exports")
+            }
+            guard facts?.isExported != true else { continue }
+            let why = facts.map { $0.defined ? "it is \($0.summary)" : "the file only refers to it (defined in another file)" }
+                ?? whyNotExported(export.name) ?? "the file does not define it"
+            throw fail(.exports, "declared export \(export.name) is not exported by this file: \(why)",
+                       "define \(export.name) in the plugin with default visibility: in C mark it __attribute__((visibility(\"default\"))) "
+                       + "(plugin.mk compiles with -fvisibility=hidden), in Swift use @_cdecl(\"\(export.name)\") public func; or remove it from plugin.json's exports")
+        }
+    }
+}
+
+extension LoadFailure {
+    /// This refusal made by `fail` (for the file the validator was given).
+    fileprivate func at(_ fail: (LoadFailure.Check, String, String) -> LoadFailure) -> LoadFailure {
+        fail(check, problem, fix)
     }
 }
 

@@ -295,6 +295,62 @@ public struct ELFImage: Sendable {
         return names
     }
 
+    /// What a symbol table says about one symbol: whether the file defines it, its type,
+    /// binding and visibility (the ELF `st_info` and `st_other` fields).
+    public struct SymbolFacts: Sendable, Equatable {
+        public var defined: Bool
+        /// STT_*: 0 no type, 1 object, 2 function, ...
+        public var type: UInt8
+        /// STB_*: 0 local, 1 global, 2 weak.
+        public var binding: UInt8
+        /// STV_*: 0 default, 1 internal, 2 hidden, 3 protected.
+        public var visibility: UInt8
+        public static let typeFunction: UInt8 = 2
+        public static let bindingLocal: UInt8 = 0
+
+        /// Defined here, global or weak, with default or protected visibility: what `dlsym`
+        /// finds in this file (Swift's `@_cdecl` public functions are protected).
+        public var isExported: Bool { defined && binding != Self.bindingLocal && (visibility == 0 || visibility == 3) }
+
+        /// "a hidden local function" and the like, for messages.
+        public var summary: String {
+            let visibilityName = ["default", "internal", "hidden", "protected"][Int(visibility & 3)]
+            let bindingName = binding == 0 ? "local" : binding == 1 ? "global" : binding == 2 ? "weak" : "binding \(binding)"
+            let typeName = type == 1 ? "object" : type == 2 ? "function" : "symbol"
+            return defined ? "a \(bindingName) \(typeName) with \(visibilityName) visibility" : "an undefined reference (imported from another file)"
+        }
+    }
+
+    /// The facts of the symbols named `names` in the symbol table `table` (`.dynsym`, what
+    /// the dynamic loader sees, or `.symtab`, the full table a non-stripped file keeps);
+    /// a name the table lacks is absent from the result (for `.dynsym`: not exported at
+    /// all). When a name appears twice, a definition wins over a reference.
+    public func symbols(named names: Set<String>, in table: String = ".dynsym") throws(ELFError) -> [String: SymbolFacts] {
+        guard !names.isEmpty, let symbols = section(named: table), symbols.type != Section.noBits else { return [:] }
+        let entries = FileBytes(try bytes(of: symbols))
+        let strings = FileBytes(try bytes(of: linkedSection(of: symbols)))
+        let wanted = names.map { Array($0.utf8) + [0] }
+        var found: [String: SymbolFacts] = [:]
+        var base = 24  // entry 0 is the null symbol
+        while base + 24 <= entries.count {
+            defer { base += 24 }
+            let offset = Int(entries.u32(base))
+            guard offset < strings.count else {
+                throw .malformed("symbol \(base / 24) of \(table) names string offset \(offset), the string table has \(strings.count) bytes")
+            }
+            // The name must end where the wanted one does (the NUL is compared too).
+            guard let match = wanted.first(where: { strings.has($0, at: offset) }) else { continue }
+            let name = String(decoding: match.dropLast(), as: UTF8.self)
+            // st_info (type in the low nibble, binding in the high one), then st_other
+            // (visibility in its low two bits).
+            let infoAndOther = entries.u16(base + 4)
+            let info = UInt8(truncatingIfNeeded: infoAndOther), other = UInt8(truncatingIfNeeded: infoAndOther >> 8)
+            let facts = SymbolFacts(defined: entries.u16(base + 6) != 0, type: info & 0xf, binding: info >> 4, visibility: other & 3)
+            if found[name]?.defined != true { found[name] = facts }
+        }
+        return found
+    }
+
     /// The ModuleKit ABI version a libModuleKit.so records in its `.modhost.modulekit`
     /// section (two little-endian UInt32: major, minor); nil when the file has no such
     /// section or it is not 8 bytes.

@@ -31,6 +31,48 @@ public struct Manifest: Codable, Sendable, Equatable {
     /// Where the plugin asks to run: "process" (in a worker process of its own) or
     /// "in-process"; nil leaves it to the host's configuration (docs/isolation.md).
     public var isolation: String?
+    /// Fields the manifest has that no manifest field is called, by path (`dependecies`,
+    /// `exports[0].signatur`), in document order. Reading does not fail on them, so that
+    /// a plugin built for a newer ABI is refused by its ABI version first; plugin.mk
+    /// (`modhostctl manifest`) and the validator refuse them (`unknownField`). Not encoded.
+    public var unknownFields: [String] = []
+
+    /// The field names of a manifest, of its `toolchain` and of each of its `exports`.
+    public static let fieldNames = CodingKeys.allCases.map(\.rawValue)
+    static let toolchainFieldNames = ["swift", "moduleKit"]
+    static let exportFieldNames = ["name", "signature"]
+
+    /// The first of `unknownFields`, with the known name it is probably a typo of.
+    public struct UnknownField: Sendable, Equatable {
+        /// The field's path, e.g. `dependecies` or `exports[0].signatur`.
+        public var path: String
+        /// The known field of the same object it is closest to (`Spelling`), if any.
+        public var suggestion: String?
+        /// "unknown field "dependecies" (did you mean "dependencies"?)".
+        public var problem: String {
+            "unknown field \"\(path)\"" + (suggestion.map { " (did you mean \"\($0)\"?)" } ?? "")
+        }
+        /// What to change in `source` (the plugin.json), in words.
+        public func fix(in source: String) -> String {
+            let name = path.split(separator: ".").last.map(String.init) ?? path
+            if let suggestion { return "rename \"\(name)\" to \"\(suggestion)\" in \(source)" }
+            return "remove \"\(name)\" from \(source); its object's fields are \(Self.known(for: path).joined(separator: ", "))"
+        }
+
+        static func known(for path: String) -> [String] {
+            path.hasPrefix("toolchain.") ? Manifest.toolchainFieldNames
+                : path.hasPrefix("exports[") ? Manifest.exportFieldNames : Manifest.fieldNames
+        }
+
+        init(path: String) {
+            self.path = path
+            let name = path.split(separator: ".").last.map(String.init) ?? path
+            suggestion = Spelling.suggestion(for: name, among: Self.known(for: path))
+        }
+    }
+
+    /// The first unknown field, nil when every field is known.
+    public var unknownField: UnknownField? { unknownFields.first.map(UnknownField.init(path:)) }
 
     public enum Language: String, Codable, Sendable { case swift, c }
 
@@ -101,7 +143,7 @@ public struct Manifest: Codable, Sendable, Equatable {
         self.isolation = isolation
     }
 
-    enum CodingKeys: String, CodingKey {
+    enum CodingKeys: String, CodingKey, CaseIterable {
         case name, version, description, abi, language, toolchain, dependencies, order, modules, exports, isolation
     }
 
@@ -161,7 +203,7 @@ public struct Manifest: Codable, Sendable, Equatable {
     }
 
     /// Reads a manifest from a parsed document, with the same checks as `parse`; unknown
-    /// fields are ignored so that newer manifests stay readable.
+    /// fields are listed in `unknownFields`, not refused here.
     public init(json: JSONValue) throws(ManifestError) {
         guard case .object(let fields) = json else {
             throw ManifestError(reason: "the top level is \(json.kind), expected an object")
@@ -207,14 +249,17 @@ public struct Manifest: Codable, Sendable, Equatable {
         if let toolchainFields = try reader.object("toolchain") {
             let inner = FieldReader(fields: toolchainFields, path: "toolchain.")
             toolchain = Toolchain(swift: try inner.string("swift"), moduleKit: try inner.string("moduleKit"))
+            unknownFields += inner.unknown(among: Self.toolchainFieldNames)
         } else {
             toolchain = nil
         }
         dependencies = try reader.names("dependencies", default: [])
         order = try reader.integer("order", in: Self.orderRange, default: 0)
         modules = try reader.names("modules")
+        var exportUnknowns: [String] = []
         exports = try reader.objects("exports").enumerated().map { (index, fields) throws(ManifestError) in
             let inner = FieldReader(fields: fields, path: "exports[\(index)].")
+            exportUnknowns += inner.unknown(among: Self.exportFieldNames)
             return Export(name: try inner.string("name"), signature: try inner.string("signature"))
         }
         if reader.field("isolation") != nil {
@@ -226,6 +271,7 @@ public struct Manifest: Codable, Sendable, Equatable {
         } else {
             isolation = nil
         }
+        unknownFields = reader.unknown(among: Self.fieldNames) + unknownFields + exportUnknowns
     }
 
     public init(from decoder: any Decoder) throws {
@@ -256,15 +302,18 @@ struct FieldReader {
     let keys: [String]
     let values: [JSONValue]
     let path: String
+    /// Whether `keys` are in document order (false when made from a dictionary).
+    let isOrdered: Bool
 
-    init(keys: [String], values: [JSONValue], path: String) {
+    init(keys: [String], values: [JSONValue], path: String, isOrdered: Bool = true) {
         self.keys = keys
         self.values = values
         self.path = path
+        self.isOrdered = isOrdered
     }
 
     init(fields: [String: JSONValue], path: String) {
-        self.init(keys: Array(fields.keys), values: Array(fields.values), path: path)
+        self.init(keys: Array(fields.keys), values: Array(fields.values), path: path, isOrdered: false)
     }
 
     /// The value of member `key`, nil when there is none (names are unique: the parser
@@ -274,7 +323,19 @@ struct FieldReader {
         return values[index]
     }
 
-    func missing(_ key: String) -> ManifestError { ManifestError(reason: "required field \"\(path)\(key)\" is missing") }
+    /// The paths of the members not named in `known`, in the reader's order (sorted when the
+    /// reader was made from a dictionary).
+    func unknown(among known: [String]) -> [String] {
+        let names = keys.filter { !known.contains($0) }
+        return (isOrdered ? names : names.sorted()).map { path + $0 }
+    }
+
+    /// A required field is missing; when a member's name is a typo of it, that is said too.
+    func missing(_ key: String) -> ManifestError {
+        let typo = keys.first { $0 != key && Spelling.suggestion(for: $0, among: [key]) != nil }
+            .map { "; unknown field \"\(path)\($0)\" (did you mean \"\(key)\"?)" } ?? ""
+        return ManifestError(reason: "required field \"\(path)\(key)\" is missing\(typo)")
+    }
     func wrong(_ key: String, _ value: JSONValue, _ expected: String) -> ManifestError {
         ManifestError(reason: "field \"\(path)\(key)\" has the wrong type: \(value.kind), expected \(expected)")
     }

@@ -7,9 +7,13 @@
  *
  * It dlopens every --preload library (the SDK, the plugin's dependencies), then FILE with
  * RTLD_NOW, finds the entry symbol in FILE itself, calls it and checks the descriptor's ABI
- * and plugin name. Exit 0: it loaded (prints "ok MODULES"). Exit 1: it was refused (prints
- * one line saying why). Exit 3: the load left a process behind, which was killed (one
- * line). Death by a signal: it crashed. Exit 64: usage error.
+ * and plugin name. Exit 0: it loaded; it prints "ok COUNT" and then the descriptor's module
+ * names, one a line (while they fit in the verdict), which the daemon compares with the
+ * manifest. Exit 1: it was refused; it prints one line "CAUSE: DETAIL", CAUSE one of
+ * preload, dlopen, entry-missing, entry-foreign, entry-nowhere, entry-null, descriptor,
+ * plugin-name (the daemon words the refusal and its fix, as its own loader does). Exit 3:
+ * the load left a process behind, which was killed (one line). Death by a signal: it
+ * crashed. Exit 64: usage error.
  *
  * The verdict goes to standard output and nothing else does: what the plugin's load-time
  * code prints to standard output goes to standard error. The loader leads its own
@@ -34,7 +38,8 @@
 #include "symbol_ownership.h"
 
 static int reply_fd = 1;
-static char verdict[1024];
+/* Below a pipe's capacity (64 KiB), so writing it never waits for the reader. */
+static char verdict[16384];
 
 static int refuse(const char *what, const char *detail) {
     snprintf(verdict, sizeof verdict, "%s%s%s", what, detail ? ": " : "", detail ? detail : "");
@@ -103,7 +108,7 @@ int main(int argc, char **argv) {
 static int load(int argc, char **argv) {
     int index = 1;
     while (index + 1 < argc && strcmp(argv[index], "--preload") == 0) {
-        if (dlopen(argv[index + 1], RTLD_NOW | RTLD_GLOBAL) == NULL) return refuse("cannot preload a dependency", dlerror());
+        if (dlopen(argv[index + 1], RTLD_NOW | RTLD_GLOBAL) == NULL) return refuse("preload", dlerror());
         index += 2;
     }
     if (argc - index != 2) {
@@ -112,25 +117,46 @@ static int load(int argc, char **argv) {
     }
     const char *file = argv[index], *name = argv[index + 1];
     void *handle = dlopen(file, RTLD_NOW | RTLD_LOCAL);
-    if (handle == NULL) return refuse("dlopen failed", dlerror());
+    if (handle == NULL) return refuse("dlopen", dlerror());
     void *entry = dlsym(handle, MODHOST_ENTRY_SYMBOL);
-    if (entry == NULL) return refuse("the file does not export " MODHOST_ENTRY_SYMBOL, NULL);
+    if (entry == NULL) return refuse("entry-missing", MODHOST_ENTRY_SYMBOL);
     const char *owner = NULL;
     switch (modhost_symbol_owner(handle, entry, &owner)) {
     case MODHOST_SYMBOL_OWNER_SELF: break;
-    case MODHOST_SYMBOL_OWNER_OTHER: return refuse(MODHOST_ENTRY_SYMBOL " resolves from another file", owner);
-    default: return refuse(MODHOST_ENTRY_SYMBOL " resolves to an address in no loaded object", NULL);
+    case MODHOST_SYMBOL_OWNER_OTHER: return refuse("entry-foreign", owner ? owner : "another file");
+    default: return refuse("entry-nowhere", MODHOST_ENTRY_SYMBOL);
     }
     const modhost_plugin *plugin = ((modhost_plugin_entry_fn)entry)();
-    if (plugin == NULL) return refuse(MODHOST_ENTRY_SYMBOL " returned NULL", NULL);
+    if (plugin == NULL) return refuse("entry-null", MODHOST_ENTRY_SYMBOL);
     /* Only fields within the struct_size the plugin compiled in are read (docs/abi.md,
      * "Versioning policy"); the daemon's loader then checks the descriptor in full. */
     if (plugin->struct_size < offsetof(modhost_plugin, modules) + sizeof plugin->modules) {
-        snprintf(verdict, sizeof verdict, "the plugin descriptor's struct_size is %u bytes, smaller than ABI %d.0's", plugin->struct_size, MODHOST_ABI_MAJOR);
+        snprintf(verdict, sizeof verdict, "descriptor: the plugin descriptor's struct_size is %u bytes, smaller than ABI %d.0's", plugin->struct_size, MODHOST_ABI_MAJOR);
         return 1;
     }
-    if (plugin->abi_major != MODHOST_ABI_MAJOR) return refuse("the descriptor has another ABI major version", NULL);
-    if (plugin->name == NULL || strcmp(plugin->name, name) != 0) return refuse("the descriptor names another plugin", plugin->name);
-    snprintf(verdict, sizeof verdict, "ok %u", plugin->module_count);
+    if (plugin->abi_major != MODHOST_ABI_MAJOR) {
+        snprintf(verdict, sizeof verdict, "descriptor: the plugin descriptor has ABI major version %u, this host %d", plugin->abi_major, MODHOST_ABI_MAJOR);
+        return 1;
+    }
+    if (plugin->name == NULL) return refuse("descriptor", "the plugin descriptor has no name");
+    if (strcmp(plugin->name, name) != 0) return refuse("plugin-name", plugin->name);
+    /* The module names, for the daemon to compare with the manifest: as many whole lines as
+     * fit (the count says whether all did). A module's struct_size bounds what is read. */
+    size_t used = (size_t)snprintf(verdict, sizeof verdict, "ok %u", plugin->module_count);
+    const unsigned char *module = (const unsigned char *)plugin->modules;
+    /* The first descriptor's struct_size is the array's stride, as the daemon reads it; one
+     * it would refuse stops the list here (the daemon's loader then says why). */
+    uint32_t stride = module != NULL && plugin->module_count > 0 ? ((const modhost_module *)module)->struct_size : 0;
+    if (stride < offsetof(modhost_module, name) + sizeof(const char *) || stride > sizeof(modhost_module)) module = NULL;
+    for (uint32_t i = 0; module != NULL && i < plugin->module_count; i++, module += stride) {
+        const char *module_name = ((const modhost_module *)module)->name;
+        if (module_name == NULL) break;
+        size_t length = strnlen(module_name, 256);
+        if (used + 1 + length + 1 > sizeof verdict) break;
+        verdict[used++] = '\n';
+        memcpy(verdict + used, module_name, length);
+        used += length;
+        verdict[used] = '\0';
+    }
     return 0;
 }

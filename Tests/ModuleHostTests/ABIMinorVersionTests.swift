@@ -185,7 +185,7 @@ import TestSupport
 
         let trial = try run(BuildProducts.directory + "/bin/modhost-trial", [file, "TinyPlugin"])
         #expect(trial.status == 1)
-        #expect(trial.standardOutput == "the plugin descriptor's struct_size is 12 bytes, smaller than ABI 1.0's\n")
+        #expect(trial.standardOutput == "descriptor: the plugin descriptor's struct_size is 12 bytes, smaller than ABI 1.0's\n")
     }
 
     @Test func aPluginBuiltForANewerMinorIsRefused() throws {

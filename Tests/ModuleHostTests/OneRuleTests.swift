@@ -34,14 +34,20 @@ import TestSupport
             manifest: PluginFactory.manifest(plugin: "OwnBorrower", modules: ["ownborrower"]),
             flags: "-L '\(lender)' -Wl,--no-as-needed -lOwnLender -Wl,-rpath,'\(lender)'")
 
+        // The validator reads the file's own symbols: it exports no entry point.
         let report = PluginLoader().load(directories: [dir.path])
         let refused = try #require(report.refused.first { $0.file == borrower })
         #expect(refused.check == .entrySymbol)
-        #expect(refused.problem == "modhost_plugin_entry_v1 resolves from \(lenderFile), not from this file")
+        #expect(refused.problem == "the file does not export modhost_plugin_entry_v1")
 
+        // Loaded anyway, the trial finds the lender's and names it, as the loader would.
         let trial = try run(trialLoader, [borrower, "OwnBorrower"])
         #expect(trial.status == 1)
-        #expect(trial.standardOutput == "modhost_plugin_entry_v1 resolves from another file: \(lenderFile)\n")
+        #expect(trial.standardOutput == "entry-foreign: \(lenderFile)\n")
+        let file = PluginFile(path: borrower, resolvedPath: borrower, manifest: Manifest(name: "OwnBorrower", version: "1.0", abi: "1.0", language: .c, modules: ["ownborrower"]),
+                              dynamic: DynamicInfo(), warnings: [])
+        #expect(ProcessTrialLoader.refusal(trial.standardOutput.trimmingCharacters(in: .newlines), file).problem
+                == "modhost_plugin_entry_v1 resolves from \(lenderFile), not from this file")
     }
 
     @Test func anEntrySymbolInNoLoadedObjectIsRefusedByTheLoaderAndTheTrialWithoutBeingCalled() throws {
@@ -60,7 +66,7 @@ import TestSupport
 
         let trial = try run(trialLoader, [plugin, "OwnAbsolute"])
         #expect(!trial.signalled && trial.status == 1)
-        #expect(trial.standardOutput == "modhost_plugin_entry_v1 resolves to an address in no loaded object\n")
+        #expect(trial.standardOutput == "entry-nowhere: modhost_plugin_entry_v1\n")
     }
 
     // MARK: - Ignored file names

@@ -18,8 +18,13 @@ import TestSupport
         #expect(manifest.toolchain?.moduleKitVersion ?? (0, 0) == (1, 2))
         #expect(manifest.toolchain?.compilerVersion == "6.3")
         #expect(manifest.exports == [.init(name: "f", signature: "i32(str)")])
-        // What plugin.mk embeds parses back to the same manifest.
-        #expect(try Manifest.parse(Array(manifest.jsonText().utf8)) == manifest)
+        // An unknown field is listed (the validator refuses it), not an error of the parser.
+        #expect(manifest.unknownFields == ["future"])
+        #expect(manifest.unknownField?.problem == #"unknown field "future""#)
+        // What plugin.mk embeds parses back to the same manifest, without it.
+        var known = manifest
+        known.unknownFields = []
+        #expect(try Manifest.parse(Array(manifest.jsonText().utf8)) == known)
     }
 
     @Test(arguments: [
