@@ -194,6 +194,8 @@ extension ControlCommand {
                 replaced:      \(names(summary.replaced))
                 removed:       \(names(summary.removed))
                 refused:       \(names(summary.refused))
+                waiting-for-dependency: \(names(summary.waitingForDependency))
+                quarantined:   \(names(summary.quarantined))
                 """)
         case "enable", "disable":
             output.out("\(command)d \(fields["module"]?.stringValue ?? "")")

@@ -141,8 +141,7 @@ public struct ControlCommand: Sendable {
 
     /// A refused file's verdict, with whatever manifest can still be read from it.
     func refusedVerdict(_ failure: LoadFailure) -> Verdict {
-        let manifest = (try? ELFImage(path: failure.file)).flatMap { try? $0.manifestContents() }
-            .flatMap { try? Manifest.parse($0) }
+        let manifest = Manifest.embedded(in: failure.file)
         return Verdict(file: failure.file, valid: false, check: failure.check.rawValue, problem: failure.problem, fix: failure.fix,
                        warnings: [], manifest: manifest)
     }

@@ -9,7 +9,7 @@ import PluginCall
 /// serializes what must be serialized.
 public protocol DaemonControl: Sendable {
     /// Every module the daemon knows, running or not, in start order (order, then name),
-    /// then one row per file refused, quarantined, waiting for a dependency or being
+    /// then one row per file refused, waiting for a dependency, quarantined or being
     /// loaded (with `module` "-"), by path.
     func moduleRows() async -> [ModuleRow]
     /// Counters and paths of the running daemon.
@@ -47,9 +47,10 @@ public struct ModuleRow: Codable, Sendable, Equatable {
     /// The plugin file as found in the plugin directory.
     public var file: String
     public var version: String
-    /// "running", "stuck", "disabled" or "stopped" for a module, or for a module of an
-    /// isolated plugin whose worker is down "crashed", "restarting" or "quarantined";
-    /// "refused", "quarantined", "waiting" or "loading" for a file row.
+    /// A `State`'s raw value: "running", "stuck", "disabled" or "stopped" for a module, or
+    /// for a module of an isolated plugin whose worker is down "crashed", "restarting" or
+    /// "quarantined"; "refused", "waiting-for-dependency", "quarantined" or "loading" for a
+    /// file row.
     public var state: String
     public var order: Int?
     /// How many times this plugin has been loaded in this process (1 for the first load).
@@ -80,6 +81,38 @@ public struct ModuleRow: Codable, Sendable, Equatable {
         self.lastError = lastError
         self.stuckIn = stuckIn
         self.stuckSeconds = stuckSeconds
+    }
+}
+
+extension ModuleRow {
+    /// The one vocabulary of states `list`, the log, `reload` and docs/daemon.md ("States")
+    /// use.
+    public enum State: String, Sendable, CaseIterable, Codable {
+        /// A module that started and gets events.
+        case running
+        /// A running C module that has not returned from a callback within the event
+        /// deadline; it gets no events until it does.
+        case stuck
+        /// A module the configuration or `disable` turned off.
+        case disabled
+        /// A module of an isolated plugin whose worker crashed, exited or stopped answering;
+        /// it is being restarted (docs/isolation.md).
+        case crashed
+        /// A module of an isolated plugin whose worker is starting again after a crash.
+        case restarting
+        /// An enabled module that is not running (it has not started, or failed to).
+        case stopped
+        /// A file a check refused; tried again when it changes and at every reload.
+        case refused
+        /// A file whose plugin needs a plugin that is not loaded (missing, refused, removed,
+        /// or a file still arriving); loaded as soon as that plugin is.
+        case waitingForDependency = "waiting-for-dependency"
+        /// A file that crashed the daemon, or crashed or hung a trial load; not tried again
+        /// until it changes. For a module of an isolated plugin: its worker crashed too often
+        /// and is not restarted until its file changes or `enable`.
+        case quarantined
+        /// A file being loaded by the scan in progress.
+        case loading
     }
 }
 
@@ -125,21 +158,42 @@ public struct DaemonStatus: Codable, Sendable, Equatable {
     }
 }
 
-/// What a reload changed.
+/// What a reload changed (plugin names), and every file whose content is not loaded after
+/// it (paths, by state), whether this reload tried it or an earlier scan did.
 public struct ReloadSummary: Codable, Sendable, Equatable {
     public var configurationChanged: Bool
     public var added: [String]
     public var replaced: [String]
     public var removed: [String]
+    /// Files in state `refused` (including a newer file of a plugin whose older version runs).
     public var refused: [String]
+    /// Files in state `waiting-for-dependency`.
+    public var waitingForDependency: [String]
+    /// Files in state `quarantined`.
+    public var quarantined: [String]
 
     public init(configurationChanged: Bool = false, added: [String] = [], replaced: [String] = [],
-                removed: [String] = [], refused: [String] = []) {
+                removed: [String] = [], refused: [String] = [], waitingForDependency: [String] = [],
+                quarantined: [String] = []) {
         self.configurationChanged = configurationChanged
         self.added = added
         self.replaced = replaced
         self.removed = removed
         self.refused = refused
+        self.waitingForDependency = waitingForDependency
+        self.quarantined = quarantined
+    }
+
+    public init(from decoder: any Decoder) throws {
+        // A daemon from before the per-state lists sends only `refused`.
+        let container = try decoder.container(keyedBy: CodingKeys.self)
+        configurationChanged = try container.decode(Bool.self, forKey: .configurationChanged)
+        added = try container.decode([String].self, forKey: .added)
+        replaced = try container.decode([String].self, forKey: .replaced)
+        removed = try container.decode([String].self, forKey: .removed)
+        refused = try container.decode([String].self, forKey: .refused)
+        waitingForDependency = try container.decodeIfPresent([String].self, forKey: .waitingForDependency) ?? []
+        quarantined = try container.decodeIfPresent([String].self, forKey: .quarantined) ?? []
     }
 }
 
@@ -148,7 +202,7 @@ public struct ReloadSummary: Codable, Sendable, Equatable {
 public struct DaemonError: Error, Sendable, Equatable, CustomStringConvertible {
     /// e.g. "unknown_module", "unknown_plugin", "unknown_function", "invalid_arguments",
     /// "call_failed", "invalid_configuration", "reserved_event",
-    /// "module_stuck", "plugin_busy", "deadline_exceeded".
+    /// "module_stuck", "plugin_busy", "plugin_not_running", "deadline_exceeded".
     public var code: String
     public var message: String
 

@@ -343,14 +343,14 @@ public actor Daemon: DaemonControl {
             let plugin = loaded[status.plugin]
             let stuck = status.running ? workers.stuck(module: status.name) : nil
             let worker = plugin?.worker
-            var state = stuck != nil ? "stuck" : status.running ? "running" : (status.enabled ? "stopped" : "disabled")
+            var state = Self.state(of: status, stuck: stuck != nil)
             // A running module of an isolated plugin whose worker is down shows why.
-            if status.running, let worker, worker.phase != .running {
-                state = worker.phase == .quarantined ? "quarantined" : worker.phase == .starting ? "restarting" : "crashed"
+            if state == .running, let worker, worker.phase != .running {
+                state = worker.phase == .quarantined ? .quarantined : worker.phase == .starting ? .restarting : .crashed
             }
             var row = ModuleRow(
                 module: status.name, plugin: status.plugin, file: plugin?.file ?? "", version: status.version,
-                state: state, order: status.order, generation: plugin?.generation,
+                state: state.rawValue, order: status.order, generation: plugin?.generation,
                 lastError: plugin?.lastError?.description ?? worker?.lastCrash.map { "worker \($0)" },
                 stuckIn: stuck?.what, stuckSeconds: stuck.map { ($0.elapsed.seconds * 10).rounded() / 10 })
             row.isolation = plugin.map { $0.isolation.rawValue }
@@ -359,10 +359,15 @@ public actor Daemon: DaemonControl {
             rows.append(row)
         }
         for file in snapshot.files {
-            rows.append(ModuleRow(module: "-", plugin: "-", file: file.path, version: "-", state: file.state.rawValue,
-                                  lastError: file.failure.description))
+            rows.append(ModuleRow(module: "-", plugin: file.plugin ?? "-", file: file.path, version: file.version ?? "-",
+                                  state: file.state.rawValue, lastError: file.failure.description))
         }
         return rows
+    }
+
+    /// A module's state in the one vocabulary (`ModuleRow.State`).
+    static func state(of status: ModuleStatus, stuck: Bool) -> ModuleRow.State {
+        stuck ? .stuck : status.running ? .running : status.enabled ? .stopped : .disabled
     }
 
     public func status() async -> DaemonStatus {
@@ -410,10 +415,14 @@ public actor Daemon: DaemonControl {
             if configurationChanged { await applyConfiguration(fresh) }
         }
         let changes = await plugins.reconcile()
+        // Every file not loaded now, whether this scan or an earlier one tried it.
+        let files = await plugins.filesNotLoaded()
         let summary = ReloadSummary(configurationChanged: configurationChanged, added: changes.added,
-                                    replaced: changes.replaced, removed: changes.removed, refused: changes.refused)
+                                    replaced: changes.replaced, removed: changes.removed, refused: files[.refused] ?? [],
+                                    waitingForDependency: files[.waitingForDependency] ?? [], quarantined: files[.quarantined] ?? [])
         reloads += 1
-        logger.info("reloaded: \(summary.added.count) added, \(summary.replaced.count) replaced, \(summary.removed.count) removed, \(summary.refused.count) refused",
+        logger.info("reloaded: \(summary.added.count) added, \(summary.replaced.count) replaced, \(summary.removed.count) removed; "
+                    + "\(summary.refused.count) refused, \(summary.waitingForDependency.count) waiting-for-dependency, \(summary.quarantined.count) quarantined",
                     [("configuration", configurationChanged ? "changed" : "unchanged")])
         return summary
     }
@@ -493,6 +502,14 @@ public actor Daemon: DaemonControl {
         }
         guard let table = loaded.functions else {
             throw DaemonError(code: "unknown_function", message: "plugin \(plugin) exports no functions for calling by name")
+        }
+        // A plugin whose modules all stopped is not called (its functions may need them).
+        let modules = host.registeredModulesSnapshot.filter { $0.plugin == plugin }
+        let states = modules.map { ($0.name, Self.state(of: $0, stuck: $0.running && workers.stuck(module: $0.name) != nil)) }
+        if !configuration.allowCallsWithoutRunningModule, !states.isEmpty, !states.contains(where: { $0.1 == .running || $0.1 == .stuck }) {
+            let list = states.map { "\($0.0): \($0.1.rawValue)" }.joined(separator: ", ")
+            throw DaemonError(code: "plugin_not_running",
+                              message: "plugin \(plugin) has no running module (\(list)). Fix: enable one (modhostctl enable \(states[0].0)), or set allowCallsWithoutRunningModule in the configuration to call it anyway")
         }
         // Off this actor, on the plugin's call worker, within the request deadline.
         let outcome = try await callOffActor(plugin: plugin, function: function) { () throws(CallError) -> CallValue in

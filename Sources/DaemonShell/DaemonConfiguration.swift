@@ -38,6 +38,10 @@ public struct DaemonConfiguration: Sendable, Equatable {
     public var isolation: Isolation = .inProcess
     /// Per-plugin isolation settings, by plugin name.
     public var plugins: [String: PluginIsolationSettings] = [:]
+    /// `call` a plugin none of whose modules runs (all disabled, stopped or stuck); off,
+    /// such a call is refused with `plugin_not_running`. A plugin with no modules at all
+    /// (only exports) is always callable.
+    public var allowCallsWithoutRunningModule = false
 
     /// The allowed durations, in seconds, in the file (`eventDeadlineSeconds`,
     /// `requestDeadlineSeconds`, `shutdownBudgetSeconds`) and on the command line
@@ -47,7 +51,8 @@ public struct DaemonConfiguration: Sendable, Equatable {
     /// The fields a configuration file may hold (docs/daemon.md documents each one, and
     /// share/modhostd.json.example sets each one).
     public static let fieldNames: Set<String> = ["pluginDirectories", "modules", "eventDeadlineSeconds", "requestDeadlineSeconds",
-                                                 "shutdownBudgetSeconds", "logLevel", "allowInsecurePlugins", "isolation", "plugins"]
+                                                 "shutdownBudgetSeconds", "logLevel", "allowInsecurePlugins", "isolation", "plugins",
+                                                 "allowCallsWithoutRunningModule"]
 
     /// The largest configuration file read, in bytes (1 MiB).
     public static let maximumFileSize = 1 << 20
@@ -134,6 +139,12 @@ public struct DaemonConfiguration: Sendable, Equatable {
                 throw invalid(path, "field \"logLevel\" is not one of debug, info, warning, error", "e.g. \"info\"")
             }
             configuration.logLevel = parsed
+        }
+        if let allow = fields["allowCallsWithoutRunningModule"] {
+            guard let flag = allow.boolValue else {
+                throw invalid(path, "field \"allowCallsWithoutRunningModule\" is not true or false", "use a boolean")
+            }
+            configuration.allowCallsWithoutRunningModule = flag
         }
         if let insecure = fields["allowInsecurePlugins"] {
             guard let flag = insecure.boolValue else { throw invalid(path, "field \"allowInsecurePlugins\" is not true or false", "use a boolean") }

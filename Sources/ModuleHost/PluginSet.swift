@@ -83,6 +83,9 @@ public actor PluginSet {
     var refused: [String: (failure: LoadFailure, identity: FileIdentity?)] = [:]
     /// Refused files that only wait for a dependency that may still be arriving.
     var waiting: Set<String> = []
+    /// The plugin name and version read from each file's manifest by the last scan that read
+    /// it, by path: what a refused file's row shows.
+    var manifestsRead: [String: (name: String, version: String)] = [:]
     /// Files being loaded by the reconcile in progress.
     var loading: Set<String> = []
     var retiredCount = 0
@@ -298,6 +301,22 @@ public actor PluginSet {
 
     // MARK: - Reading
 
+    /// The state of a file in `refused` (a loaded plugin's file whose newer content was
+    /// refused counts by that content).
+    func state(ofRefused path: String, countingLoading: Bool = true) -> PluginSetSnapshot.FileState {
+        if countingLoading && loading.contains(path) { return .loading }
+        guard let failure = refused[path]?.failure else { return .refused }
+        if waiting.contains(path) || failure.check == .dependency { return .waitingForDependency }
+        return failure.check == .crashGuard ? .quarantined : .refused
+    }
+
+    /// Every file whose current content is not loaded, by state, in path order.
+    public func filesNotLoaded() -> [PluginSetSnapshot.FileState: [String]] {
+        var result: [PluginSetSnapshot.FileState: [String]] = [:]
+        for path in refused.keys.sorted() { result[state(ofRefused: path), default: []].append(path) }
+        return result
+    }
+
     /// The plugin loaded under `name`, nil when none is.
     public func plugin(named name: String) -> LoadedPlugin? { records[name]?.loaded }
 
@@ -311,10 +330,8 @@ public actor PluginSet {
         }
         let sources = Set(records.values.map(\.source))
         let files = refused.sorted { $0.key < $1.key }.filter { !sources.contains($0.key) }.map { path, entry in
-            let state: PluginSetSnapshot.FileState = loading.contains(path) ? .loading
-                : waiting.contains(path) ? .waiting
-                : entry.failure.check == .dependency || entry.failure.check == .crashGuard ? .quarantined : .refused
-            return PluginSetSnapshot.File(path: path, state: state, failure: entry.failure)
+            PluginSetSnapshot.File(path: path, state: state(ofRefused: path), failure: entry.failure,
+                                   plugin: manifestsRead[path]?.name, version: manifestsRead[path]?.version)
         }
         return PluginSetSnapshot(plugins: plugins, files: files, filesRefused: refused.count,
                                  retiredGenerations: retiredCount, retiredBytes: retiredBytes)
@@ -357,13 +374,17 @@ public struct PluginSetSnapshot: Sendable {
         public var isolation: Isolation { worker == nil ? .inProcess : .process }
     }
 
+    /// The states of a file that provides no loaded plugin (docs/daemon.md, "States").
     public enum FileState: String, Sendable {
-        /// Refused until it changes.
+        /// A check refused it; tried again when it changes (contents, mode or owner) and at
+        /// every `reconcile(retryingRefused: true)`.
         case refused
-        /// Refused because of a dependency or a crash it caused; tried again when that changes.
+        /// Its plugin needs a plugin that is not loaded (missing, refused, removed, or a file
+        /// still arriving); tried again at every scan, loaded once that plugin is.
+        case waitingForDependency = "waiting-for-dependency"
+        /// It crashed this process (the crash guard's record) or a trial load; tried again
+        /// when it changes.
         case quarantined
-        /// Its dependency is missing and may still be arriving (a file could not be read yet).
-        case waiting
         /// Being loaded by the reconcile in progress.
         case loading
     }
@@ -373,6 +394,10 @@ public struct PluginSetSnapshot: Sendable {
         public var path: String
         public var state: FileState
         public var failure: LoadFailure
+        /// The plugin name and version its manifest gave, when the refusal came after the
+        /// manifest was read.
+        public var plugin: String?
+        public var version: String?
     }
 
     /// By name.

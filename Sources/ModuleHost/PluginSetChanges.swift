@@ -43,6 +43,7 @@ extension PluginSet {
             refused[path] = nil
             waiting.remove(path)
         }
+        for path in manifestsRead.keys where present[path] == nil { manifestsRead[path] = nil }
 
         // New and changed files.
         var fresh: [PluginFile] = []
@@ -94,10 +95,13 @@ extension PluginSet {
                     return (checked, FileIdentity(status: contents.status), try hashContents(contents, of: path))
                 }
             } catch {
+                // What the file's manifest says, if the refusal came after it was read.
+                manifestsRead[path] = Manifest.embedded(in: path).map { ($0.name, $0.version) }
                 refuse(error, identity, &summary)
                 unidentified += 1
                 continue
             }
+            manifestsRead[path] = (file.name, file.manifest.version)
             if let record = records.values.first(where: { $0.source == path }), record.hash == hash, !isolationChanged(record) {
                 records[record.loaded.name]?.identity = identity  // touched, same content
                 continue
@@ -195,14 +199,14 @@ extension PluginSet {
     }
 
     /// Records a dependent that waits for `dependency`, which may still be arriving: shown
-    /// as `waiting`, logged once at info level, tried again at every scan.
+    /// as `waiting-for-dependency`, logged once at info level, tried again at every scan.
     func wait(_ failure: LoadFailure, for dependency: String, _ identity: FileIdentity?, _ summary: inout PluginChanges) {
         let known = refused[failure.file]
         refused[failure.file] = (failure, identity)
         waiting.insert(failure.file)
         summary.refused.append(failure.file)
         if known?.failure != failure {
-            logger.info("plugin file \(failure.file) waits for plugin \(dependency), which is not loaded yet (a file in a plugin directory cannot be read yet; it may still be arriving)",
+            logger.info("\(PluginSetSnapshot.FileState.waitingForDependency.rawValue) \(failure.file): plugin \(dependency) is not loaded yet (a file in a plugin directory cannot be read yet; it may still be arriving)",
                         [("file", failure.file), ("dependency", dependency)])
         }
     }
@@ -213,7 +217,14 @@ extension PluginSet {
         refused[failure.file] = (failure, identity)
         summary.refused.append(failure.file)
         if known?.failure != failure {
-            logger.error("refused \(failure)", [("file", failure.file), ("check", failure.check.rawValue)])
+            // The file's state, in the words `list` and `reload` use.
+            let state = state(ofRefused: failure.file, countingLoading: false)
+            let metadata = [("file", failure.file), ("check", failure.check.rawValue)]
+            if state == .waitingForDependency {
+                logger.warning("\(state.rawValue) \(failure)", metadata)
+            } else {
+                logger.error("\(state.rawValue) \(failure)", metadata)
+            }
         }
     }
 
@@ -296,7 +307,9 @@ extension PluginSet {
                 refused[record.source] = (LoadFailure(file: record.source, check: .dependency,
                                                       problem: "plugin \(victim) needs \(name), which was removed",
                                                       fix: "it is loaded again when \(name) comes back"), record.identity)
-                logger.info("stopped plugin \(victim): it depends on \(name)", [("plugin", victim)])
+                manifestsRead[record.source] = (victim, record.loaded.file.manifest.version)
+                logger.info("stopped plugin \(victim): it depends on \(name); its file is \(PluginSetSnapshot.FileState.waitingForDependency.rawValue)",
+                            [("plugin", victim)])
             } else {
                 logger.info("removed plugin \(victim): \(reason)", [("plugin", victim), ("file", record.source)])
             }

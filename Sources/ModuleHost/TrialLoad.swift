@@ -98,7 +98,7 @@ public struct ProcessTrialLoader: TrialLoader {
         switch cause {
         case "dlopen": return .dlopenFailed(file.path, message: shown)
         case "preload":
-            return LoadFailure(file: file.path, check: .dependency, problem: "a plugin it depends on cannot be loaded with it: \(shown)",
+            return LoadFailure(file: file.path, check: .dlopen, problem: "a plugin it depends on cannot be loaded with it: \(shown)",
                                fix: "fix or rebuild the plugins in its dependencies first")
         case "entry-missing": return .entryMissing(file.path)
         case "entry-foreign": return .entryForeign(file.path, owner: shown)

@@ -279,6 +279,13 @@ public struct Manifest: Codable, Sendable, Equatable {
         self = try Manifest(json: try decoder.singleValueContainer().decode(JSONValue.self))
     }
 
+    /// The manifest embedded in the plugin file at `path`, nil when there is none or it
+    /// cannot be read: what a refused file's report shows of it. Reads only the file's
+    /// headers and manifest section, never runs code.
+    public static func embedded(in path: String) -> Manifest? {
+        (try? ELFImage(path: path)).flatMap { try? $0.manifestContents() }.flatMap { try? Manifest.parse($0) }
+    }
+
     /// Pretty JSON with sorted keys (`JSONValue.prettyJSONText`), as `plugin.mk` embeds it
     /// and `inspect` prints it.
     public func jsonText() -> String {

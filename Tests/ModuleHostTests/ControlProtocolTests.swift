@@ -419,6 +419,8 @@ import TestSupport
             replaced:      none
             removed:       libOld.so
             refused:       libBroken.so
+            waiting-for-dependency: none
+            quarantined:   none
 
             """)
         #expect(await fixture.daemon.calls == ["status", "status", "infoPayload", "reload"])

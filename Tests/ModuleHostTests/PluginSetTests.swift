@@ -206,7 +206,7 @@ struct PluginSetTests {
         await f.set.start()
 
         unlink(f.path(of: "PsRemP"))
-        // Its dependent is stopped first, and stays quarantined while the provider is missing.
+        // Its dependent is stopped first, and waits for the provider while it is missing.
         #expect(await f.set.reconcile() == PluginChanges(removed: ["PsRemD", "PsRemP"], refused: [f.path(of: "PsRemD")]))
         let lines = f.lines()
         let dependentGone = try #require(lines.firstIndex(of: "psremd deinit tag=d1 provider=p1"))
@@ -220,7 +220,7 @@ struct PluginSetTests {
         let waiting = try #require(snapshot.files.first)
         #expect(snapshot.files.count == 1)
         #expect(waiting.path == f.path(of: "PsRemD"))
-        #expect(waiting.state == .quarantined)
+        #expect(waiting.state == .waitingForDependency)
         #expect(waiting.failure.check == .dependency)
         #expect(waiting.failure.problem.contains("PsRemP"))
 
@@ -240,7 +240,8 @@ struct PluginSetTests {
         try f.install(try f.build("PsDepD", tag: "d1", provider: "PsDepP"), as: "PsDepD")
         #expect(await f.set.reconcile(trial: false) == PluginChanges(refused: [f.path(of: "PsDepD")]))
         let refused = try #require(await f.set.snapshot().files.first)
-        #expect(refused.state == .quarantined)
+        #expect(refused.state == .waitingForDependency)
+        #expect(refused.plugin == "PsDepD")
         #expect(refused.failure.check == .dependency)
         #expect(refused.failure.problem.contains("PsDepP"))
         #expect(f.lines().isEmpty)  // none of its code ran

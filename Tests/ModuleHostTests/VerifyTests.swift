@@ -190,7 +190,7 @@ import TestSupport
         ("entry-null: modhost_plugin_entry_v1", .descriptor, "return the plugin descriptor from the entry function"),
         ("dlopen: /x/libA.so: undefined symbol: f", .dlopen, "link the library that defines the symbol"),
         ("dlopen: libz9.so: cannot open shared object file: No such file or directory", .dlopen, "install the missing library"),
-        ("preload: libB.so: cannot open shared object file", .dependency, "fix or rebuild the plugins in its dependencies first"),
+        ("preload: libB.so: cannot open shared object file", .dlopen, "fix or rebuild the plugins in its dependencies first"),
         ("plugin-name: Other", .descriptor, "use the same name in the code and in plugin.json"),
         ("descriptor: the plugin descriptor has ABI major version 2, this host 1", .descriptor, "MODHOST_PLUGIN_INIT"),
     ])
