@@ -23,6 +23,11 @@ public struct DirectoryChange: Hashable, Sendable, CustomStringConvertible {
         /// exists again and is watched from now on. `path` is the directory. Files put into it
         /// before the watch was in place are not reported: scan it.
         case directoryAppeared
+        /// The mode, owner or other attributes of the file at `path` changed (`IN_ATTRIB`,
+        /// e.g. `chmod`, `chown`, `touch`), or, with `path` equal to `directory`, those of
+        /// the watched directory itself. Also sent while a file is being written (`install`
+        /// sets the mode before it closes the file): whoever acts on it checks the file.
+        case attributesChanged
         /// The kernel's event queue overflowed (`IN_Q_OVERFLOW`); events were lost. `path` and
         /// `directory` are empty. Rescan every directory.
         case overflow
@@ -196,7 +201,7 @@ private final class WatcherCore: Sendable {
     /// deliberately absent.
     private static let mask: UInt32 =
         UInt32(IN_CLOSE_WRITE) | UInt32(IN_MOVED_TO) | UInt32(IN_DELETE) | UInt32(IN_MOVED_FROM) | UInt32(IN_CREATE)
-        | UInt32(IN_DELETE_SELF) | UInt32(IN_MOVE_SELF) | UInt32(IN_ONLYDIR) | UInt32(IN_EXCL_UNLINK)
+        | UInt32(IN_ATTRIB) | UInt32(IN_DELETE_SELF) | UInt32(IN_MOVE_SELF) | UInt32(IN_ONLYDIR) | UInt32(IN_EXCL_UNLINK)
 
     init(configuration: DirectoryWatcher.Configuration,
          continuation: AsyncStream<[DirectoryChange]>.Continuation) throws(SystemError)
@@ -430,6 +435,13 @@ private final class WatcherCore: Sendable {
             rearm(waiters.union(directory.map { [$0] } ?? []), into: &pending)
             return
         }
+        if has(IN_ATTRIB) && name.isEmpty {
+            // The watched directory's own mode or owner (an ancestor waited on is not reported).
+            if let directory = watches.withLock({ $0.directoryByDescriptor[wd] }) {
+                pending.add(DirectoryChange(kind: .attributesChanged, path: directory, directory: directory), key: "\0attributes " + directory)
+            }
+            return
+        }
         if has(IN_ISDIR) {
             // A directory appeared where followed ones wait: maybe one of them, or a step
             // on the way to one.
@@ -457,6 +469,9 @@ private final class WatcherCore: Sendable {
             pending.add(DirectoryChange(kind: .ready, path: path, directory: directory), key: path)
         } else if has(IN_DELETE) || has(IN_MOVED_FROM) {
             pending.add(DirectoryChange(kind: .removed, path: path, directory: directory), key: path)
+        } else if has(IN_ATTRIB) {
+            // Reported besides a `.ready` or `.removed` of the same file in the batch.
+            pending.add(DirectoryChange(kind: .attributesChanged, path: path, directory: directory), key: "\0attributes " + path)
         }
     }
 }

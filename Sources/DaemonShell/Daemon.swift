@@ -194,6 +194,7 @@ public actor Daemon: DaemonControl {
         notify { try $0.status("loading plugins") }
         // Watch first, then scan, so nothing that arrives in between is missed.
         startWatching()
+        await plugins.setStopsPluginsWithUnsafeFiles(configuration.stopPluginsWithUnsafeFiles)
         await plugins.reconcile(trial: false)
         await plugins.start()
         ready = !plugins.isStopping
@@ -323,7 +324,7 @@ public actor Daemon: DaemonControl {
                 logger.info("plugin directory \(change.directory) appeared; scanning it", [("directory", change.directory)])
             case .overflow:
                 logger.warning("too many changes at once; rescanning every plugin directory")
-            case .ready, .removed:
+            case .ready, .removed, .attributesChanged:
                 logger.debug("\(change.kind) \(change.path)")
             }
         }
@@ -414,7 +415,8 @@ public actor Daemon: DaemonControl {
             configurationChanged = fresh != configuration
             if configurationChanged { await applyConfiguration(fresh) }
         }
-        let changes = await plugins.reconcile()
+        // A reload tries every refused file again: what it lacked may be there now.
+        let changes = await plugins.reconcile(retryingRefused: true)
         // Every file not loaded now, whether this scan or an earlier one tried it.
         let files = await plugins.filesNotLoaded()
         let summary = ReloadSummary(configurationChanged: configurationChanged, added: changes.added,
@@ -432,6 +434,7 @@ public actor Daemon: DaemonControl {
         configuration = fresh
         LoggingSystem.setLevel(fresh.logLevel)
         await plugins.setValidator(Validator(allowInsecure: options.allowInsecurePlugins || fresh.allowInsecurePlugins))
+        await plugins.setStopsPluginsWithUnsafeFiles(fresh.stopPluginsWithUnsafeFiles)
         await plugins.setDirectories(fresh.pluginDirectories)
         await plugins.setIsolation(Self.isolationPolicy(fresh, options))
         if fresh.modules != old.modules {

@@ -42,6 +42,9 @@ public struct DaemonConfiguration: Sendable, Equatable {
     /// such a call is refused with `plugin_not_running`. A plugin with no modules at all
     /// (only exports) is always callable.
     public var allowCallsWithoutRunningModule = false
+    /// Stop a loaded plugin whose file becomes unsafe (writable by group or others, or owned
+    /// by another user); off, it keeps running and the daemon logs a warning.
+    public var stopPluginsWithUnsafeFiles = false
 
     /// The allowed durations, in seconds, in the file (`eventDeadlineSeconds`,
     /// `requestDeadlineSeconds`, `shutdownBudgetSeconds`) and on the command line
@@ -52,7 +55,7 @@ public struct DaemonConfiguration: Sendable, Equatable {
     /// share/modhostd.json.example sets each one).
     public static let fieldNames: Set<String> = ["pluginDirectories", "modules", "eventDeadlineSeconds", "requestDeadlineSeconds",
                                                  "shutdownBudgetSeconds", "logLevel", "allowInsecurePlugins", "isolation", "plugins",
-                                                 "allowCallsWithoutRunningModule"]
+                                                 "allowCallsWithoutRunningModule", "stopPluginsWithUnsafeFiles"]
 
     /// The largest configuration file read, in bytes (1 MiB).
     public static let maximumFileSize = 1 << 20
@@ -145,6 +148,12 @@ public struct DaemonConfiguration: Sendable, Equatable {
                 throw invalid(path, "field \"allowCallsWithoutRunningModule\" is not true or false", "use a boolean")
             }
             configuration.allowCallsWithoutRunningModule = flag
+        }
+        if let stop = fields["stopPluginsWithUnsafeFiles"] {
+            guard let flag = stop.boolValue else {
+                throw invalid(path, "field \"stopPluginsWithUnsafeFiles\" is not true or false", "use a boolean")
+            }
+            configuration.stopPluginsWithUnsafeFiles = flag
         }
         if let insecure = fields["allowInsecurePlugins"] {
             guard let flag = insecure.boolValue else { throw invalid(path, "field \"allowInsecurePlugins\" is not true or false", "use a boolean") }

@@ -86,6 +86,8 @@ public actor PluginSet {
     /// The plugin name and version read from each file's manifest by the last scan that read
     /// it, by path: what a refused file's row shows.
     var manifestsRead: [String: (name: String, version: String)] = [:]
+    /// `setStopsPluginsWithUnsafeFiles`.
+    var stopsPluginsWithUnsafeFiles = false
     /// Files being loaded by the reconcile in progress.
     var loading: Set<String> = []
     var retiredCount = 0
@@ -208,11 +210,21 @@ public actor PluginSet {
     /// Brings the loaded plugins in line with the plugin directories (see
     /// `PluginSetChanges.swift`): new files are loaded (after a trial load when `trial` and
     /// a trial loader is set), changed files replace their plugin, vanished files remove
-    /// it. Returns what it changed. Runs after every change called before it; after
+    /// it. A file counts as changed when its contents, mode or owner, or its directory's
+    /// mode or owner, changed. `retryingRefused` also tries every refused file again (what
+    /// it lacked, e.g. a library it needs, may be there now). Returns what it changed. Runs after every change called before it; after
     /// `stopChanges()` it changes nothing.
     @discardableResult
-    public func reconcile(trial: Bool = true) async -> PluginChanges {
-        await changes.run { await self.reconcileNow(trial: trial) }
+    public func reconcile(trial: Bool = true, retryingRefused: Bool = false) async -> PluginChanges {
+        await changes.run { await self.reconcileNow(trial: trial, retryingRefused: retryingRefused) }
+    }
+
+    /// Whether a loaded plugin whose file becomes unsafe (the validator's permissions
+    /// check: writable by group or others, owned by another user, in such a directory) is
+    /// removed; otherwise it keeps running, the file shows the refusal as the plugin's
+    /// `lastError` and one warning is logged. From the next `reconcile` on.
+    public func setStopsPluginsWithUnsafeFiles(_ stop: Bool) {
+        stopsPluginsWithUnsafeFiles = stop
     }
 
     /// Sends `.start` to every module (call it once, after the first `reconcile`): each
@@ -414,12 +426,18 @@ public struct PluginSetSnapshot: Sendable {
     public var retiredBytes: Int64
 }
 
-/// What identifies a file's version without reading it: device, inode, size, mtime.
+/// What identifies a file's version without reading it: device, inode, size, mtime; and
+/// what its checks depend on besides its contents: its mode and owner, and those of its
+/// plugin directory (`init(path:directory:)`), so that a `chmod` or `chown` is a change.
 struct FileIdentity: Equatable, Sendable {
     var device: UInt64
     var inode: UInt64
     var size: Int64
     var modified: Int64
+    var mode: UInt32
+    var owner: UInt32
+    var directoryMode: UInt32 = 0
+    var directoryOwner: UInt32 = 0
 
     init?(path: String) {
         var status = stat()
@@ -427,14 +445,26 @@ struct FileIdentity: Equatable, Sendable {
         self.init(status: status)
     }
 
+    /// The file at `path` in a plugin directory whose `stat` is `directory`.
+    init?(path: String, directory: stat?) {
+        self.init(path: path)
+        if let directory {
+            directoryMode = UInt32(directory.st_mode)
+            directoryOwner = UInt32(directory.st_uid)
+        }
+    }
+
     init(status: stat) {
         device = UInt64(status.st_dev)
         inode = UInt64(status.st_ino)
         size = Int64(status.st_size)
         modified = Int64(status.st_mtim.tv_sec) * 1_000_000_000 + Int64(status.st_mtim.tv_nsec)
+        mode = UInt32(status.st_mode)
+        owner = UInt32(status.st_uid)
     }
 
-    /// The identity as text: device, inode, size and modification time.
+    /// The identity of the contents as text (what the crash guard records): device, inode,
+    /// size and modification time.
     var key: String { "\(device):\(inode):\(size):\(modified)" }
 }
 

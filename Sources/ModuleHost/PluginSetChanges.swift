@@ -16,7 +16,7 @@ extension PluginSet {
     /// Once `stopChanges()` has been called (`stopRequested`), it loads, replaces and
     /// removes nothing more: a plugin already loading finishes (within the event deadline),
     /// the rest is left for the shutdown.
-    func reconcileNow(trial: Bool) async -> PluginChanges {
+    func reconcileNow(trial: Bool, retryingRefused: Bool = false) async -> PluginChanges {
         var summary = PluginChanges()
         if stopRequested { return summary }
         if !imagesSwept {
@@ -61,7 +61,7 @@ extension PluginSet {
             claims.claim(plugin: record.loaded.name, modules: record.loaded.file.manifest.modules, file: record.source)
         }
         for (path, directory) in present.sorted(by: { $0.key < $1.key }) {
-            guard let identity = FileIdentity(path: path) else {
+            guard let identity = FileIdentity(path: path, directory: directoryStatus[directory]) else {
                 // Listed, but stat cannot follow it: validation names why (a dangling symlink
                 // is refused by name). One removed since the listing is simply gone.
                 var entry = stat()
@@ -75,7 +75,7 @@ extension PluginSet {
                 continue
             }
             if let record = records.values.first(where: { $0.source == path }), record.identity == identity, !isolationChanged(record) { continue }
-            if let entry = refused[path], entry.identity == identity, entry.failure.check != .dependency { continue }
+            if !retryingRefused, let entry = refused[path], entry.identity == identity, entry.failure.check != .dependency { continue }
             if let crash = crashGuard.crash(forFile: path, identity: identity.key) {
                 refuse(LoadFailure(file: path, check: .crashGuard, problem: "this file \(crash.what) at \(crash.time)",
                                    fix: "replace or remove the file; a changed file is tried again"), identity, &summary)
@@ -95,6 +95,10 @@ extension PluginSet {
                     return (checked, FileIdentity(status: contents.status), try hashContents(contents, of: path))
                 }
             } catch {
+                if error.check == .permissions, let record = records.values.first(where: { $0.source == path }) {
+                    await loadedFileBecameUnsafe(record, error, identity, &summary)
+                    continue
+                }
                 // What the file's manifest says, if the refusal came after it was read.
                 manifestsRead[path] = Manifest.embedded(in: path).map { ($0.name, $0.version) }
                 refuse(error, identity, &summary)
@@ -104,6 +108,10 @@ extension PluginSet {
             manifestsRead[path] = (file.name, file.manifest.version)
             if let record = records.values.first(where: { $0.source == path }), record.hash == hash, !isolationChanged(record) {
                 records[record.loaded.name]?.identity = identity  // touched, same content
+                if refused[path]?.failure.check == .permissions {
+                    refused[path] = nil
+                    logger.info("plugin \(record.loaded.name)'s file \(path) is safe again", [("plugin", record.loaded.name), ("file", path)])
+                }
                 continue
             }
             if let crash = crashGuard.crash(forHash: hash) {
@@ -225,6 +233,27 @@ extension PluginSet {
             } else {
                 logger.error("\(state.rawValue) \(failure)", metadata)
             }
+        }
+    }
+
+    /// The file of running plugin `record` failed the permissions check (it became writable
+    /// by group or others, or owned by another user): reported once, and the plugin removed
+    /// when `stopsPluginsWithUnsafeFiles`; otherwise it keeps running with the refusal as
+    /// its `lastError`.
+    func loadedFileBecameUnsafe(_ record: Record, _ failure: LoadFailure, _ identity: FileIdentity,
+                                _ summary: inout PluginChanges) async {
+        let name = record.loaded.name, path = record.source
+        let known = refused[path]
+        refused[path] = (failure, identity)
+        manifestsRead[path] = (name, record.loaded.file.manifest.version)
+        guard known?.failure != failure else { return }
+        if stopsPluginsWithUnsafeFiles {
+            summary.removed += await remove(name, reason: "its file \(path) is now unsafe: \(failure.problem)")
+            summary.refused.append(path)
+            logger.error("\(PluginSetSnapshot.FileState.refused.rawValue) \(failure)", [("file", path), ("check", failure.check.rawValue)])
+        } else {
+            logger.warning("plugin \(name) keeps running, but its file \(path) is now unsafe: \(failure.problem). Fix: \(failure.fix); "
+                           + "with stopPluginsWithUnsafeFiles the daemon stops such a plugin", [("plugin", name), ("file", path)])
         }
     }
 

@@ -39,6 +39,20 @@ struct DirectoryWatcherTests {
         }
     }
 
+    @Test func aModeChangeOfAFileOrOfTheDirectoryIsReported() async throws {
+        let fixture = try Fixture()
+        let path = fixture.dir.file("plugin.so")
+        try writeFile(path, "x")
+        #expect(await fixture.waitFor { $0.contains(DirectoryChange(kind: .ready, path: path, directory: fixture.dir.path)) })
+        #expect(chmod(path, 0o600) == 0)
+        #expect(await fixture.waitFor { $0.contains(DirectoryChange(kind: .attributesChanged, path: path, directory: fixture.dir.path)) })
+        #expect(chmod(fixture.dir.path, 0o700) == 0)
+        #expect(await fixture.waitFor {
+            $0.contains(DirectoryChange(kind: .attributesChanged, path: fixture.dir.path, directory: fixture.dir.path))
+        })
+        await fixture.finish()
+    }
+
     @Test func copiedFileIsReadyOnlyAfterItIsClosed() async throws {
         let fixture = try Fixture()
         let path = fixture.dir.file("plugin.so")
