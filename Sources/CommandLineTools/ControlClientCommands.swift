@@ -15,7 +15,7 @@ import Glibc
 /// process on the socket runs as another user than root or the caller (nothing is sent to it).
 extension ControlCommand {
     /// The commands handled here.
-    static let daemonCommands: Set<String> = ["list", "status", "info", "enable", "disable", "reload", "send", "post", "call"]
+    static let daemonCommands: Set<String> = ["list", "status", "metrics", "info", "enable", "disable", "reload", "send", "post", "call"]
 
     /// The allowed `--timeout`, in seconds.
     static let timeoutRange = 0.001...86400.0
@@ -37,6 +37,15 @@ extension ControlCommand {
 
             Shows the daemon's pid, uptime, readiness, paths and counters, including how many
             retired plugin versions stay mapped and their size.
+            """,
+        "metrics": """
+            USAGE: modhostctl metrics [--json] [--socket PATH]
+
+            Prints the daemon's metrics in the Prometheus text exposition format (version 0.0.4):
+            per module events delivered, time in handlers, deadline overruns and errors; calls by
+            name per function; daemon-wide plugins loaded and refused, reloads, plugin images
+            mapped, retired and in the state directory. Write it to a node exporter's textfile
+            collector directory (docs/daemon.md, "Metrics"). --json prints the same data as JSON.
             """,
         "info": """
             USAGE: modhostctl info [--json] [--socket PATH]
@@ -115,7 +124,7 @@ extension ControlCommand {
         let json = parsed.has("json")
         var fields: [String: JSONValue] = [:]
         switch command {
-        case "list", "status", "info", "reload":
+        case "list", "status", "metrics", "info", "reload":
             guard operands.isEmpty else { throw UsageError("\(command) takes no arguments") }
         case "enable", "disable":
             guard operands.count == 1 else { throw UsageError("\(command) takes exactly one module NAME") }
@@ -185,6 +194,8 @@ extension ControlCommand {
             output.out(Self.table(try Self.decode([ModuleRow].self, from: result["modules"] ?? .null)))
         case "status":
             output.out(Self.statusText(try Self.decode(DaemonStatus.self, from: result)))
+        case "metrics":
+            output.out(try Self.decode(MetricsReport.self, from: result).prometheusText)
         case "reload":
             let summary = try Self.decode(ReloadSummary.self, from: result)
             func names(_ list: [String]) -> String { list.isEmpty ? "none" : list.joined(separator: ", ") }

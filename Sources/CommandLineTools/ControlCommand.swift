@@ -17,6 +17,7 @@ public struct ControlCommand: Sendable {
         COMMANDS:
           list                      List modules and refused plugin files, like lsmod
           status                    Show the daemon's counters and paths
+          metrics                   Print the daemon's metrics for Prometheus (text exposition format)
           info                      Show every running module's name, version and metadata
           enable NAME               Enable a module at run time
           disable NAME              Disable a module at run time

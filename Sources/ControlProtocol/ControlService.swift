@@ -31,7 +31,7 @@ public struct ControlService: Sendable {
     public static let protocolVersion = 1
 
     /// Every command of protocol version 1, sorted.
-    public static let commands = ["call", "disable", "enable", "info", "list", "ping", "post", "reload", "send", "status", "version"]
+    public static let commands = ["call", "disable", "enable", "info", "list", "metrics", "ping", "post", "reload", "send", "status", "version"]
 
     /// The daemon the requests are carried out on.
     public let daemon: any DaemonControl
@@ -93,6 +93,8 @@ public struct ControlService: Sendable {
             return try Self.encode(["modules": await daemon.moduleRows()])
         case "status":
             return try Self.encode(await daemon.status())
+        case "metrics":
+            return try Self.encode(await daemon.metrics())
         case "info":
             return try await daemon.infoPayload().jsonText
         case "enable", "disable":

@@ -14,6 +14,9 @@ public protocol DaemonControl: Sendable {
     func moduleRows() async -> [ModuleRow]
     /// Counters and paths of the running daemon.
     func status() async -> DaemonStatus
+    /// The daemon's metrics (`MetricsReport`): answered from counters, never waiting for a
+    /// module, a call or a reload.
+    func metrics() async -> MetricsReport
     /// Enables or disables a module by name at run time (like a configuration change).
     func setEnabled(_ enabled: Bool, module: String) async throws(DaemonError)
     /// Re-reads the configuration file and rescans every plugin directory, as SIGHUP does.

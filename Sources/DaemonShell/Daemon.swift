@@ -381,6 +381,39 @@ public actor Daemon: DaemonControl {
             crashGuarded: crashGuard.count, reloads: reloads)
     }
 
+    /// Answered from counters (the host's, the plugin set's and the plugin set's snapshot):
+    /// never waits for a module, a call or a reload in progress.
+    public func metrics() async -> MetricsReport {
+        let snapshot = await plugins.snapshot()
+        let changes = plugins.metrics.changeTotals
+        let privateImages = plugins.privateImages()
+        let daemon = MetricsReport.Daemon(
+            pluginsLoaded: snapshot.plugins.count, modulesRunning: host.runningModuleNames.count,
+            filesRefused: snapshot.filesRefused, pluginsAdded: changes.added, pluginsReplaced: changes.replaced,
+            pluginsRemoved: changes.removed, refusals: changes.refused, reloads: reloads,
+            imagesMapped: snapshot.plugins.count(where: { $0.worker == nil }) + snapshot.retiredGenerations,
+            imagesMappedBytes: snapshot.loadedBytes &+ snapshot.retiredBytes,
+            imagesRetired: snapshot.retiredGenerations, imagesRetiredBytes: snapshot.retiredBytes,
+            imagesPrivate: privateImages.count, imagesPrivateBytes: privateImages.bytes,
+            residentBytes: ProcessMemory.residentBytes() ?? 0, mappings: ProcessMemory.mappings() ?? 0,
+            uptimeSeconds: ((ContinuousClock.now - startTime).seconds * 1000).rounded() / 1000)
+        let hostMetrics = host.metrics.snapshot()
+        let calls = plugins.metrics.callSnapshot().map { call in
+            MetricsReport.Function(plugin: call.plugin, function: call.function, calls: call.calls,
+                                   seconds: MetricsReport.Histogram(call.duration),
+                                   deadlineOverruns: call.deadlineOverruns, errors: call.errors)
+        }
+        let workers = snapshot.plugins.compactMap { plugin in
+            plugin.worker.map {
+                MetricsReport.Worker(plugin: plugin.name, restarts: UInt64($0.restarts), crashes: UInt64($0.crashes),
+                                     residentBytes: $0.residentBytes)
+            }
+        }
+        return MetricsReport(daemon: daemon, modules: hostMetrics.modules.map(MetricsReport.Module.init),
+                             events: hostMetrics.eventDeliveries.map { .init(event: $0.event, deliveries: $0.deliveries) },
+                             calls: calls, workers: workers)
+    }
+
     public func setEnabled(_ enabled: Bool, module: String) async throws(DaemonError) {
         try await untilReadyWithinRequestDeadline()
         let plugins = plugins
@@ -487,16 +520,31 @@ public actor Daemon: DaemonControl {
             throw DaemonError(code: "unknown_plugin", message: "no plugin named \(plugin) is loaded; loaded: \(names.joined(separator: ", "))")
         }
         if let isolated = loaded.isolated {
+            // Counted like an in-process call: under its name when the manifest declares it.
+            let counters = plugins.metrics.calls(plugin: plugin).function(
+                named: loaded.file.manifest.exports.contains { $0.name == function } ? function : CallMetrics.undeclaredFunction)
             // In its worker, within the request deadline; a crash there fails only this call.
-            let outcome = try await withinRequestDeadline("call \(plugin).\(function)") { () async -> Result<CallValue, IsolatedCallError> in
-                do throws(IsolatedCallError) {
-                    switch arguments {
-                    case .texts(let texts): return .success(try await isolated.call(function, texts: texts))
-                    case .json(let values): return .success(try await isolated.call(function, json: values))
+            let outcome: Result<CallValue, IsolatedCallError>
+            do throws(DaemonError) {
+                outcome = try await withinRequestDeadline("call \(plugin).\(function)") { () async -> Result<CallValue, IsolatedCallError> in
+                    let clock = ContinuousClock()
+                    let started = clock.now
+                    do throws(IsolatedCallError) {
+                        let value: CallValue
+                        switch arguments {
+                        case .texts(let texts): value = try await isolated.call(function, texts: texts)
+                        case .json(let values): value = try await isolated.call(function, json: values)
+                        }
+                        counters.recordCall(duration: clock.now - started, error: nil)
+                        return .success(value)
+                    } catch {
+                        counters.recordCall(duration: clock.now - started, error: error.code)
+                        return .failure(error)
                     }
-                } catch {
-                    return .failure(error)
                 }
+            } catch {
+                if error.code == "deadline_exceeded" { counters.recordDeadlineOverrun() }
+                throw error
             }
             switch outcome {
             case .success(let value): return value
@@ -515,7 +563,8 @@ public actor Daemon: DaemonControl {
                               message: "plugin \(plugin) has no running module (\(list)). Fix: enable one (modhostctl enable \(states[0].0)), or set allowCallsWithoutRunningModule in the configuration to call it anyway")
         }
         // Off this actor, on the plugin's call worker, within the request deadline.
-        let outcome = try await callOffActor(plugin: plugin, function: function) { () throws(CallError) -> CallValue in
+        let outcome = try await callOffActor(plugin: plugin, function: function, counters: table.callMetrics(for: function)) {
+            () throws(CallError) -> CallValue in
             switch arguments {
             case .texts(let texts): return try table.call(function, texts: texts)
             case .json(let values): return try table.call(function, json: values)

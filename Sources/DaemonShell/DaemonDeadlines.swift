@@ -57,11 +57,14 @@ extension Daemon {
 
     /// Runs a call by name on the plugin's call worker, never on this actor, for at most
     /// the request deadline. A plugin whose previous call overran gets no new call.
-    func callOffActor(plugin: String, function: String, _ body: @escaping @Sendable () throws(CallError) -> CallValue)
+    /// `counters`, when given, count a refusal (`plugin_busy`) and an overrun.
+    func callOffActor(plugin: String, function: String, counters: FunctionCallMetrics?,
+                      _ body: @escaping @Sendable () throws(CallError) -> CallValue)
         async throws(DaemonError) -> Result<CallValue, CallError>
     {
         let worker = workers.calls(plugin: plugin)
         if let stuck = worker.stuck {
+            counters?.recordError("plugin_busy")
             throw DaemonError(code: "plugin_busy",
                               message: "plugin \(plugin) is busy: \(stuck.what) has been running for \(stuck.elapsed.secondsText); it gets no new call until that returns")
         }
@@ -76,6 +79,7 @@ extension Daemon {
             }
         }
         guard let outcome else {
+            counters?.recordDeadlineOverrun()
             throw DaemonError(code: "deadline_exceeded",
                               message: "call \(plugin).\(function) did not return within the request deadline of \(deadline.secondsText); the plugin gets no new call until it does")
         }

@@ -25,6 +25,8 @@ final class CModule: Module {
     private let workers: PluginWorkers
     private let deadline: Duration
     private let log: Logger
+    /// Its counters in the host: callbacks past the deadline, events not given to it.
+    private let metrics: ModuleMetrics
     private var destroyQueued = false
 
     let moduleName: String
@@ -41,6 +43,7 @@ final class CModule: Module {
         notifications = Set(descriptor.notifications)
         deadline = host.eventDeadline
         log = host.logger(for: descriptor.name)
+        metrics = host.metrics.module(named: descriptor.name)
         self.workers = workers
         let instance = CModuleInstance(descriptor: descriptor, services: services)
         self.instance = instance
@@ -50,6 +53,7 @@ final class CModule: Module {
         if created == false { return nil }
         workers.register(module: moduleName, worker)
         if created == nil {
+            metrics.recordDeadlineOverrun()
             log.error("C module did not return from create within \(deadline.secondsText); it is stuck and gets no events until it returns",
                       [("deadline", deadline.secondsText)])
         }
@@ -103,6 +107,12 @@ final class CModule: Module {
     /// Whether an event may be given to the module now: not while it is stuck, and never a
     /// lifecycle name that does not come from the host itself.
     private func admits(_ name: String, isHostsOwn: Bool) -> Bool {
+        let admitted = admission(name, isHostsOwn: isHostsOwn)
+        if !admitted { metrics.recordError(.notDelivered) }
+        return admitted
+    }
+
+    private func admission(_ name: String, isHostsOwn: Bool) -> Bool {
         // C reads the name up to its first NUL: only names of the one grammar reach it whole.
         if let problem = PluginName.problem(name) {
             log.warning("event \(problem); not delivered to a C module")
@@ -136,6 +146,7 @@ final class CModule: Module {
     }
 
     private func overran(_ name: String) {
+        metrics.recordDeadlineOverrun()
         log.error("C module did not return from \(name) within \(deadline.secondsText); it is stuck and gets no more events until it returns",
                   [("event", name), ("deadline", deadline.secondsText)])
     }

@@ -532,12 +532,7 @@ public final class IsolatedPlugin: Sendable {
     }
 
     /// A process's resident set size from /proc/PID/statm, in bytes.
-    static func residentBytes(of pid: pid_t) -> Int64? {
-        guard let bytes = try? BoundedFile.read("/proc/\(pid)/statm", limit: 4096) else { return nil }
-        let fields = String(decoding: bytes, as: UTF8.self).split(separator: " ")
-        guard fields.count > 1, let pages = Int64(fields[1]) else { return nil }
-        return pages * Int64(sysconf(Int32(_SC_PAGESIZE)))
-    }
+    static func residentBytes(of pid: pid_t) -> Int64? { ProcessMemory.residentBytes(pid: pid) }
 }
 
 /// One worker process and its socket: requests and their replies, the reader thread and

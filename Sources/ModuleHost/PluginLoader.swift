@@ -53,10 +53,14 @@ public struct PluginLoader: Sendable {
     /// Where the C modules of the plugins this loader opens run their code (one worker per
     /// module instance), and where the daemon sees which of them are stuck.
     public let workers: PluginWorkers
+    /// Where the calls by name into the plugins it opens are counted; nil counts nothing.
+    public let metrics: PluginSetMetrics?
 
     public init(validator: Validator = Validator(), registry: ModuleRegistry = ModuleRegistry(),
                 workers: PluginWorkers = PluginWorkers(),
-                hostServices: (@Sendable (String, HostInstance) throws -> CHostServices)? = nil) {
+                hostServices: (@Sendable (String, HostInstance) throws -> CHostServices)? = nil,
+                metrics: PluginSetMetrics? = nil) {
+        self.metrics = metrics
         self.validator = validator
         self.registry = registry
         self.workers = workers
@@ -232,7 +236,8 @@ public struct PluginLoader: Sendable {
         if !file.manifest.exports.isEmpty {
             do {
                 functions = try FunctionTable(pluginName: file.name, exports: file.manifest.exports,
-                                              handle: library.handle, pluginPath: file.resolvedPath)
+                                              handle: library.handle, pluginPath: file.resolvedPath,
+                                              metrics: metrics?.calls(plugin: file.name))
             } catch {
                 throw fail(.exports, "\(error)", "define every function listed in plugin.json's exports in this plugin, with the declared signature")
             }

@@ -48,6 +48,9 @@ public actor PluginSet {
     public nonisolated let registry: ModuleRegistry
     /// Where the C modules' callbacks and calls by name run.
     public nonisolated let workers: PluginWorkers
+    /// Calls by name and the changes of every `reconcile`, counted (the modules' counters
+    /// are `host.metrics`).
+    public nonisolated let metrics = PluginSetMetrics()
     nonisolated let crashGuard: CrashGuard
     nonisolated let imagesDirectory: String
     nonisolated let trialLoader: (any TrialLoader)?
@@ -212,11 +215,13 @@ public actor PluginSet {
     /// a trial loader is set), changed files replace their plugin, vanished files remove
     /// it. A file counts as changed when its contents, mode or owner, or its directory's
     /// mode or owner, changed. `retryingRefused` also tries every refused file again (what
-    /// it lacked, e.g. a library it needs, may be there now). Returns what it changed. Runs after every change called before it; after
-    /// `stopChanges()` it changes nothing.
+    /// it lacked, e.g. a library it needs, may be there now). Returns what it changed. Runs
+    /// after every change called before it; after `stopChanges()` it changes nothing.
     @discardableResult
     public func reconcile(trial: Bool = true, retryingRefused: Bool = false) async -> PluginChanges {
-        await changes.run { await self.reconcileNow(trial: trial, retryingRefused: retryingRefused) }
+        let summary = await changes.run { await self.reconcileNow(trial: trial, retryingRefused: retryingRefused) }
+        metrics.count(summary)
+        return summary
     }
 
     /// Whether a loaded plugin whose file becomes unsafe (the validator's permissions
@@ -346,7 +351,8 @@ public actor PluginSet {
                                    plugin: manifestsRead[path]?.name, version: manifestsRead[path]?.version)
         }
         return PluginSetSnapshot(plugins: plugins, files: files, filesRefused: refused.count,
-                                 retiredGenerations: retiredCount, retiredBytes: retiredBytes)
+                                 retiredGenerations: retiredCount, retiredBytes: retiredBytes,
+                                 loadedBytes: records.values.reduce(0) { $0 &+ ($1.loaded.library == nil ? 0 : $1.size) })
     }
 }
 
@@ -424,6 +430,9 @@ public struct PluginSetSnapshot: Sendable {
     public var retiredGenerations: Int
     /// Their total size, in bytes.
     public var retiredBytes: Int64
+    /// The size of the loaded plugins' images, in bytes: with the retired ones, what the
+    /// process has mapped.
+    public var loadedBytes: Int64 = 0
 }
 
 /// What identifies a file's version without reading it: device, inode, size, mtime; and

@@ -291,7 +291,7 @@ extension PluginSet {
             } else {
                 crashGuard.begin(file: file.path, plugin: file.name, hash: hash, phase: "entry")
                 defer { crashGuard.end() }
-                loaded = try PluginLoader(validator: validator, registry: registry, workers: workers).open(image.file)
+                loaded = try PluginLoader(validator: validator, registry: registry, workers: workers, metrics: metrics).open(image.file)
                 FatalSignalRecorder.track(loaded!, file: file.path, hash: hash)
             }
             try registry.register(loaded!)
@@ -480,7 +480,7 @@ extension PluginSet {
                 }
                 crashGuard.begin(file: file.path, plugin: file.name, hash: hash, phase: "entry")
                 defer { crashGuard.end() }
-                let opened = try PluginLoader(validator: validator, registry: registry, workers: workers).open(image)
+                let opened = try PluginLoader(validator: validator, registry: registry, workers: workers, metrics: metrics).open(image)
                 FatalSignalRecorder.track(opened, file: records[name]?.source ?? file.path, hash: name == file.name ? hash : records[name]?.hash ?? hash)
                 loaded[name] = opened
             }

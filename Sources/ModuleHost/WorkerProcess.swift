@@ -301,15 +301,3 @@ final class WorkerService: Sendable {
         }
     }
 }
-
-extension CallError {
-    /// The control protocol's error code for this error, the same in process and isolated:
-    /// `unknown_function`, `invalid_arguments` or `call_failed`.
-    public var code: String {
-        switch self {
-        case .undeclaredFunction: "unknown_function"
-        case .wrongArity, .wrongType, .invalidArgument: "invalid_arguments"
-        default: "call_failed"
-        }
-    }
-}

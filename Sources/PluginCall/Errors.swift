@@ -23,6 +23,16 @@ public enum CallError: Error, Sendable, Equatable, CustomStringConvertible {
     /// `ffi_prep_cif` refused the signature (status is libffi's `ffi_status`).
     case preparationFailed(function: String, status: Int)
 
+    /// The control protocol's error code for it: `unknown_function`, `invalid_arguments`
+    /// (wrong count, type or value of an argument) or `call_failed`.
+    public var code: String {
+        switch self {
+        case .undeclaredFunction: "unknown_function"
+        case .wrongArity, .wrongType, .invalidArgument: "invalid_arguments"
+        default: "call_failed"
+        }
+    }
+
     public var description: String {
         func named(_ function: String) -> String { function.isEmpty ? "" : "\(function): " }
         switch self {

@@ -19,14 +19,21 @@ public final class FunctionTable: Sendable {
     /// The declared exports in manifest order.
     public let declared: [SymbolOwnership.ResolvedExport]
 
+    /// Where the by-name calls (`call(_:...)`) are counted; nil counts nothing.
+    public let metrics: CallMetrics?
+
     private let byName: [String: SymbolOwnership.ResolvedExport]
     private let allowRegisterPath: Bool
     private let prepared = Mutex<[String: CallableFunction]>([:])
 
     /// Makes a table from exports the loader already resolved.
     /// - Parameter allowRegisterPath: false makes every call go through `ffi_call`.
-    public init(pluginName: String, exports: [SymbolOwnership.ResolvedExport], allowRegisterPath: Bool = true) {
+    /// - Parameter metrics: where the by-name calls are counted (calls through a
+    ///   `CallableFunction` kept by the caller are not).
+    public init(pluginName: String, exports: [SymbolOwnership.ResolvedExport], allowRegisterPath: Bool = true,
+                metrics: CallMetrics? = nil) {
         self.pluginName = pluginName
+        self.metrics = metrics
         self.declared = exports
         self.allowRegisterPath = allowRegisterPath
         self.byName = Dictionary(exports.map { ($0.name, $0) }, uniquingKeysWith: { first, _ in first })
@@ -39,11 +46,11 @@ public final class FunctionTable: Sendable {
     ///   a dependency provides; no table is made then.
     public convenience init(
         pluginName: String, exports: [Manifest.Export], handle: UnsafeMutableRawPointer, pluginPath: String,
-        allowRegisterPath: Bool = true
+        allowRegisterPath: Bool = true, metrics: CallMetrics? = nil
     ) throws(ExportError) {
         let resolved = try SymbolOwnership.resolveExports(
             exports, plugin: pluginName, handle: handle, pluginPath: pluginPath)
-        self.init(pluginName: pluginName, exports: resolved, allowRegisterPath: allowRegisterPath)
+        self.init(pluginName: pluginName, exports: resolved, allowRegisterPath: allowRegisterPath, metrics: metrics)
     }
 
     /// The declared signature of `name`.
@@ -69,19 +76,46 @@ public final class FunctionTable: Sendable {
         }
     }
 
-    /// Calls `name` with typed arguments (see `CallableFunction.call(_:)`).
+    /// Calls `name` with typed arguments (see `CallableFunction.call(_:)`). Counted in
+    /// `metrics`, as the other by-name calls.
     public func call(_ name: String, _ arguments: [CallValue]) throws(CallError) -> CallValue {
-        try function(named: name).call(arguments)
+        try counted(name) { function throws(CallError) in try function.call(arguments) }
     }
 
     /// Calls `name` with one command-line text per argument, converted per its signature.
     public func call(_ name: String, texts: [String]) throws(CallError) -> CallValue {
-        try function(named: name).call(texts: texts)
+        try counted(name) { function throws(CallError) in try function.call(texts: texts) }
     }
 
     /// Calls `name` with JSON arguments, converted per its signature.
     public func call(_ name: String, json: [JSONValue]) throws(CallError) -> CallValue {
-        try function(named: name).call(json: json)
+        try counted(name) { function throws(CallError) in try function.call(json: json) }
+    }
+
+    /// The counters the calls of `name` count in: its own when the plugin declares it, else
+    /// those of `CallMetrics.undeclaredFunction` (names come from callers: bounded). Nil
+    /// without `metrics`.
+    public func callMetrics(for name: String) -> FunctionCallMetrics? {
+        metrics?.function(named: byName[name] == nil ? CallMetrics.undeclaredFunction : name)
+    }
+
+    /// Looks `name` up and runs `body` with it; with `metrics`, counts the call, its
+    /// duration (lookup and conversions included) and its error code, under `name` when
+    /// the plugin declares it, else under `CallMetrics.undeclaredFunction`.
+    private func counted(_ name: String, _ body: (CallableFunction) throws(CallError) -> CallValue)
+        throws(CallError) -> CallValue
+    {
+        guard let counters = callMetrics(for: name) else { return try body(try function(named: name)) }
+        let clock = ContinuousClock()
+        let started = clock.now
+        do {
+            let value = try body(try function(named: name))
+            counters.recordCall(duration: clock.now - started, error: nil)
+            return value
+        } catch {
+            counters.recordCall(duration: clock.now - started, error: error.code)
+            throw error
+        }
     }
 
     private func undeclared(_ name: String) -> CallError {

@@ -571,6 +571,20 @@ extension ControlProtocolTests {
             return Self.status
         }
 
+        func metrics() -> MetricsReport {
+            calls.append("metrics")
+            return Self.metricsReport
+        }
+
+        static let metricsReport = MetricsReport(
+            daemon: .init(pluginsLoaded: 3, modulesRunning: 2, filesRefused: 1, pluginsAdded: 3, pluginsReplaced: 1,
+                          pluginsRemoved: 0, refusals: 1, reloads: 4, imagesMapped: 4, imagesMappedBytes: 90000,
+                          imagesRetired: 1, imagesRetiredBytes: 20000, imagesPrivate: 3, imagesPrivateBytes: 70000,
+                          residentBytes: 1 << 24, mappings: 420, uptimeSeconds: 12.5),
+            modules: [.init(ModuleMetricsSnapshot(module: "greeting", plugin: "Greeting", eventsDelivered: 7,
+                                                  handlerTime: .empty, deadlineOverruns: 1, errors: [.refused: 0, .notDelivered: 2]))],
+            events: [.init(event: "tick", deliveries: 5)], calls: [], workers: [])
+
         func setEnabled(_ enabled: Bool, module: String) throws(DaemonError) {
             calls.append("setEnabled \(enabled) \(module)")
             guard Self.modules.contains(module) else {

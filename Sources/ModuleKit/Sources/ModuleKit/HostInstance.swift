@@ -37,6 +37,10 @@ public actor HostInstance {
     public nonisolated let bus: Bus
     /// The ordered modules and the observation API, usable on this instance's context.
     public let moduleManager = ModuleManager()
+    /// Counters per module and per event name, readable from any thread (`Metrics.swift`).
+    public nonisolated let metrics = HostMetrics()
+    /// The counter of the event name delivered last: a repeated event skips the lookup.
+    private var lastEventCounter: EventNameCounter?
 
     enum Phase { case idle, started, terminated }
 
@@ -222,7 +226,7 @@ public actor HostInstance {
         for name in names { self.factories[name] = nil }
         publishRunningNames()
         if phase == .terminated {
-            for slot in removed { slot.module.handle(.deinitialize, host: self) }
+            for slot in removed { handOver(.deinitialize, to: slot.module, slot.metrics) }
             return
         }
         var toCreate: [ModuleFactory] = []
@@ -238,7 +242,7 @@ public actor HostInstance {
         let created = createModules(toCreate)
         initializeAndStart(created, states: states)
         // `removed` is in reverse order already.
-        for slot in removed { slot.module.handle(.deinitialize, host: self) }
+        for slot in removed { handOver(.deinitialize, to: slot.module, slot.metrics) }
     }
 
     /// Applies new settings, acting only on differences with the current ones.
@@ -293,15 +297,15 @@ public actor HostInstance {
                 moduleManager.slots[index].notifications = result.notifications
                 heldUntilStart[slot.serial] = nil
                 heldUntilStart[serial] = []
-                old.handle(.deinitialize, host: self)
-                result.handle(.initialize, host: self)
+                handOver(.deinitialize, to: old, slot.metrics)
+                handOver(.initialize, to: result, slot.metrics)
                 if phase == .started, let index = moduleManager.index(ofSerial: serial) { startModule(moduleManager.slots[index]) }
             } else {
                 moduleManager.slots.remove(at: index)
                 heldUntilStart[slot.serial] = nil
                 publishRunningNames()
                 removedByConfiguration.insert(slot.name)
-                old.handle(.deinitialize, host: self)
+                handOver(.deinitialize, to: old, slot.metrics)
                 logger.info("module removed itself on a configuration change", [("module", slot.name)])
                 diagnosticsHub.emit(.moduleRemovedByConfiguration(module: slot.name))
             }
@@ -344,7 +348,7 @@ public actor HostInstance {
         heldUntilStart.removeAll()
         while let slot = moduleManager.slots.popLast() {
             publishRunningNames()
-            slot.module.handle(.deinitialize, host: self)
+            handOver(.deinitialize, to: slot.module, slot.metrics)
         }
         endUpdate()
         moduleManager.finishAll()
@@ -368,10 +372,13 @@ public actor HostInstance {
             logger.warning("lifecycle events are sent by the host itself; ignored", [("event", event.name)])
             return
         case .notification(let notification, _):
+            var delivered = 0
             for slot in moduleManager.slots where slot.notifications.contains(notification) && (name == nil || slot.name == name) {
                 guard moduleManager.index(ofSerial: slot.serial) != nil else { continue }
                 deliver(event, to: slot)
+                delivered += 1
             }
+            countEvent(notification, deliveries: delivered)
             return
         case .configurationChanged, .custom:
             break
@@ -381,12 +388,17 @@ public actor HostInstance {
         #endif
         }
         if let name {
-            if let slot = moduleManager.slot(named: name) { deliver(event, to: slot) }
+            guard let slot = moduleManager.slot(named: name) else { return }
+            deliver(event, to: slot)
+            countEvent(event.name, deliveries: 1)
             return
         }
+        var delivered = 0
         for slot in moduleManager.slots where moduleManager.index(ofSerial: slot.serial) != nil {
             deliver(event, to: slot)
+            delivered += 1
         }
+        countEvent(event.name, deliveries: delivered)
     }
 
     /// Delivers an awaited event to every running module, or only to the one named `name`,
@@ -406,9 +418,12 @@ public actor HostInstance {
         case .willTerminate, .willUnload: targets.reverse()
         case .custom: break
         }
+        var delivered = 0
         for slot in targets where moduleManager.index(ofSerial: slot.serial) != nil {
             await deliver(event, to: slot)
+            delivered += 1
         }
+        countEvent(event.name, deliveries: delivered)
     }
 
     /// Posts a notification: delivered as `.notification(name:payload:)`, on this context
@@ -418,10 +433,13 @@ public actor HostInstance {
     public func post(notification name: String, payload: JSONValue = .null) {
         let event = ModuleEvent.notification(name: name, payload: payload)
         let slots = moduleManager.slots
+        var delivered = 0
         for slot in slots where slot.notifications.contains(name) {
             guard moduleManager.index(ofSerial: slot.serial) != nil else { continue }
             deliver(event, to: slot)
+            delivered += 1
         }
+        countEvent(name, deliveries: delivered)
     }
 
     /// Posts a notification from any thread (C host callbacks use it). Delivery happens
@@ -572,15 +590,20 @@ public actor HostInstance {
         let sorted = factories.sorted { (effectiveOrder($0), $0.name) < (effectiveOrder($1), $1.name) }
         var created: [ModuleSlot] = []
         for factory in sorted {
+            let metrics = self.metrics.module(named: factory.name, plugin: factory.plugin)
             guard let module = factory.make(self, settings[factory.name]?.configuration ?? [:]) else {
+                metrics.recordError(.refused)
                 logger.error("module refused to initialize", [("module", factory.name), ("plugin", factory.plugin)])
                 diagnosticsHub.emit(.moduleRefused(module: factory.name, plugin: factory.plugin))
                 continue
             }
-            guard acceptsNames(of: module, from: factory) else { continue }
+            guard acceptsNames(of: module, from: factory) else {
+                metrics.recordError(.refused)
+                continue
+            }
             let slot = ModuleSlot(
                 factory: factory, module: module, serial: moduleManager.makeSerial(), order: effectiveOrder(factory),
-                notifications: module.notifications)
+                notifications: module.notifications, metrics: metrics)
             heldUntilStart[slot.serial] = []
             created.append(slot)
             moduleManager.slots.append(slot)
@@ -608,7 +631,7 @@ public actor HostInstance {
     /// each if the host has started. Skips modules removed meanwhile by a handler.
     private func initializeAndStart(_ created: [ModuleSlot], states: [String: JSONValue]) {
         for slot in created where moduleManager.index(ofSerial: slot.serial) != nil {
-            slot.module.handle(.initialize, host: self)
+            handOver(.initialize, to: slot.module, slot.metrics)
         }
         for slot in created where moduleManager.index(ofSerial: slot.serial) != nil {
             if let state = states[slot.name] { slot.module.restore(state: state, host: self) }
@@ -623,7 +646,7 @@ public actor HostInstance {
     /// if a handler removes it). Events made for it while it starts are held too, so its
     /// start handler is never re-entered by them.
     private func startModule(_ slot: ModuleSlot) {
-        slot.module.handle(.start, host: self)
+        handOver(.start, to: slot.module, slot.metrics)
         while let held = heldUntilStart.removeValue(forKey: slot.serial), !held.isEmpty {
             // Events made while these are delivered are held again, and delivered next.
             heldUntilStart[slot.serial] = []
@@ -632,7 +655,7 @@ public actor HostInstance {
                     heldUntilStart[slot.serial] = nil
                     return
                 }
-                slot.module.handle(event, host: self)
+                handOver(event, to: slot.module, slot.metrics)
             }
         }
     }
@@ -641,7 +664,7 @@ public actor HostInstance {
     /// until its `.start`.
     private func deliver(_ event: ModuleEvent, to slot: ModuleSlot) {
         guard var held = heldUntilStart[slot.serial] else {
-            slot.module.handle(event, host: self)
+            handOver(event, to: slot.module, slot.metrics)
             return
         }
         guard held.count < Self.heldEventLimit else {
@@ -662,19 +685,51 @@ public actor HostInstance {
         let removed = moduleManager.slots.remove(at: index)
         heldUntilStart[removed.serial] = nil
         publishRunningNames()
-        removed.module.handle(.deinitialize, host: self)
+        handOver(.deinitialize, to: removed.module, removed.metrics)
+    }
+
+    /// Hands a synchronous event to one module's handler and counts it; one delivery in
+    /// `ModuleMetrics.synchronousSampling` is timed (two clock reads cost more than most
+    /// handlers).
+    @inline(__always)
+    private func handOver(_ event: ModuleEvent, to module: any Module, _ metrics: ModuleMetrics) {
+        guard metrics.countDelivery() % ModuleMetrics.synchronousSampling == 0 else {
+            module.handle(event, host: self)
+            return
+        }
+        let clock = ContinuousClock()
+        let started = clock.now
+        module.handle(event, host: self)
+        metrics.handlerTime.record(clock.now - started)
+    }
+
+    /// Counts `deliveries` of event `name` (bounded: `HostMetrics`). A name that reached
+    /// no module takes no place among the names counted apart.
+    private func countEvent(_ name: String, deliveries: Int) {
+        guard deliveries > 0 else { return }
+        if let last = lastEventCounter, last.name == name {
+            last.add(deliveries)
+            return
+        }
+        let counter = metrics.eventCounter(for: name)
+        // Names past the bound share the "other" counter: never cached under their own name.
+        if counter.name == name { lastEventCounter = counter }
+        counter.add(deliveries)
     }
 
     /// Runs one module's async handler against the deadline.
     private func deliver(_ event: AsyncModuleEvent, to slot: ModuleSlot) async {
         let module = slot.module
         let moduleName = slot.name
+        let metrics = slot.metrics
+        _ = metrics.countDelivery()
         let deadline = eventDeadline
         let race = DeadlineRace()
         let clock = ContinuousClock()
         let started = clock.now
         let handler = Task {
             await module.handle(event, host: self)
+            metrics.handlerTime.record(clock.now - started)
             if !race.finish(.completed) {
                 let elapsed = clock.now - started
                 self.logger.info(
@@ -694,6 +749,7 @@ public actor HostInstance {
         }
         deadlines.end(ticket)
         guard outcome == .deadlineExceeded else { return }
+        metrics.recordDeadlineOverrun()
         handler.cancel()
         let elapsed = clock.now - started
         logger.warning(

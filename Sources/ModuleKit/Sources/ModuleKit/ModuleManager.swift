@@ -9,6 +9,8 @@ struct ModuleSlot {
     var order: Int
     /// `module.notifications`, read once when the object was created.
     var notifications: Set<String>
+    /// The counters of this module name (kept across instances).
+    let metrics: ModuleMetrics
 
     var name: String { factory.name }
 }

@@ -28,6 +28,15 @@ struct AnsweringDaemon: DaemonControl {
                      retiredGenerations: 0, retiredBytes: 0, crashGuarded: 0, reloads: 0)
     }
 
+    func metrics() async -> MetricsReport {
+        MetricsReport(
+            daemon: .init(pluginsLoaded: 1, modulesRunning: 1, filesRefused: 0, pluginsAdded: 1, pluginsReplaced: 0,
+                          pluginsRemoved: 0, refusals: 0, reloads: 0, imagesMapped: 1, imagesMappedBytes: 4096,
+                          imagesRetired: 0, imagesRetiredBytes: 0, imagesPrivate: 1, imagesPrivateBytes: 4096,
+                          residentBytes: 4096, mappings: 1, uptimeSeconds: 1),
+            modules: [], events: [], calls: [], workers: [])
+    }
+
     func setEnabled(_ enabled: Bool, module: String) async throws(DaemonError) {
         guard module == "greeting" else { throw DaemonError(code: "unknown_module", message: "no module named \(module)") }
     }
