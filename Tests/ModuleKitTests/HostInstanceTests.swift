@@ -38,6 +38,25 @@ struct HostInstanceTests {
         #expect(recorder.all == ["listener.hello(\"from poster\")"])
     }
 
+    // A fan-out goes to the modules running when it began: modules a handler adds during it
+    // (ordered before or after the handler's module) do not get that event, and every other
+    // module gets it exactly once (the cached module list must follow the change).
+    @Test func modulesAddedDuringAFanOutDoNotGetThatEventAndTheOthersGetItOnce() async {
+        let recorder = Recorder()
+        let host = makeHost()
+        let adder = ModuleFactory(name: "adder", version: "1", defaultOrder: 5) { _, _ in
+            Adder(adding: [probe("early", order: 0, recorder: recorder), probe("late", order: 9, recorder: recorder)])
+        }
+        await host.add([probe("a", order: 1, recorder: recorder), adder, probe("z", order: 8, recorder: recorder)])
+        await host.start()
+        recorder.clear()
+        await host.send(ModuleEvent.custom(name: "tick", payload: .null))
+        #expect(recorder.all == ["a.tick(null)", "early.init", "late.init", "early.start", "late.start", "z.tick(null)"])
+        recorder.clear()
+        await host.send(ModuleEvent.custom(name: "tick", payload: .null))
+        #expect(recorder.all == ["early.tick(null)", "a.tick(null)", "z.tick(null)", "late.tick(null)"])
+    }
+
     // postFromAnywhere is usable from any thread and keeps the order of one poster.
     @Test(.timeLimit(.minutes(1)))
     func postFromAnywhereDeliversInOrderOnTheHost() async {
@@ -206,6 +225,19 @@ final class Poster: Module {
     var info: ModuleInfo { ModuleInfo(name: "poster", version: "1") }
     func handle(_ event: ModuleEvent, host: isolated HostInstance) {
         if case .custom("go", _) = event { host.post(notification: "hello", payload: "from poster") }
+    }
+}
+
+/// Adds its factories on the first custom event it handles.
+final class Adder: Module {
+    var adding: [ModuleFactory]
+    init(adding: [ModuleFactory]) { self.adding = adding }
+    var moduleName: String { "adder" }
+    var info: ModuleInfo { ModuleInfo(name: "adder", version: "1") }
+    func handle(_ event: ModuleEvent, host: isolated HostInstance) {
+        guard case .custom = event, !adding.isEmpty else { return }
+        host.add(adding)
+        adding = []
     }
 }
 

@@ -373,8 +373,9 @@ public actor HostInstance {
             return
         case .notification(let notification, _):
             var delivered = 0
+            let generation = moduleManager.generation
             for slot in moduleManager.slots where slot.notifications.contains(notification) && (name == nil || slot.name == name) {
-                guard moduleManager.index(ofSerial: slot.serial) != nil else { continue }
+                guard isRunning(slot, unchangedSince: generation) else { continue }
                 deliver(event, to: slot)
                 delivered += 1
             }
@@ -394,9 +395,22 @@ public actor HostInstance {
             return
         }
         var delivered = 0
-        for slot in moduleManager.slots where moduleManager.index(ofSerial: slot.serial) != nil {
-            deliver(event, to: slot)
-            delivered += 1
+        let generation = moduleManager.generation
+        if heldUntilStart.isEmpty {
+            // Every running module has started (none holds events): hand the event to each
+            // from the cached list. A module a handler removes meanwhile is skipped; one it
+            // adds is not in the list.
+            let running = moduleManager.dispatchList
+            for index in running.modules.indices
+            where moduleManager.generation == generation || moduleManager.index(ofSerial: running.serials[index]) != nil {
+                handOver(event, to: running.modules[index], running.metrics[index])
+                delivered += 1
+            }
+        } else {
+            for slot in moduleManager.slots where isRunning(slot, unchangedSince: generation) {
+                deliver(event, to: slot)
+                delivered += 1
+            }
         }
         countEvent(event.name, deliveries: delivered)
     }
@@ -419,7 +433,8 @@ public actor HostInstance {
         case .custom: break
         }
         var delivered = 0
-        for slot in targets where moduleManager.index(ofSerial: slot.serial) != nil {
+        let generation = moduleManager.generation
+        for slot in targets where isRunning(slot, unchangedSince: generation) {
             await deliver(event, to: slot)
             delivered += 1
         }
@@ -433,9 +448,10 @@ public actor HostInstance {
     public func post(notification name: String, payload: JSONValue = .null) {
         let event = ModuleEvent.notification(name: name, payload: payload)
         let slots = moduleManager.slots
+        let generation = moduleManager.generation
         var delivered = 0
         for slot in slots where slot.notifications.contains(name) {
-            guard moduleManager.index(ofSerial: slot.serial) != nil else { continue }
+            guard isRunning(slot, unchangedSince: generation) else { continue }
             deliver(event, to: slot)
             delivered += 1
         }
@@ -663,7 +679,7 @@ public actor HostInstance {
     /// A synchronous event to one running module: at once when it has started, else held
     /// until its `.start`.
     private func deliver(_ event: ModuleEvent, to slot: ModuleSlot) {
-        guard var held = heldUntilStart[slot.serial] else {
+        guard !heldUntilStart.isEmpty, var held = heldUntilStart[slot.serial] else {
             handOver(event, to: slot.module, slot.metrics)
             return
         }
@@ -675,6 +691,13 @@ public actor HostInstance {
         heldUntilStart[slot.serial] = nil
         held.append(event)
         heldUntilStart[slot.serial] = held
+    }
+
+    /// Whether `slot`, taken from `moduleManager.slots` when it was at `generation`, is still
+    /// among the running modules: a handler may add or remove modules during a fan-out.
+    /// Constant time while the modules have not changed since.
+    private func isRunning(_ slot: ModuleSlot, unchangedSince generation: UInt64) -> Bool {
+        moduleManager.generation == generation || moduleManager.index(ofSerial: slot.serial) != nil
     }
 
     /// `.willUnload` (optional, awaited), `.deinitialize`, removal, for the slot if still present.

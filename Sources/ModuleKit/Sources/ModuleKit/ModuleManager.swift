@@ -42,13 +42,20 @@ public final class ModuleManager {
     private(set) var generation: UInt64 = 0
     /// Parallel arrays derived from `slots`, rebuilt on demand after a change: event
     /// fan-out and observable evaluation read them without copying whole slots.
-    private var cache: (modules: [any Module], serials: [UInt64], names: [String])?
+    private var cache: (modules: [any Module], serials: [UInt64], names: [String], metrics: [ModuleMetrics])?
 
-    private var derived: (modules: [any Module], serials: [UInt64], names: [String]) {
+    private var derived: (modules: [any Module], serials: [UInt64], names: [String], metrics: [ModuleMetrics]) {
         if let cache { return cache }
-        let built = (slots.map(\.module), slots.map(\.serial), slots.map(\.name))
+        let built = (slots.map(\.module), slots.map(\.serial), slots.map(\.name), slots.map(\.metrics))
         cache = built
         return built
+    }
+
+    /// The running modules with their serials and counters, in order (cached): what a
+    /// synchronous fan-out needs, without copying whole slots.
+    var dispatchList: (modules: [any Module], serials: [UInt64], metrics: [ModuleMetrics]) {
+        let derived = derived
+        return (derived.modules, derived.serials, derived.metrics)
     }
 
     /// The running modules in order (cached).
