@@ -13,17 +13,26 @@ public struct DependencyOrder: Sendable {
     /// `loaded` names plugins already running (a dependency on them is satisfied);
     /// `orderOverride` maps plugin names to configured orders.
     public init(_ candidates: [PluginFile], loaded: Set<String> = [], orderOverride: [String: Int] = [:]) {
+        self.init(candidates, loaded: loaded, orderOverride: orderOverride, namesClaimed: false)
+    }
+
+    /// `namesClaimed`: the caller already refused every candidate whose names an earlier one
+    /// holds (`NameClaims`, in this order), so claiming them again would find nothing.
+    init(_ candidates: [PluginFile], loaded: Set<String>, orderOverride: [String: Int], namesClaimed: Bool) {
         // A plugin or module name given twice: the first file keeps it, the others are refused.
-        var claims = NameClaims(capacity: candidates.count)
         var plugins: [PluginFile] = []
-        plugins.reserveCapacity(candidates.count)
-        for plugin in candidates {
-            if let conflict = claims.conflict(plugin: plugin.name, modules: plugin.manifest.modules, file: plugin.path) {
-                refused.append(LoadFailure(file: plugin.path, conflict: conflict))
-                continue
+        if namesClaimed {
+            plugins = candidates
+        } else {
+            var claims = NameClaims(capacity: candidates.count)
+            plugins.reserveCapacity(candidates.count)
+            for plugin in candidates {
+                if let conflict = claims.claimIfFree(plugin: plugin.name, modules: plugin.manifest.modules, file: plugin.path) {
+                    refused.append(LoadFailure(file: plugin.path, conflict: conflict))
+                    continue
+                }
+                plugins.append(plugin)
             }
-            claims.claim(plugin: plugin.name, modules: plugin.manifest.modules, file: plugin.path)
-            plugins.append(plugin)
         }
         // Nothing depends on anything (the common case): order and name decide.
         if plugins.allSatisfy({ $0.manifest.dependencies.isEmpty }) {

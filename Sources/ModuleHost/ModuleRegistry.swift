@@ -38,8 +38,7 @@ public final class ModuleRegistry: Sendable {
     public func register(_ plugin: LoadedPlugin) throws(LoadFailure) {
         let names = plugin.modules.map(\.factory.name)
         let conflict: NameConflict? = state.withLock { state in
-            if let conflict = state.claims.conflict(plugin: plugin.name, modules: names, file: plugin.file.path) { return conflict }
-            state.claims.claim(plugin: plugin.name, modules: names, file: plugin.file.path)
+            if let conflict = state.claims.claimIfFree(plugin: plugin.name, modules: names, file: plugin.file.path) { return conflict }
             for module in plugin.modules {
                 state.entries[module.factory.name] = Entry(
                     factory: module.factory, swiftType: module.swiftType, plugin: plugin.name, file: plugin.file.path)

@@ -85,13 +85,15 @@ public struct PluginLoader: Sendable {
                 refused.append(error)
             }
         }
-        let directoryStatus = directories.map(Validator.status(of:))
+        // (A struct, not an array of `stat?`: the first such array in a process costs its type
+        // made at run time.)
+        let directoryStatus = directories.map { DirectoryStatus(status: Validator.status(of: $0)) }
         let validator = validator, candidates = found
         let checked = Self.inCandidateOrder(count: candidates.count) { index -> Checked in
             let candidate = candidates[index]
             do throws(LoadFailure) {
                 return .valid(try validator.validate(candidate.path, in: candidate.directory.map { directories[$0] },
-                                                     directoryStatus: candidate.directory.flatMap { directoryStatus[$0] }))
+                                                     directoryStatus: candidate.directory.flatMap { directoryStatus[$0].status }))
             } catch {
                 return .refused(error)
             }
@@ -105,10 +107,9 @@ public struct PluginLoader: Sendable {
                 case .valid(let checkedFile): file = checkedFile
                 case .refused(let failure): throw failure
                 }
-                if let conflict = claims.conflict(plugin: file.name, modules: file.manifest.modules, file: file.path) {
+                if let conflict = claims.claimIfFree(plugin: file.name, modules: file.manifest.modules, file: file.path) {
                     throw LoadFailure(file: file.path, conflict: conflict)
                 }
-                claims.claim(plugin: file.name, modules: file.manifest.modules, file: file.path)
                 valid.append(file)
             } catch {
                 refused.append(error)
@@ -122,6 +123,11 @@ public struct PluginLoader: Sendable {
     struct Candidate: Sendable {
         var path: String
         var directory: Int?
+    }
+
+    /// The `stat` of a plugin directory, nil when it has none.
+    struct DirectoryStatus: Sendable {
+        var status: stat?
     }
 
     /// What the checks before dlopen said about one candidate. (Not a `Result`: its generic
@@ -158,7 +164,8 @@ public struct PluginLoader: Sendable {
         let (valid, refused) = validate(directories: directories, files: files)
         report.refused = refused
         for file in valid { report.warnings += file.warnings.map { (file.path, $0) } }
-        let order = DependencyOrder(valid, loaded: loaded, orderOverride: orderOverride)
+        // `validate` gave every name to one file already.
+        let order = DependencyOrder(valid, loaded: loaded, orderOverride: orderOverride, namesClaimed: true)
         report.refused += order.refused
         registry.reserveCapacity(plugins: order.ordered.count, modules: order.ordered.reduce(0) { $0 + $1.manifest.modules.count })
         var failedNames: [String: LoadFailure] = [:]

@@ -38,6 +38,10 @@ public struct Validator: Sendable {
         return stat(directory, &status) == 0 ? status : nil
     }
 
+    /// The entry symbol, and what only a copy of ModuleKit defines, as `.dynsym` holds them.
+    static let entrySymbol = ELFImage.SymbolNames([MODHOST_ENTRY_SYMBOL])
+    static let sdkSymbolPrefixes = ELFImage.SymbolNames(["$s9ModuleKit", "modhost_abi_compatible"])
+
     func validate(_ path: String, in directory: String?, directoryStatus: stat?) throws(LoadFailure) -> PluginFile {
         try validateReading(path, in: directory, directoryStatus: directoryStatus).file
     }
@@ -54,14 +58,12 @@ public struct Validator: Sendable {
         // File type and location: one open that does not follow a symlink answers both.
         var resolved = path
         let contents: ReadOnlyFile
-        func opened(_ result: Result<ReadOnlyFile, ELFError>) throws(LoadFailure) -> ReadOnlyFile {
-            switch result {
-            case .success(let value): return value
-            case .failure(let error): throw fail(.fileType, "\(error)", "check the path exists and is readable")
-            }
+        func unreadable(_ error: ELFError) -> LoadFailure {
+            fail(.fileType, "\(error)", "check the path exists and is readable")
         }
-        switch ReadOnlyFile.open(path, followSymlinks: false) {
-        case .failure(.cannotRead(_, ELOOP)):
+        do {
+            contents = try ReadOnlyFile.opening(path, followSymlinks: false)
+        } catch .cannotRead(_, ELOOP) {
             guard let target = realPath(path) else {
                 let target = symlinkTarget(path).map { " (to \($0))" } ?? ""
                 throw fail(.location, "symlink leads nowhere\(target)", "point the symlink at an existing plugin file or remove it")
@@ -71,9 +73,13 @@ public struct Validator: Sendable {
                 throw fail(.location, "symlink leads out of the plugin directory \(base) to \(target)",
                            "copy the plugin into the directory instead of linking to it")
             }
-            contents = try opened(ReadOnlyFile.open(target, followSymlinks: true))
-        case let result:
-            contents = try opened(result)
+            do {
+                contents = try ReadOnlyFile.opening(target, followSymlinks: true)
+            } catch {
+                throw unreadable(error)
+            }
+        } catch {
+            throw unreadable(error)
         }
         let file = contents.status
         guard file.st_mode & S_IFMT == S_IFREG else {
@@ -169,16 +175,19 @@ public struct Validator: Sendable {
             throw fail(.manifest, "the manifest has an \(unknown.problem)", unknown.fix(in: "plugin.json") + " and rebuild with plugin.mk")
         }
 
-        // ModuleKit linkage.
+        // ModuleKit linkage, and the symbols the loader will look up: one pass over the
+        // dynamic symbol table answers both.
         let dynamic: DynamicInfo
-        let defined: [String]
+        let symbols: (facts: [ELFImage.SymbolFacts?], defined: [String])
         do {
             dynamic = try image.dynamicInfo()
-            defined = try image.definedDynamicSymbols(withPrefixes: ["$s9ModuleKit", "modhost_abi_compatible"])
+            symbols = try image.dynamicSymbols(
+                named: manifest.exports.isEmpty ? Self.entrySymbol : ELFImage.SymbolNames([MODHOST_ENTRY_SYMBOL] + manifest.exports.map(\.name)),
+                definedWithPrefixes: Self.sdkSymbolPrefixes)
         } catch {
             throw fail(.elf, error.description, "rebuild the plugin with plugin.mk")
         }
-        let ownSDK = defined
+        let ownSDK = symbols.defined
         if !ownSDK.isEmpty {
             throw fail(.sdkLinkage, "the file carries its own copy of ModuleKit (defines \(ownSDK.count) ModuleKit symbols, e.g. \(ownSDK[0]))",
                        "link against the shared libModuleKit.so (-lModuleKit, as plugin.mk does), never statically")
@@ -193,7 +202,7 @@ public struct Validator: Sendable {
                            "link with -lModuleKit (plugin.mk does)")
             }
         }
-        try checkSymbols(image, manifest, fail)
+        try checkSymbols(image, manifest, symbols.facts, fail)
         return (PluginFile(path: path, resolvedPath: resolved, manifest: manifest, dynamic: dynamic, warnings: warnings), contents)
     }
 }
@@ -204,36 +213,38 @@ extension Validator {
     /// file itself, global, with default (or protected) visibility (what `dlsym` finds), and each export
     /// must be a function with a name and a signature of the grammar (docs/calling.md).
     /// A symbol missing from `.dynsym` but present in `.symtab` is named as hidden.
-    func checkSymbols(_ image: ELFImage, _ manifest: Manifest, _ fail: (LoadFailure.Check, String, String) -> LoadFailure) throws(LoadFailure) {
+    ///
+    /// `facts` are `.dynsym`'s facts (`ELFImage.dynamicSymbols(named:)`) of the entry symbol
+    /// and then of each of the manifest's exports, in its order.
+    func checkSymbols(_ image: ELFImage, _ manifest: Manifest, _ facts: [ELFImage.SymbolFacts?],
+                      _ fail: (LoadFailure.Check, String, String) -> LoadFailure) throws(LoadFailure) {
         let exports: [(name: String, signature: Signature)]
         do {
             exports = try SymbolOwnership.parseExports(manifest.exports, plugin: manifest.name)
         } catch {
             throw fail(.exports, "\(error)", "correct the export in plugin.json (the name is the C symbol, the signature follows docs/calling.md) and rebuild")
         }
-        let names = Set([MODHOST_ENTRY_SYMBOL] + exports.map(\.name))
-        let dynamic: [String: ELFImage.SymbolFacts]
-        do {
-            dynamic = try image.symbols(named: names)
-        } catch {
-            throw fail(.elf, error.description, "rebuild the plugin with plugin.mk")
+        // parseExports keeps the manifest's names and order, and refuses a name given twice.
+        func dynamicFacts(_ name: String) -> ELFImage.SymbolFacts? {
+            if name == MODHOST_ENTRY_SYMBOL { return facts[0] }
+            return exports.firstIndex { $0.name == name }.flatMap { facts[$0 + 1] }
         }
         // Only asked when something is missing: a non-stripped file says whether it is hidden.
         var all: [String: ELFImage.SymbolFacts]?
         func whyNotExported(_ name: String) -> String? {
-            if let facts = dynamic[name] { return facts.isExported ? nil : "it is \(facts.summary)" }
-            if all == nil { all = (try? image.symbols(named: names, in: ".symtab")) ?? [:] }
+            if let facts = dynamicFacts(name) { return facts.isExported ? nil : "it is \(facts.summary)" }
+            if all == nil { all = (try? image.symbols(named: Set([MODHOST_ENTRY_SYMBOL] + exports.map(\.name)), in: ".symtab")) ?? [:] }
             if let facts = all?[name], facts.defined { return "it is defined but hidden: \(facts.summary), not in the dynamic symbol table" }
             return nil
         }
-        if let facts = dynamic[MODHOST_ENTRY_SYMBOL], !facts.defined {
+        if let facts = facts[0], !facts.defined {
             throw LoadFailure.entryForeign(image.path, owner: "another file (this one only refers to it)").at(fail)
         }
-        if dynamic[MODHOST_ENTRY_SYMBOL]?.isExported != true {
+        if facts[0]?.isExported != true {
             throw LoadFailure.entryMissing(image.path, detail: whyNotExported(MODHOST_ENTRY_SYMBOL)).at(fail)
         }
-        for export in exports {
-            let facts = dynamic[export.name]
+        for (index, export) in exports.enumerated() {
+            let facts = facts[index + 1]
             if facts?.isExported == true, let facts, facts.type != ELFImage.SymbolFacts.typeFunction, facts.type != 10 /* STT_GNU_IFUNC */ {
                 throw fail(.exports, "declared export \(export.name) is \(facts.summary), not a function",
                            "export a function named \(export.name), or remove it from plugin.json's exports")

@@ -142,9 +142,16 @@ public struct ELFImage: Sendable {
 
     /// Section `index`, which must be below `sectionCount`.
     func section(at index: Int) -> Section {
-        let base = index * 64
+        section(at: index, named: sectionNames.cString(at: UInt64(sectionTable.u32(base(ofSection: index)))))
+    }
+
+    private func base(ofSection index: Int) -> Int { index * 64 }
+
+    /// Section `index`, whose name is known to be `name`.
+    private func section(at index: Int, named name: String) -> Section {
+        let base = base(ofSection: index)
         return Section(
-            name: sectionNames.cString(at: UInt64(sectionTable.u32(base))), type: sectionTable.u32(base + 4),
+            name: name, type: sectionTable.u32(base + 4),
             offset: sectionTable.u64(base + 24), size: sectionTable.u64(base + 32), link: sectionTable.u32(base + 40))
     }
 
@@ -166,7 +173,8 @@ public struct ELFImage: Sendable {
             }
         }
         guard let index else { return nil }
-        return section(at: index)
+        // The name matched `name` byte for byte: no need to decode it from the table.
+        return section(at: index, named: name)
     }
 
     /// True for a position-independent executable (ET_DYN with a program interpreter),
@@ -223,12 +231,20 @@ public struct ELFImage: Sendable {
     /// string table (section, index and bytes). Throws when an entry that names a string
     /// points outside the table.
     func dynamicEntries() throws(ELFError) -> (entries: [(tag: UInt64, value: UInt64)], strings: Section, link: UInt32, stringBytes: FileBytes)? {
+        var entries: [(tag: UInt64, value: UInt64)] = []
+        guard let (strings, link, stringBytes) = try forEachDynamicEntry({ tag, value, _ in entries.append((tag, value)) }) else { return nil }
+        return (entries, strings, link, stringBytes)
+    }
+
+    /// Calls `body` with each (tag, value) of the dynamic section up to DT_NULL and the
+    /// bytes of its string table, then returns the string table (section, index and bytes);
+    /// nil when there is no dynamic section. Throws at the first entry that names a string
+    /// outside the table.
+    private func forEachDynamicEntry(_ body: (UInt64, UInt64, FileBytes) -> Void) throws(ELFError) -> (strings: Section, link: UInt32, stringBytes: FileBytes)? {
         guard let dynamic = section(named: ".dynamic") else { return nil }
         let table = FileBytes(try bytes(of: dynamic))
         let strings = try linkedSection(of: dynamic)
         let stringBytes = FileBytes(try bytes(of: strings))
-        var entries: [(tag: UInt64, value: UInt64)] = []
-        entries.reserveCapacity(table.count / 16)
         var base = 0
         while base + 16 <= table.count {
             let tag = table.u64(base), value = table.u64(base + 8)
@@ -236,10 +252,10 @@ public struct ELFImage: Sendable {
             if let name = Self.stringTagName(tag), value >= UInt64(stringBytes.count) {
                 throw .malformed("\(name) entry names string offset \(value), the string table has \(stringBytes.count) bytes")
             }
-            entries.append((tag, value))
+            body(tag, value, stringBytes)
             base += 16
         }
-        return (entries, strings, dynamic.link, stringBytes)
+        return (strings, dynamic.link, stringBytes)
     }
 
     /// The name of a dynamic entry tag whose value is an offset in the string table, nil
@@ -254,11 +270,11 @@ public struct ELFImage: Sendable {
         }
     }
 
-    /// NEEDED, SONAME and RUNPATH/RPATH entries of the dynamic section.
+    /// NEEDED, SONAME and RUNPATH/RPATH entries of the dynamic section (read in one pass,
+    /// without building the list of entries).
     public func dynamicInfo() throws(ELFError) -> DynamicInfo {
         var info = DynamicInfo()
-        guard let (entries, _, _, strings) = try dynamicEntries() else { return info }
-        for (tag, value) in entries {
+        _ = try forEachDynamicEntry { tag, value, strings in
             switch tag {
             case 1: info.needed.append(strings.cString(at: value))
             case 14: info.soname = strings.cString(at: value)
@@ -293,6 +309,57 @@ public struct ELFImage: Sendable {
             names.append(strings.cString(at: UInt64(offset)))
         }
         return names
+    }
+
+    /// What the host needs from the dynamic symbol table, read in one pass: the facts of
+    /// each symbol of `names` (as `symbols(named:)` gives them: nil when the table lacks
+    /// it, a definition winning over a reference), and the names of the symbols defined with
+    /// one of `prefixes` (as `definedDynamicSymbols(withPrefixes:)` gives them, with its
+    /// errors). Names are compared on the table's bytes: no string is made for a symbol
+    /// that is not asked for.
+    public func dynamicSymbols(named names: SymbolNames, definedWithPrefixes prefixes: SymbolNames) throws(ELFError) -> (facts: [SymbolFacts?], defined: [String]) {
+        var facts = [SymbolFacts?](repeating: nil, count: names.bytes.count)
+        var defined: [String] = []
+        guard let symbols = section(named: ".dynsym") else { return (facts, defined) }
+        let entries = FileBytes(try bytes(of: symbols))
+        let strings = FileBytes(try bytes(of: linkedSection(of: symbols)))
+        let wanted = names.bytes, starts = prefixes.bytes
+        var failure: ELFError?
+        entries.withUnsafeBytes { table in
+            strings.withUnsafeBytes { text in
+                var base = 24  // entry 0 is the null symbol
+                while base + 24 <= table.count {
+                    defer { base += 24 }
+                    let offset = Int(UInt32(littleEndian: table.loadUnaligned(fromByteOffset: base, as: UInt32.self)))
+                    guard offset < text.count else {
+                        failure = .malformed("dynamic symbol \(base / 24) names string offset \(offset), the string table has \(text.count) bytes")
+                        return
+                    }
+                    let infoAndOther = UInt16(littleEndian: table.loadUnaligned(fromByteOffset: base + 4, as: UInt16.self))
+                    let isDefined = UInt16(littleEndian: table.loadUnaligned(fromByteOffset: base + 6, as: UInt16.self)) != 0
+                    let first = text[offset]
+                    if isDefined, starts.contains(where: { ($0.isEmpty || $0.first == first) && FileBytes.hasPrefix($0, at: offset, in: text) }) {
+                        defined.append(FileBytes.cString(text, from: offset))
+                    }
+                    for (index, name) in wanted.enumerated() where name.first == first || (name.isEmpty && first == 0) {
+                        guard name.withUnsafeBufferPointer({ FileBytes.isCString($0, at: offset, in: text) }) else { continue }
+                        if facts[index]?.defined != true {
+                            let info = UInt8(truncatingIfNeeded: infoAndOther), other = UInt8(truncatingIfNeeded: infoAndOther >> 8)
+                            facts[index] = SymbolFacts(defined: isDefined, type: info & 0xf, binding: info >> 4, visibility: other & 3)
+                        }
+                    }
+                }
+            }
+        }
+        if let failure { throw failure }
+        return (facts, defined)
+    }
+
+    /// Symbol names (or prefixes) to look for, as the bytes a symbol table holds: made once
+    /// for names asked of every file.
+    public struct SymbolNames: Sendable {
+        let bytes: [[UInt8]]
+        public init(_ names: [String]) { bytes = names.map { Array($0.utf8) } }
     }
 
     /// What a symbol table says about one symbol: whether the file defines it, its type,
@@ -522,6 +589,20 @@ struct FileBytes: Sendable {
         // offset + name.count <= count: both ranges lie within the buffer.
         return (name.isEmpty || memcmp(bytes.baseAddress! + offset, name.baseAddress!, name.count) == 0)
             && (offset + name.count == count || bytes[offset + name.count] == 0)
+    }
+
+    /// True when the bytes at `offset` of `bytes` start with `prefix`.
+    static func hasPrefix(_ prefix: [UInt8], at offset: Int, in bytes: UnsafeRawBufferPointer) -> Bool {
+        guard offset >= 0, offset <= bytes.count - prefix.count else { return false }
+        return prefix.withUnsafeBytes { prefix in prefix.isEmpty || memcmp(bytes.baseAddress! + offset, prefix.baseAddress!, prefix.count) == 0 }
+    }
+
+    /// The NUL-terminated string at `offset` (within `bytes`), stopping at the end of the
+    /// buffer, as `cString(at:)` reads it.
+    static func cString(_ bytes: UnsafeRawBufferPointer, from offset: Int) -> String {
+        let rest = UnsafeRawBufferPointer(rebasing: bytes[offset...])
+        let length = rest.firstIndex(of: 0) ?? rest.count
+        return String(decoding: UnsafeRawBufferPointer(rebasing: rest[..<length]), as: UTF8.self)
     }
 
     /// Calls `body` with the bytes, counted from 0.

@@ -68,16 +68,26 @@ public final class ReadOnlyFile: Sendable {
     /// when not following). `O_NONBLOCK` makes opening a FIFO harmless, and one open
     /// answers what lstat and stat would.
     public static func open(_ path: String, followSymlinks: Bool) -> Result<ReadOnlyFile, ELFError> {
+        do {
+            return .success(try opening(path, followSymlinks: followSymlinks))
+        } catch {
+            return .failure(error)
+        }
+    }
+
+    /// `open(_:followSymlinks:)`, throwing its error. (The validator opens every plugin file
+    /// with it: a `Result` of these types has its type made at run time the first time.)
+    public static func opening(_ path: String, followSymlinks: Bool) throws(ELFError) -> ReadOnlyFile {
         let flags = O_RDONLY | O_CLOEXEC | O_NONBLOCK | (followSymlinks ? 0 : O_NOFOLLOW)
         let fd = Glibc.open(path, flags)
-        guard fd >= 0 else { return .failure(.cannotRead(path: path, errno: errno)) }
+        guard fd >= 0 else { throw .cannotRead(path: path, errno: errno) }
         var status = stat()
         guard fstat(fd, &status) == 0 else {
             let code = errno
             close(fd)
-            return .failure(.cannotRead(path: path, errno: code))
+            throw .cannotRead(path: path, errno: code)
         }
-        return .success(ReadOnlyFile(path: path, status: status, descriptor: fd))
+        return ReadOnlyFile(path: path, status: status, descriptor: fd)
     }
 
     /// The size when opened (0 for anything but a regular file).

@@ -220,8 +220,8 @@ public struct Manifest: Codable, Sendable, Equatable {
         if modules.isEmpty && exports.isEmpty {
             throw ManifestError(reason: "lists no modules and no exports; a plugin must provide at least one")
         }
-        if let repeated = NameClaims.repeated(modules) {
-            throw ManifestError(reason: "field \"modules\": \(repeated.problem)")
+        if let module = NameClaims.repeatedName(modules) {
+            throw ManifestError(reason: "field \"modules\": \(NameConflict(.listedTwice(module: module)).problem)")
         }
         if language == .swift && toolchain == nil {
             throw ManifestError(reason: "a Swift plugin needs field \"toolchain\" (plugin.mk adds it)")

@@ -65,6 +65,28 @@ public struct NameClaims: Sendable {
         for module in modules { self.modules[module] = Holder(plugin: plugin, file: file) }
     }
 
+    /// `conflict(plugin:modules:file:)`, and when there is none, `claim(plugin:modules:file:)`,
+    /// looking each name up once instead of twice (a load pass claims every plugin's names).
+    public mutating func claimIfFree(plugin: String, modules: [String], file: String) -> NameConflict? {
+        if let holder = plugins.updateValue(file, forKey: plugin) {
+            plugins[plugin] = holder
+            return NameConflict(.pluginName(plugin: plugin, heldBy: holder))
+        }
+        if let repeated = Self.repeatedName(modules) {
+            plugins[plugin] = nil
+            return NameConflict(.listedTwice(module: repeated))
+        }
+        for (index, module) in modules.enumerated() {
+            guard let holder = self.modules.updateValue(Holder(plugin: plugin, file: file), forKey: module) else { continue }
+            // Taken: put back what was there, then free what this plugin claimed so far.
+            self.modules[module] = holder
+            for claimed in modules[..<index] { self.modules[claimed] = nil }
+            plugins[plugin] = nil
+            return NameConflict(.moduleName(module: module, heldBy: holder))
+        }
+        return nil
+    }
+
     /// Frees `plugin`'s name and its modules' names.
     public mutating func release(plugin: String) {
         guard plugins.removeValue(forKey: plugin) != nil else { return }
@@ -73,9 +95,14 @@ public struct NameClaims: Sendable {
 
     /// The first module `modules` lists twice, nil when each is listed once.
     public static func repeated(_ modules: [String]) -> NameConflict? {
+        repeatedName(modules).map { NameConflict(.listedTwice(module: $0)) }
+    }
+
+    /// The name of the first module `modules` lists twice (what `repeated` reports).
+    static func repeatedName(_ modules: [String]) -> String? {
         // Manifests list a handful of modules: comparing pairs beats hashing them.
         for (index, module) in modules.enumerated() where modules[..<index].contains(module) {
-            return NameConflict(.listedTwice(module: module))
+            return module
         }
         return nil
     }

@@ -191,6 +191,27 @@ import TestSupport
         #expect(claims.conflict(plugin: "B", modules: ["a1", "a2"], file: "/p/b.so") == nil)
     }
 
+    /// `claimIfFree` (what a load pass uses) refuses exactly what `conflict` refuses, with the
+    /// same words, claims exactly what `claim` claims, and a refused claim leaves every name
+    /// as it was, even when some of its names were free.
+    @Test func claimingIfFreeIsConflictThenClaim() {
+        var claims = NameClaims(), reference = NameClaims()
+        let attempts: [(plugin: String, modules: [String], file: String)] = [
+            ("A", ["a1", "a2"], "/p/a.so"), ("A", ["x"], "/p/other.so"), ("B", ["b", "a2"], "/p/b.so"),
+            ("B", ["b", "c", "b"], "/p/b.so"), ("C", ["c1", "c2", "a1"], "/p/c.so"), ("B", ["b", "c1", "c2"], "/p/b.so"),
+            ("D", [], "/p/d.so"), ("E", ["e"], "/p/e.so"), ("F", ["c1"], "/p/f.so"),
+        ]
+        for attempt in attempts {
+            let expected = reference.conflict(plugin: attempt.plugin, modules: attempt.modules, file: attempt.file)
+            if expected == nil { reference.claim(plugin: attempt.plugin, modules: attempt.modules, file: attempt.file) }
+            #expect(claims.claimIfFree(plugin: attempt.plugin, modules: attempt.modules, file: attempt.file) == expected)
+            #expect(claims.plugins == reference.plugins)
+            #expect(claims.modules == reference.modules)
+        }
+        #expect(claims.plugins.keys.sorted() == ["A", "B", "D", "E"])
+        #expect(claims.modules["c1"] == NameClaims.Holder(plugin: "B", file: "/p/b.so"))
+    }
+
     /// Two C plugins providing module `shared`, the second noting in `opened` when its code
     /// is loaded; returns their paths.
     func sharingAModule(_ first: String, _ second: String, in directory: String, opened: String) throws -> (String, String) {

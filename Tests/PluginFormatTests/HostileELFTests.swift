@@ -38,10 +38,39 @@ import TestSupport
         attempt { _ = try image.dynamicInfo() }
         attempt { _ = try image.definedDynamicSymbols(withPrefixes: ["$s9ModuleKit"]) }
         attempt { _ = try image.definedDynamicSymbols() }
+        attempt { try Self.expectOnePassAgrees(image) }
         attempt { _ = try image.buildID() }
         attempt { _ = try DynamicStringPatch.patches(["libHostile.so": "libHostile.02", "libc.so.6": "libc.so.7"], image: image) }
         _ = image.loadSegmentPastEnd
         return errors
+    }
+
+    /// The validator's one pass over `.dynsym` answers what `symbols(named:)` and
+    /// `definedDynamicSymbols(withPrefixes:)` answer, and throws the latter's error.
+    static func expectOnePassAgrees(_ image: ELFImage) throws {
+        let names = ["modhost_plugin_entry_v1", "__cxa_finalize", "missing", "modhost_plugin_entry_v1"]
+        let prefixes = ["modhost_", "__cxa", "$s9ModuleKit"]
+        let pass: (facts: [ELFImage.SymbolFacts?], defined: [String])
+        do {
+            pass = try image.dynamicSymbols(named: ELFImage.SymbolNames(names), definedWithPrefixes: ELFImage.SymbolNames(prefixes))
+        } catch {
+            #expect(throws: error) { try image.definedDynamicSymbols(withPrefixes: prefixes) }
+            throw error
+        }
+        #expect(pass.defined == (try image.definedDynamicSymbols(withPrefixes: prefixes)))
+        let facts = try image.symbols(named: Set(names))
+        #expect(pass.facts == names.map { facts[$0] })
+    }
+
+    @Test func theOnePassFindsTheEntryAndWhatThePluginDefines() throws {
+        let image = try ELFImage(path: Self.good)
+        let pass = try image.dynamicSymbols(named: ELFImage.SymbolNames(["modhost_plugin_entry_v1", "__cxa_finalize", "nothing"]),
+                                            definedWithPrefixes: ELFImage.SymbolNames(["modhost_", "__cxa"]))
+        #expect(pass.defined == ["modhost_plugin_entry_v1"])
+        #expect(pass.facts[0]?.isExported == true && pass.facts[0]?.type == ELFImage.SymbolFacts.typeFunction)
+        #expect(pass.facts[1]?.defined == false)
+        #expect(pass.facts[2] == nil)
+        try Self.expectOnePassAgrees(image)
     }
 
     @Test(arguments: ELFMutation.all)

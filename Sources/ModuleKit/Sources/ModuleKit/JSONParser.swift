@@ -183,6 +183,13 @@ extension JSONValue {
                 if index < bytes.count, bytes[index] == UInt8(ascii: "+") || bytes[index] == UInt8(ascii: "-") { index += 1 }
                 guard digits() > 0 else { throw error("expected digits in an exponent") }
             }
+            // A short integer (nearly every number a manifest or a request holds) is exact in
+            // a Double: read its digits directly rather than through text.
+            if isInteger, integerDigits <= 15 {
+                var magnitude = 0
+                for digit in bytes[integerStart..<index] { magnitude = magnitude * 10 + Int(digit - 0x30) }
+                return integerStart > start ? -Double(magnitude) : Double(magnitude)
+            }
             let text = String(decoding: bytes[start..<index], as: UTF8.self)
             guard let value = Double(text) else { throw JSONSyntaxError(offset: start, message: "invalid number") }
             guard value.isFinite else {
