@@ -6,9 +6,14 @@ import PluginFormat
 /// variants broken on purpose.
 public struct PluginFactory: Sendable {
     public let directory: String
-    public var sdk: String { BuildProducts.directory }
+    /// The SDK layout whose `include/modulehost.h` plugins are compiled against.
+    public let sdk: String
 
-    public init(directory: String) { self.directory = directory }
+    /// `sdk`: the SDK layout to compile against; the one `make` produced when nil.
+    public init(directory: String, sdk: String? = nil) {
+        self.directory = directory
+        self.sdk = sdk ?? BuildProducts.directory
+    }
 
     /// A C module descriptor and entry for a plugin providing `modules`; each module logs
     /// its events through the host. `entryBody` replaces the entry function's body.

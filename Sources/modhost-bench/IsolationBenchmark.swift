@@ -17,7 +17,7 @@ struct IsolationBenchmark {
 
     func run() async throws -> [BenchRow] {
         let root = try freshDirectory(work + "/set")
-        let plugin = try PluginFactory(directory: try freshDirectory(root + "/build")).buildC(
+        let plugin = try PluginFactory(directory: try freshDirectory(root + "/build"), sdk: sdk).buildC(
             "Echo", source: Self.source,
             manifest: PluginFactory.manifest(plugin: "Echo", modules: ["echo"], exports: [("echo_add", "i32(i32,i32)")]))
         let directory = try freshDirectory(root + "/plugins")
