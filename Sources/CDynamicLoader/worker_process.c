@@ -3,6 +3,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -41,7 +42,22 @@ pid_t modhost_worker_peer_pid(int fd) {
     return credentials.pid;
 }
 
-int modhost_worker_socketpair(int fds[2]) { return socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds); }
+int modhost_worker_socketpair(int fds[2]) {
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) return -1;
+    // The worker's end above 9: the dup2s onto 3, 4 and 5 in the child never overwrite
+    // another end they still have to copy.
+    int high = fcntl(fds[1], F_DUPFD_CLOEXEC, 10);
+    if (high < 0) {
+        int saved = errno;
+        close(fds[0]);
+        close(fds[1]);
+        errno = saved;
+        return -1;
+    }
+    close(fds[1]);
+    fds[1] = high;
+    return 0;
+}
 
 int modhost_worker_set_limit(int which, uint64_t value) {
     static const int resources[] = {RLIMIT_AS, RLIMIT_NOFILE, RLIMIT_CPU, RLIMIT_NPROC};

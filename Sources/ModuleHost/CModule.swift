@@ -32,6 +32,8 @@ final class CModule: Module {
     let moduleName: String
     let notifications: Set<String>
     var info: ModuleInfo { ModuleInfo(name: moduleName, version: descriptor.version, metadata: ["language": "c"]) }
+    /// Delivers this module's custom events and notifications from a thread that may block.
+    let delivery: Delivery
 
     /// Creates the C instance on the module's worker; nil when `create` returns NULL within
     /// the deadline. A `create` still running then leaves the module stuck in "create" (it
@@ -41,13 +43,18 @@ final class CModule: Module {
         self.descriptor = descriptor
         moduleName = descriptor.name
         notifications = Set(descriptor.notifications)
-        deadline = host.eventDeadline
-        log = host.logger(for: descriptor.name)
-        metrics = host.metrics.module(named: descriptor.name)
+        let deadline = host.eventDeadline
+        self.deadline = deadline
+        let log = host.logger(for: descriptor.name)
+        self.log = log
+        let metrics = host.metrics.module(named: descriptor.name)
+        self.metrics = metrics
         self.workers = workers
         let instance = CModuleInstance(descriptor: descriptor, services: services)
         self.instance = instance
-        worker = PluginWorker(label: "module." + descriptor.name)
+        let worker = PluginWorker(label: "module." + descriptor.name)
+        self.worker = worker
+        delivery = Delivery(moduleName: descriptor.name, instance: instance, worker: worker, deadline: deadline, log: log, metrics: metrics)
         let text = configuration.jsonText
         let created = worker.run("create", deadline: deadline) { instance.create(configuration: text) }
         if created == false { return nil }
@@ -104,31 +111,7 @@ final class CModule: Module {
         self
     }
 
-    /// Whether an event may be given to the module now: not while it is stuck, and never a
-    /// lifecycle name that does not come from the host itself.
-    private func admits(_ name: String, isHostsOwn: Bool) -> Bool {
-        let admitted = admission(name, isHostsOwn: isHostsOwn)
-        if !admitted { metrics.recordError(.notDelivered) }
-        return admitted
-    }
-
-    private func admission(_ name: String, isHostsOwn: Bool) -> Bool {
-        // C reads the name up to its first NUL: only names of the one grammar reach it whole.
-        if let problem = PluginName.problem(name) {
-            log.warning("event \(problem); not delivered to a C module")
-            return false
-        }
-        if !isHostsOwn && ModuleEvent.lifecycleNames.contains(name) {
-            log.warning("event \(name) is a lifecycle name only the host sends; not delivered", [("event", name)])
-            return false
-        }
-        if let stuck = worker.stuck {
-            log.warning("C module is stuck in \(stuck.what) for \(stuck.elapsed.secondsText); \(name) not delivered",
-                        [("event", name), ("stuck_in", stuck.what)])
-            return false
-        }
-        return true
-    }
+    private func admits(_ name: String, isHostsOwn: Bool) -> Bool { delivery.admits(name, isHostsOwn: isHostsOwn) }
 
     private static func kind(of event: ModuleEvent) -> CEventKind {
         switch event {
@@ -149,6 +132,63 @@ final class CModule: Module {
         metrics.recordDeadlineOverrun()
         log.error("C module did not return from \(name) within \(deadline.secondsText); it is stuck and gets no more events until it returns",
                   [("event", name), ("deadline", deadline.secondsText)])
+    }
+
+    /// Custom events and notifications for one C module, given from a thread that may block
+    /// for as long as the module's code runs: an isolated plugin's ordered thread in its
+    /// worker process (`WorkerService.serveOrdered`), whose daemon waits only up to its
+    /// deadline and then kills the process. The call runs on that thread, in the module's
+    /// order (`PluginWorker.runHere`): no other thread is woken for it.
+    struct Delivery: Sendable {
+        let moduleName: String
+        fileprivate let instance: CModuleInstance
+        let worker: PluginWorker
+        let deadline: Duration
+        let log: Logger
+        let metrics: ModuleMetrics
+
+        /// Delivers `event` (a custom event or a notification; any other is not delivered)
+        /// as `CModule.handle` does; what the module is stuck in when it was stuck already
+        /// and got nothing.
+        func deliverHere(_ event: ModuleEvent) -> PluginWorker.Stuck? {
+            let kind: CEventKind
+            switch event {
+            case .custom: kind = .custom
+            case .notification: kind = .notification
+            default: return nil
+            }
+            let name = event.name
+            guard admits(name, isHostsOwn: false) else { return worker.stuck }
+            let payload = event.payload
+            worker.runHere(name, deadline: deadline) { instance.deliver(kind, name, payload) }
+            return nil
+        }
+
+        /// Whether an event may be given to the module now: not while it is stuck, and never a
+        /// lifecycle name that does not come from the host itself (counted as not delivered).
+        func admits(_ name: String, isHostsOwn: Bool) -> Bool {
+            let admitted = admission(name, isHostsOwn: isHostsOwn)
+            if !admitted { metrics.recordError(.notDelivered) }
+            return admitted
+        }
+
+        private func admission(_ name: String, isHostsOwn: Bool) -> Bool {
+            // C reads the name up to its first NUL: only names of the one grammar reach it whole.
+            if let problem = PluginName.problem(name) {
+                log.warning("event \(problem); not delivered to a C module")
+                return false
+            }
+            if !isHostsOwn && ModuleEvent.lifecycleNames.contains(name) {
+                log.warning("event \(name) is a lifecycle name only the host sends; not delivered", [("event", name)])
+                return false
+            }
+            if let stuck = worker.stuck {
+                log.warning("C module is stuck in \(stuck.what) for \(stuck.elapsed.secondsText); \(name) not delivered",
+                            [("event", name), ("stuck_in", stuck.what)])
+                return false
+            }
+            return true
+        }
     }
 
     private func queueDeliver(_ name: String, _ payload: JSONValue) {

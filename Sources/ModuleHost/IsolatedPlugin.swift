@@ -535,13 +535,31 @@ public final class IsolatedPlugin: Sendable {
     static func residentBytes(of pid: pid_t) -> Int64? { ProcessMemory.residentBytes(pid: pid) }
 }
 
-/// One worker process and its socket: requests and their replies, the reader thread and
-/// the reaper thread.
+/// One worker process and its three sockets (docs/isolation.md): requests and their
+/// replies, the reader thread of the control socket and the reaper thread.
+///
+/// Ordered requests (`request`, synchronous) go over socket 4 one at a time, and the
+/// thread that sent one reads its reply itself, up to the deadline: a round trip wakes no
+/// thread in this process but the caller. Calls by name go over socket 5; their replies,
+/// those of awaited events, log lines and notifications come on the control socket, read
+/// by the reader thread.
 final class WorkerConnection: Sendable {
     let pid: pid_t
     let channel: WorkerChannel
+    /// Socket 4: ordered requests; replies read by the thread that holds `orderedGate`.
+    private let ordered: WorkerChannel
+    /// Socket 5: calls by name.
+    private let calls: WorkerChannel
+    /// One ordered request at a time (a semaphore of 1, so that it can be waited for with
+    /// a deadline).
+    private let orderedGate = DispatchSemaphore(value: 1)
+    /// Used only by the holder of `orderedGate`; nil once the socket is out of step (a
+    /// request timed out or failed): every later request is `gone`.
+    private let orderedReader: Mutex<FrameReader?>
     private let plugin: IsolatedPlugin
-    private let pending = Mutex<[Int: Waiter]>([:])
+    /// Waiters for replies on the control socket, by request id; `closed` once its reader
+    /// has stopped (a request made then is `gone` at once).
+    private let pending = Mutex((waiters: [Int: Waiter](), closed: false))
     private let nextID = Atomic<Int>(1)
     /// Set once the reaper has seen the end (then the pid may be reused: never signal it).
     private let life = Mutex((ended: false, killReason: String?.none))
@@ -559,14 +577,13 @@ final class WorkerConnection: Sendable {
         case gone
     }
 
-    /// A request waiting for its reply, from a blocked thread or an awaiting task.
+    /// A request waiting for its reply, from an awaiting task.
     final class Waiter: Sendable {
         private struct State {
             var outcome: Outcome?
             var continuation: CheckedContinuation<Outcome, Never>?
         }
         private let state = Mutex(State())
-        private let semaphore = DispatchSemaphore(value: 0)
 
         /// The first outcome wins.
         func complete(_ outcome: Outcome) {
@@ -577,15 +594,7 @@ final class WorkerConnection: Sendable {
                 return .some(state.continuation)
             }
             guard let continuation else { return }
-            semaphore.signal()
             continuation?.resume(returning: outcome)
-        }
-
-        func wait(upTo deadline: Duration) -> Outcome {
-            let (seconds, attoseconds) = deadline.components
-            let nanoseconds = Int(clamping: seconds) &* 1_000_000_000 &+ Int(attoseconds / 1_000_000_000)
-            if semaphore.wait(timeout: .now() + .nanoseconds(max(0, nanoseconds))) == .timedOut { complete(.timedOut) }
-            return state.withLock { $0.outcome ?? .gone }
         }
 
         /// The outcome, if there is one yet.
@@ -603,28 +612,40 @@ final class WorkerConnection: Sendable {
         }
     }
 
-    private init(pid: pid_t, fd: Int32, plugin: IsolatedPlugin) {
+    private init(pid: pid_t, fds: [Int32], plugin: IsolatedPlugin) {
         self.pid = pid
-        channel = WorkerChannel(fd: fd)
+        channel = WorkerChannel(fd: fds[0])
+        ordered = WorkerChannel(fd: fds[1])
+        orderedReader = Mutex(FrameReader(fd: fds[1]))
+        calls = WorkerChannel(fd: fds[2])
         self.plugin = plugin
     }
 
-    /// Starts `executable` with one end of a new socketpair as its descriptor 3, in a
-    /// process group of its own, with a clean environment, and starts the reader and reaper
-    /// threads.
+    /// Starts `executable` with one end of each of three new socketpairs as its descriptors
+    /// 3, 4 and 5, in a process group of its own, with a clean environment, and starts the
+    /// reader and reaper threads.
     static func spawn(_ executable: String, plugin: IsolatedPlugin) throws(TrialProcess.SpawnError) -> WorkerConnection {
-        var ends: [Int32] = [-1, -1]
-        guard modhost_worker_socketpair(&ends) == 0 else {
-            throw TrialProcess.SpawnError(description: "socketpair: \(String(cString: strerror(errno)))")
+        var ours: [Int32] = []
+        var theirs: [Int32] = []
+        func closeAll() { for fd in ours + theirs { close(fd) } }
+        for _ in 0..<3 {
+            var ends: [Int32] = [-1, -1]
+            guard modhost_worker_socketpair(&ends) == 0 else {
+                let problem = String(cString: strerror(errno))
+                closeAll()
+                throw TrialProcess.SpawnError(description: "socketpair: \(problem)")
+            }
+            ours.append(ends[0])
+            theirs.append(ends[1])
         }
-        let workerEnd = ends[1]
-        let (code, pid) = SpawnThread.run { spawnProcess(executable, socket: workerEnd) }
-        close(ends[1])
+        let workerEnds = theirs
+        let (code, pid) = SpawnThread.run { spawnProcess(executable, sockets: workerEnds) }
+        for fd in theirs { close(fd) }
         guard code == 0 else {
-            close(ends[0])
+            for fd in ours { close(fd) }
             throw TrialProcess.SpawnError(description: String(cString: strerror(code)))
         }
-        let connection = WorkerConnection(pid: pid, fd: ends[0], plugin: plugin)
+        let connection = WorkerConnection(pid: pid, fds: ours, plugin: plugin)
         let reader = Thread { connection.read() }
         reader.name = "worker.\(plugin.name).read"
         reader.start()
@@ -634,16 +655,18 @@ final class WorkerConnection: Sendable {
         return connection
     }
 
-    /// posix_spawn of `executable` with `socket` as its descriptor 3, standard input
-    /// /dev/null, in a process group of its own, with a clean environment: nothing of the
-    /// daemon's reaches plugin code, and no Swift backtrace on a crash (it delays the end by
-    /// a quarter of a second or more). (error, pid).
-    private static func spawnProcess(_ executable: String, socket: Int32) -> (Int32, pid_t) {
+    /// posix_spawn of `executable` with `sockets` as its descriptors 3, 4 and 5 (they are
+    /// all above 9, so no dup2 overwrites another's source), standard input /dev/null, in a
+    /// process group of its own, with a clean environment: nothing of the daemon's reaches
+    /// plugin code, and no Swift backtrace on a crash (it delays the end by a quarter of a
+    /// second or more). (error, pid).
+    private static func spawnProcess(_ executable: String, sockets: [Int32]) -> (Int32, pid_t) {
         TrialProcess.spawnInGroup(executable, arguments: [],
                                   environment: ["PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "SWIFT_BACKTRACE": "enable=no"]) {
             actions in
             posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
-            posix_spawn_file_actions_adddup2(&actions, socket, WorkerProcess.socketDescriptor)
+            let targets = [WorkerProcess.socketDescriptor, WorkerProcess.orderedDescriptor, WorkerProcess.callsDescriptor]
+            for (socket, target) in zip(sockets, targets) { posix_spawn_file_actions_adddup2(&actions, socket, target) }
         }
     }
 
@@ -681,16 +704,42 @@ final class WorkerConnection: Sendable {
         }
     }
 
-    /// Sends a request and blocks the calling thread up to `deadline` for its reply.
+    /// Sends an ordered request (socket 4) and blocks the calling thread up to `deadline`,
+    /// all told, for its reply, which this thread reads itself. After a request that timed
+    /// out or failed, the socket is out of step: every later one is `gone` (the caller kills
+    /// the worker on `timedOut`; the reaper ends the socket when it ends).
     func request(_ message: JSONValue, deadline: Duration) -> Outcome {
-        guard let (waiter, _) = submit(message) else { return .gone }
-        let outcome = waiter.wait(upTo: deadline)
-        return outcome
+        let until = ContinuousClock.now + deadline
+        guard case .object(var fields) = message else { return .gone }
+        guard orderedGate.wait(timeout: .now() + deadline.dispatchInterval) == .success else { return .timedOut }
+        defer { orderedGate.signal() }
+        return orderedReader.withLock { reader -> Outcome in
+            guard reader != nil else { return .gone }
+            let id = nextID.add(1, ordering: .relaxed).oldValue
+            fields["id"] = .number(Double(id))
+            var outcome = Outcome.gone
+            switch ordered.send(.object(fields), until: until) {
+            case .sent:
+                do throws(FrameReader.End) {
+                    let reply = try reader!.next(until: until)
+                    if reply.integer("id") == id { return .reply(reply) }
+                    kill(reason: "it answered request \(id) with the reply to another")
+                } catch .timedOut {
+                    outcome = .timedOut
+                } catch {}
+            case .timedOut: outcome = .timedOut
+            case .gone: break
+            }
+            reader = nil
+            return outcome
+        }
     }
 
-    /// Sends a request and awaits its reply, up to `deadline` when given.
+    /// Sends a call by name (socket 5) or an awaited event (the control socket) and awaits
+    /// its reply, up to `deadline` when given.
     func requestAsync(_ message: JSONValue, deadline: Duration?) async -> Outcome {
-        guard let (waiter, _) = submit(message) else { return .gone }
+        let socket = message.text("op") == "call" ? calls : channel
+        guard let (waiter, _) = submit(message, via: socket) else { return .gone }
         var timer: DispatchWorkItem?
         if let deadline {
             let item = DispatchWorkItem { waiter.complete(.timedOut) }
@@ -704,14 +753,19 @@ final class WorkerConnection: Sendable {
         return outcome
     }
 
-    private func submit(_ message: JSONValue) -> (Waiter, Int)? {
+    /// Sends a request whose reply comes on the control socket.
+    private func submit(_ message: JSONValue, via socket: WorkerChannel) -> (Waiter, Int)? {
         guard case .object(var fields) = message else { return nil }
         let id = nextID.add(1, ordering: .relaxed).oldValue
         fields["id"] = .number(Double(id))
         let waiter = Waiter()
-        pending.withLock { $0[id] = waiter }
-        guard channel.send(.object(fields)) else {
-            _ = pending.withLock { $0.removeValue(forKey: id) }
+        guard pending.withLock({ pending -> Bool in
+            guard !pending.closed else { return false }
+            pending.waiters[id] = waiter
+            return true
+        }) else { return nil }
+        guard socket.send(.object(fields)) else {
+            _ = pending.withLock { $0.waiters.removeValue(forKey: id) }
             return nil
         }
         return (waiter, id)
@@ -723,7 +777,7 @@ final class WorkerConnection: Sendable {
         var reader = FrameReader(fd: channel.fd)
         while let message = try? reader.next() {
             if let id = message.integer("id") {
-                pending.withLock { $0.removeValue(forKey: id) }?.complete(.reply(message))
+                pending.withLock { $0.waiters.removeValue(forKey: id) }?.complete(.reply(message))
                 continue
             }
             switch message.text("op") {
@@ -735,8 +789,8 @@ final class WorkerConnection: Sendable {
         }
         readiness.complete(.gone)
         let waiters = pending.withLock { pending in
-            defer { pending = [:] }
-            return Array(pending.values)
+            defer { pending = ([:], true) }
+            return Array(pending.waiters.values)
         }
         for waiter in waiters { waiter.complete(.gone) }
     }
@@ -763,9 +817,16 @@ final class WorkerConnection: Sendable {
         }
         if let reason { ending += ": \(reason)" }
         finished.complete(.reply(["ending": .string(ending)]))
-        // The reader stops (a process the plugin forked may still hold the other end).
-        channel.shutDown()
+        // The reader, and a caller reading an ordered reply, stop (a process the plugin
+        // forked may still hold the other ends).
+        shutDown()
         plugin.ended(self, ending)
+    }
+
+    private func shutDown() {
+        channel.shutDown()
+        ordered.shutDown()
+        calls.shutDown()
     }
 
     /// How the worker ended, once it has been reaped; nil while it runs.
@@ -787,7 +848,7 @@ final class WorkerConnection: Sendable {
     /// Ends the worker on purpose: closing the socket makes it kill its process group; one
     /// that has not ended after a second is killed.
     func stop() {
-        channel.shutDown()
+        shutDown()
         DispatchQueue.global().asyncAfter(deadline: .now() + 1) { [self] in
             life.withLock { life in
                 guard !life.ended else { return }

@@ -150,6 +150,23 @@ package final class PluginWorker: Sendable {
         return result.value
     }
 
+    /// Runs `job` on the calling thread, in this worker's order (after the job running now,
+    /// if any), and returns once it has, however long that takes. Only for a thread that
+    /// may block without a deadline of its own: an isolated plugin's ordered thread in its
+    /// worker process, whose daemon waits up to its deadline and then kills the process.
+    /// No other thread is woken (`DispatchQueue.sync` on an idle queue runs here).
+    func runHere(_ what: String, deadline: Duration, _ job: () -> Void) {
+        let id = lastJob.withLock { last -> UInt64 in
+            last += 1
+            return last
+        }
+        queue.sync {
+            started(id, what, deadline)
+            job()
+            state.withLock { $0.current = nil }
+        }
+    }
+
     /// The end of one job a thread waits for in `run`.
     ///
     /// Most C callbacks return within microseconds, and on a virtual machine waking a

@@ -1,4 +1,5 @@
 import CDynamicLoader
+import Foundation
 import Dispatch
 import Glibc
 import ModuleKit
@@ -8,8 +9,14 @@ import Synchronization
 
 /// The program `modhost-worker` runs: one isolated plugin, in a process of its own, for the
 /// daemon that started it (docs/isolation.md). The daemon is the only client: the worker
-/// refuses to run unless descriptor 3 is a UNIX socket whose other end belongs to its
-/// parent process.
+/// refuses to run unless descriptors 3, 4 and 5 are UNIX sockets whose other ends belong to
+/// its parent process.
+///
+/// Three sockets, each read by a thread of its own, so that a request is handled on the
+/// thread that read it whenever it can be: 3 (control: the load frame, awaited events, log
+/// lines and notifications, call replies), 4 (ordered requests, one at a time: a custom
+/// event or notification for a C module is delivered right there, on the reading thread,
+/// without waking another) and 5 (calls by name, run on its reading thread one at a time).
 ///
 /// In order, before any plugin code runs: it asks for SIGKILL when its parent ends
 /// (PR_SET_PDEATHSIG), checks who started it, closes every other descriptor but 0-2, reads
@@ -18,8 +25,12 @@ import Synchronization
 /// plugin, answers `ready` (or `failed`), and serves frames until the daemon closes the
 /// socket, when it kills its whole process group (itself and anything the plugin forked).
 public enum WorkerProcess {
-    /// The descriptor the daemon passes the socket on.
+    /// The descriptor the daemon passes the control socket on.
     public static let socketDescriptor: Int32 = 3
+    /// The socket of ordered requests (create, event, configure, state, restore).
+    static let orderedDescriptor: Int32 = 4
+    /// The socket of calls by name.
+    static let callsDescriptor: Int32 = 5
     /// Exit status when not started by modhostd.
     public static let notStartedByDaemon: Int32 = 64
 
@@ -27,12 +38,12 @@ public enum WorkerProcess {
     public static func main() -> Never {
         _ = modhost_worker_set_parent_death_signal(SIGKILL)
         let parent = getppid()
-        let peer = modhost_worker_peer_pid(socketDescriptor)
-        guard parent > 1, peer == parent else {
-            StandardError.write("modhost-worker: refused: it runs one isolated plugin for modhostd, which starts it over a socket on descriptor 3; it is never started by hand (set \"isolation\": \"process\" in modhostd's configuration instead)\n")
+        let descriptors = [socketDescriptor, orderedDescriptor, callsDescriptor]
+        guard parent > 1, descriptors.allSatisfy({ modhost_worker_peer_pid($0) == parent }) else {
+            StandardError.write("modhost-worker: refused: it runs one isolated plugin for modhostd, which starts it over sockets on descriptors 3, 4 and 5; it is never started by hand (set \"isolation\": \"process\" in modhostd's configuration instead)\n")
             exit(notStartedByDaemon)
         }
-        _ = modhost_worker_close_from(socketDescriptor + 1)
+        _ = modhost_worker_close_from(callsDescriptor + 1)
         let channel = WorkerChannel(fd: socketDescriptor)
         var reader = FrameReader(fd: socketDescriptor)
         let load: JSONValue
@@ -56,11 +67,19 @@ public enum WorkerProcess {
         }
         channel.send(["op": "ready", "pid": .number(Double(getpid())),
                       "modules": .array(service.plugin.modules.map { ["name": .string($0.factory.name), "version": .string($0.factory.version)] })])
-        let (stream, continuation) = AsyncStream.makeStream(of: JSONValue.self)
+        let (stream, continuation) = AsyncStream.makeStream(of: WorkerRequest.self)
         Task { await service.serve(stream) }
+        let ordered = WorkerChannel(fd: orderedDescriptor)
+        let orderedThread = Thread { service.serveOrdered(ordered, slowPath: continuation) }
+        orderedThread.name = "worker.ordered"
+        orderedThread.start()
+        let calls = WorkerChannel(fd: callsDescriptor)
+        let callsThread = Thread { service.serveCalls(calls) }
+        callsThread.name = "worker.calls"
+        callsThread.start()
         while true {
             do {
-                continuation.yield(try reader.next())
+                continuation.yield(WorkerRequest(message: try reader.next(), replyTo: channel))
             } catch {
                 // The daemon closed the socket (or ended): the C callbacks already queued (a
                 // destroy after deinit) get the event deadline to finish, then everything of
@@ -98,6 +117,12 @@ public enum WorkerProcess {
     }
 }
 
+/// A request from the daemon and the socket its reply goes to.
+struct WorkerRequest: Sendable {
+    let message: JSONValue
+    let replyTo: WorkerChannel
+}
+
 /// The daemon's running module names, as of the last `create` (`has_module`).
 final class DaemonModules: Sendable {
     let names = Mutex<Set<String>>([])
@@ -125,7 +150,9 @@ final class WorkerService: Sendable {
     /// Modules running elsewhere in the daemon, as of the last `create`: what `has_module`
     /// answers for names outside this plugin.
     let daemonModules = DaemonModules()
-    let calls = DispatchQueue(label: "worker.calls")
+    /// The C modules whose custom events and notifications the ordered thread delivers
+    /// itself (`serveOrdered`), by name: set after each create, removed at deinit.
+    let direct = Mutex<[String: CModule.Delivery]>([:])
 
     init(load: JSONValue, channel: WorkerChannel) throws(LoadFailure) {
         self.channel = channel
@@ -184,11 +211,48 @@ final class WorkerService: Sendable {
         }
     }
 
-    /// Serves the frames in `stream`, in order; awaited events and calls by name run beside
-    /// the rest, each answering when it is done.
-    func serve(_ stream: AsyncStream<JSONValue>) async {
+    /// The ordered thread: reads the requests of socket 4, one at a time (the daemon sends
+    /// the next only once this one is answered). A custom event or notification for a C
+    /// module is delivered on this thread, in the module's order (`CModule.Delivery`),
+    /// however long it takes: the daemon waits only up to its deadline and then kills this
+    /// process. Every other request goes to `serve`, on the host instance's context, and is
+    /// answered from there, before the daemon sends the next.
+    func serveOrdered(_ channel: WorkerChannel, slowPath: AsyncStream<WorkerRequest>.Continuation) {
+        var reader = FrameReader(fd: channel.fd)
+        while let message = try? reader.next() {
+            if message.text("op") == "event", let module = message.text("module"),
+               let delivery = direct.withLock({ $0[module] }), let event = Self.event(message) {
+                switch event {
+                case .custom, .notification:
+                    let stuck = delivery.deliverHere(event)
+                    reply(message["id"] ?? .null, stuck.map { ["stuck": .string($0.what)] } ?? [:], on: channel)
+                    continue
+                default:
+                    break
+                }
+            }
+            slowPath.yield(WorkerRequest(message: message, replyTo: channel))
+        }
+        // The daemon closed it: the control thread sees the same and ends the process.
+    }
+
+    /// The calls thread: runs the calls by name of socket 5 one at a time, on this thread,
+    /// and answers each on the control socket.
+    func serveCalls(_ channel: WorkerChannel) {
+        var reader = FrameReader(fd: channel.fd)
+        while let message = try? reader.next() {
+            reply(message["id"] ?? .null, call(message), on: self.channel)
+        }
+    }
+
+    /// Serves the requests in `stream`, in order; awaited events run beside the rest, each
+    /// answering when it is done.
+    func serve(_ stream: AsyncStream<WorkerRequest>) async {
         var settings: [String: ModuleSettings] = [:]
-        for await message in stream {
+        for await request in stream {
+            let message = request.message
+            let channel = request.replyTo
+            func reply(_ id: JSONValue, _ body: JSONValue) { self.reply(id, body, on: channel) }
             let id = message["id"] ?? .null
             let module = message.text("module") ?? ""
             switch message.text("op") {
@@ -198,9 +262,12 @@ final class WorkerService: Sendable {
                 }
                 settings[module] = ModuleSettings(configuration: message["configuration"] ?? [:])
                 await host.updateSettings(settings)
-                reply(id, await create(module))
+                let created = await create(module)
+                await updateDirect(module)
+                reply(id, created)
             case "event":
                 let event = Self.event(message)
+                if message.text("kind") == "deinit" { _ = direct.withLock { $0.removeValue(forKey: module) } }
                 await host.perform { host in
                     if let event { host.module(named: module)?.handle(event, host: host) }
                 }
@@ -214,11 +281,12 @@ final class WorkerService: Sendable {
                 }
                 Task {
                     await self.host.send(event, to: module)
-                    self.reply(id, self.stuckReply(module))
+                    self.reply(id, self.stuckReply(module), on: channel)
                 }
             case "configure":
                 settings[module] = ModuleSettings(configuration: message["configuration"] ?? [:])
                 await host.updateSettings(settings)
+                await updateDirect(module)
                 reply(id, ["running": .bool(host.isRunning(moduleNamed: module))])
             case "state":
                 let state = await host.perform { host in host.module(named: module)?.stateForReplacement(host: host) }
@@ -227,8 +295,6 @@ final class WorkerService: Sendable {
                 let state = message["state"] ?? .null
                 await host.perform { host in host.module(named: module)?.restore(state: state, host: host) }
                 reply(id, [:])
-            case "call":
-                call(id, message)
             default:
                 reply(id, ["error": ["code": "invalid_request", "message": .string("unknown op \(message.text("op") ?? "none")")]])
             }
@@ -250,6 +316,12 @@ final class WorkerService: Sendable {
         return ["created": true, "notifications": .array(described.notifications.map { .string($0) }), "info": info]
     }
 
+    /// Lets the ordered thread deliver events to `module` itself if it is a running C module.
+    private func updateDirect(_ module: String) async {
+        let delivery = await host.perform { host in (host.module(named: module) as? CModule)?.delivery }
+        direct.withLock { $0[module] = delivery }
+    }
+
     /// A reply that says whether `module`'s C code overran its deadline and is stuck.
     private func stuckReply(_ module: String) -> JSONValue {
         if let stuck = workers.stuck(module: module) { return ["stuck": .string(stuck.what)] }
@@ -268,32 +340,29 @@ final class WorkerService: Sendable {
         }
     }
 
-    /// Calls a function by name on the worker's call thread, one call at a time, and
-    /// answers with its value or the error the daemon would give in process.
-    private func call(_ id: JSONValue, _ message: JSONValue) {
+    /// Calls a function by name (on the calls thread): its value, or the error the daemon
+    /// would give in process.
+    private func call(_ message: JSONValue) -> JSONValue {
         let function = message.text("function") ?? ""
         guard let table = plugin.functions else {
-            reply(id, ["error": ["code": "unknown_function", "message": .string("plugin \(plugin.name) exports no functions for calling by name")]])
-            return
+            return ["error": ["code": "unknown_function", "message": .string("plugin \(plugin.name) exports no functions for calling by name")]]
         }
-        calls.async {
-            do throws(CallError) {
-                let value: CallValue
-                if case .array(let texts) = message["texts"] ?? .null {
-                    value = try table.call(function, texts: texts.compactMap(\.stringValue))
-                } else if case .array(let values) = message["json"] ?? .null {
-                    value = try table.call(function, json: values)
-                } else {
-                    value = try table.call(function, json: [])
-                }
-                self.reply(id, ["type": .string(value.type.rawValue), "value": value.json])
-            } catch {
-                self.reply(id, ["error": ["code": .string(error.code), "message": .string(error.description)]])
+        do throws(CallError) {
+            let value: CallValue
+            if case .array(let texts) = message["texts"] ?? .null {
+                value = try table.call(function, texts: texts.compactMap(\.stringValue))
+            } else if case .array(let values) = message["json"] ?? .null {
+                value = try table.call(function, json: values)
+            } else {
+                value = try table.call(function, json: [])
             }
+            return ["type": .string(value.type.rawValue), "value": value.json]
+        } catch {
+            return ["error": ["code": .string(error.code), "message": .string(error.description)]]
         }
     }
 
-    private func reply(_ id: JSONValue, _ body: JSONValue) {
+    private func reply(_ id: JSONValue, _ body: JSONValue, on channel: WorkerChannel) {
         guard case .object(var fields) = body else { return }
         fields["id"] = id
         if !channel.send(.object(fields)) {

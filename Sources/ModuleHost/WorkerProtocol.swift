@@ -2,10 +2,10 @@ import Glibc
 import ModuleKit
 import Synchronization
 
-/// The wire format between `modhostd` and a `modhost-worker` (docs/isolation.md): over one
-/// UNIX stream socket (a socketpair; descriptor 3 in the worker), a sequence of frames,
-/// each a 4-byte big-endian length N (1 ≤ N ≤ `maximumSize`) followed by N bytes of one
-/// JSON object (ModuleKit's strict parser). What a frame says is in docs/isolation.md;
+/// The wire format between `modhostd` and a `modhost-worker` (docs/isolation.md): over
+/// each of three UNIX stream sockets (socketpairs; descriptors 3, 4 and 5 in the worker), a
+/// sequence of frames, each a 4-byte big-endian length N (1 ≤ N ≤ `maximumSize`) followed
+/// by N bytes of one JSON object (ModuleKit's strict parser). What a frame says is in docs/isolation.md;
 /// this file only moves frames.
 enum WorkerFrame {
     /// The largest frame body, in bytes (16 MiB): a payload, a state or a call result
@@ -18,6 +18,22 @@ enum WorkerFrame {
         guard !body.isEmpty, body.count <= maximumSize else { return nil }
         let count = UInt32(body.count)
         return [UInt8(count >> 24), UInt8((count >> 16) & 0xff), UInt8((count >> 8) & 0xff), UInt8(count & 0xff)] + body
+    }
+
+    /// Waits until `fd` is ready for `events` (or has hung up) or `deadline` has passed;
+    /// false when the deadline passed first.
+    static func wait(_ fd: Int32, for events: Int16, until deadline: ContinuousClock.Instant) -> Bool {
+        while true {
+            let left = deadline - ContinuousClock.now
+            guard left > .zero else { return false }
+            // Whole milliseconds, rounded up: never earlier than the deadline.
+            let (seconds, attoseconds) = left.components
+            let milliseconds = seconds >= Int64(Int32.max / 1000) ? Int32.max : Int32(seconds * 1000 + attoseconds / 1_000_000_000_000_000 + 1)
+            var entry = pollfd(fd: fd, events: events, revents: 0)
+            let n = poll(&entry, 1, milliseconds)
+            if n > 0 { return true }
+            if n < 0 && errno != EINTR { return true }  // the read or write that follows says why
+        }
     }
 }
 
@@ -33,17 +49,38 @@ final class WorkerChannel: Sendable {
     /// too large.
     @discardableResult
     func send(_ message: JSONValue) -> Bool {
-        guard let frame = WorkerFrame.encode(message) else { return false }
+        send(message, until: nil) == .sent
+    }
+
+    /// What became of a frame `send(_:until:)` was given.
+    enum Sent: Equatable {
+        case sent
+        /// The other end is gone (or the message is larger than a frame).
+        case gone
+        /// The deadline passed with part of the frame unwritten: the stream is now out of
+        /// step, the connection unusable.
+        case timedOut
+    }
+
+    /// Writes `message` as one frame, waiting for room in the socket no later than
+    /// `deadline` (nil: as long as it takes).
+    func send(_ message: JSONValue, until deadline: ContinuousClock.Instant?) -> Sent {
+        guard let frame = WorkerFrame.encode(message) else { return .gone }
         return writing.withLock { _ in
             frame.withUnsafeBytes { bytes in
                 var done = 0
                 while done < bytes.count {
-                    let n = Glibc.send(fd, bytes.baseAddress! + done, bytes.count - done, Int32(MSG_NOSIGNAL))
+                    let flags = Int32(MSG_NOSIGNAL) | (deadline == nil ? 0 : Int32(MSG_DONTWAIT))
+                    let n = Glibc.send(fd, bytes.baseAddress! + done, bytes.count - done, flags)
                     if n < 0 && errno == EINTR { continue }
-                    guard n > 0 else { return false }
+                    if n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK), let deadline {
+                        guard WorkerFrame.wait(fd, for: Int16(POLLOUT), until: deadline) else { return .timedOut }
+                        continue
+                    }
+                    guard n > 0 else { return .gone }
                     done += n
                 }
-                return true
+                return .sent
             }
         }
     }
@@ -57,8 +94,11 @@ final class WorkerChannel: Sendable {
 /// Reads frames from a worker socket, buffered; used by one thread only.
 struct FrameReader {
     let fd: Int32
-    private var buffer: [UInt8] = []
+    /// Bytes read and not yet taken are `buffer[start..<end]`; it grows to the largest
+    /// frame read (at most `WorkerFrame.maximumSize`) and never shrinks.
+    private var buffer = [UInt8](repeating: 0, count: 65_536)
     private var start = 0
+    private var end = 0
 
     init(fd: Int32) { self.fd = fd }
 
@@ -67,24 +107,27 @@ struct FrameReader {
         case closed
         case failed(Int32)
         case invalid(String)
+        /// The deadline `next(until:)` was given passed first.
+        case timedOut
 
         var description: String {
             switch self {
             case .closed: "the other end closed the connection"
+            case .timedOut: "no frame arrived in time"
             case .failed(let code): "read failed: \(String(cString: strerror(code)))"
             case .invalid(let reason): "invalid frame: \(reason)"
             }
         }
     }
 
-    /// The next message, blocking until it has arrived whole.
-    mutating func next() throws(End) -> JSONValue {
-        let header = try take(4)
+    /// The next message, blocking until it has arrived whole, or (`deadline`) until then.
+    mutating func next(until deadline: ContinuousClock.Instant? = nil) throws(End) -> JSONValue {
+        let header = try take(4, until: deadline)
         let length = header.reduce(0) { $0 << 8 | Int($1) }
         guard length >= 1, length <= WorkerFrame.maximumSize else {
             throw .invalid("length \(length) is outside 1...\(WorkerFrame.maximumSize)")
         }
-        let body = try take(length)
+        let body = try take(length, until: deadline)
         let value: JSONValue
         do {
             value = try JSONValue.parse(body)
@@ -95,23 +138,27 @@ struct FrameReader {
         return value
     }
 
-    private mutating func take(_ count: Int) throws(End) -> [UInt8] {
-        while buffer.count - start < count {
+    private mutating func take(_ count: Int, until deadline: ContinuousClock.Instant?) throws(End) -> [UInt8] {
+        while end - start < count {
+            if let deadline, !WorkerFrame.wait(fd, for: Int16(POLLIN), until: deadline) { throw .timedOut }
             if start > 0 {
-                buffer.removeFirst(start)
+                // What is left of the last read moves to the front (usually nothing).
+                buffer.withUnsafeMutableBytes { bytes in
+                    let base = bytes.baseAddress!
+                    _ = memmove(base, base + start, end - start)
+                }
+                end -= start
                 start = 0
             }
-            let want = max(65_536, count - buffer.count)
-            let old = buffer.count
-            buffer.append(contentsOf: repeatElement(0, count: want))
-            let got = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress! + old, want) }
+            if buffer.count < count { buffer.append(contentsOf: repeatElement(0, count: count - buffer.count)) }
+            let room = buffer.count - end
+            let got = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress! + end, room) }
             if got < 0 {
-                buffer.removeLast(want)
                 if errno == EINTR { continue }
                 throw .failed(errno)
             }
-            buffer.removeLast(want - got)
             if got == 0 { throw .closed }
+            end += got
         }
         let bytes = Array(buffer[start..<(start + count)])
         start += count

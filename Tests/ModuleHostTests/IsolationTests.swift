@@ -109,6 +109,15 @@ struct IsolationTests {
                             logger: Logger(label: "isolation-test"))
         }
 
+        /// A fixture running the faulty plugin `name`, isolated, started.
+        static func running(_ name: String, deadline: Duration = .seconds(2)) async throws -> Fixture {
+            let f = try Fixture(deadline: deadline)
+            try f.add(name)
+            await f.set.reconcile()
+            await f.set.start()
+            return f
+        }
+
         /// Builds the faulty plugin `name` into the plugin directory.
         func add(_ name: String, crashInCreate: Bool = false) throws {
             let build = root.directory("build-\(name)")
@@ -141,6 +150,14 @@ struct IsolationTests {
 
         func worker(_ plugin: String) async -> WorkerStatus? {
             await set.snapshot().plugins.first { $0.name == plugin }?.worker
+        }
+
+        /// Waits until `plugin`'s worker runs after its first restart.
+        func runsAgain(_ plugin: String) async -> Bool {
+            await until {
+                let worker = await worker(plugin)
+                return worker?.phase == .running && worker?.restarts == 1
+            }
         }
 
         func call(_ plugin: String, _ a: Int32, _ b: Int32) async throws -> CallValue {
@@ -193,10 +210,7 @@ struct IsolationTests {
     }
 
     @Test func aCrashInACallByNameFailsThatCallOnlyAndTheWorkerComesBack() async throws {
-        let f = try Fixture()
-        try f.add("Caller")
-        await f.set.reconcile()
-        await f.set.start()
+        let f = try await Fixture.running("Caller")
         #expect(try await f.call("Caller", 40, 2) == .int32(42))
         do {
             _ = try await f.call("Caller", 13, 1)
@@ -205,10 +219,7 @@ struct IsolationTests {
             #expect(error.code == "call_failed")
             #expect(error.message.contains("Caller") && error.message.contains("faulty_add"), "\(error.message)")
         }
-        #expect(await f.until {
-            let worker = await f.worker("Caller")
-            return worker?.phase == .running && worker?.restarts == 1
-        })
+        #expect(await f.runsAgain("Caller"))
         #expect(await f.worker("Caller")?.lastCrash?.contains("signal 11") == true)
         #expect(try await f.call("Caller", 1, 2) == .int32(3))
         // The same argument errors as in process.
@@ -220,6 +231,42 @@ struct IsolationTests {
             #expect(error.code == "invalid_arguments")
         }
         await f.set.shutdown()
+    }
+
+    /// A worker that answers nothing at all (stopped): a synchronous event to it returns
+    /// once its deadline has passed, and the worker is killed, named as unanswering, and
+    /// restarted; the module gets events again.
+    @Test func aSynchronousEventToAWorkerThatNeverAnswersEndsAtItsDeadline() async throws {
+        let f = try await Fixture.running("Frozen", deadline: .seconds(1))
+        #expect(await f.knock("frozen", "before"))
+        let pid = try #require(await f.worker("Frozen")?.pid)
+        kill(pid, SIGSTOP)
+        // Stopped once every thread is (a thread woken by a request before the stop reached
+        // it would still answer).
+        #expect(await f.until { Self.isStopped(pid) })
+        let returned = await withDeadline(.seconds(60)) {
+            await f.host.send(ModuleEvent.custom(name: "tick", payload: .null), to: "frozen")
+            return true
+        }
+        #expect(returned == true, "a synchronous event to a stopped worker did not return")
+        #expect(await f.runsAgain("Frozen"))
+        let status = try #require(await f.worker("Frozen"))
+        #expect(status.lastCrash?.contains("signal 9") == true && status.lastCrash?.contains("did not answer tick within 1 s") == true,
+                "\(status)")
+        #expect(await f.knock("frozen", "after"))
+        await f.set.shutdown()
+    }
+
+    /// Calls by name run beside the ordered requests: a call answers while the module's
+    /// handler blocks the worker's ordered requests.
+    @Test func aCallAnswersWhileAHandlerBlocks() async throws {
+        let f = try await Fixture.running("Busy", deadline: .seconds(5))
+        let blocked = Task { await f.host.send(ModuleEvent.custom(name: "block", payload: .null), to: "busy") }
+        #expect(await f.until { f.lines().contains("busy block -") })
+        #expect(try await f.call("Busy", 2, 3) == .int32(5))
+        // The blocked worker is killed at the end (its handler never returns).
+        await f.set.shutdown()
+        await blocked.value
     }
 
     /// A module whose create crashes its worker every time: five crashes within the window
@@ -353,6 +400,16 @@ struct IsolationTests {
 
         await f.set.shutdown()
         #expect(await f.until { f.lines().suffix(2) == ["\(module) deinit -", "\(module) destroy -"] }, "\(f.lines())")
+    }
+
+    /// True when every thread of process `pid` is stopped (state T), from /proc.
+    static func isStopped(_ pid: Int32) -> Bool {
+        guard let threads = try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task"), !threads.isEmpty else { return false }
+        return threads.allSatisfy { thread in
+            guard let stat = try? String(contentsOfFile: "/proc/\(pid)/task/\(thread)/stat", encoding: .utf8),
+                  let close = stat.lastIndex(of: ")") else { return false }
+            return stat[stat.index(after: close)...].split(separator: " ").first == "T"
+        }
     }
 
     /// The pids of the processes in process group `group`, from /proc.
