@@ -349,33 +349,41 @@ public struct ControlCommand: Sendable {
             output.err("Error: \(path): \(unknown.problem). Fix: \(unknown.fix(in: path))")
             return .dataError
         }
-        if let library = parsed.value("library"), let problem = missingExports(manifest, library: library, language: language) {
-            output.err("Error: \(problem)")
-            return .dataError
+        if let library = parsed.value("library") {
+            if let problem = missingExports(manifest, library: library, language: language) {
+                output.err("Error: \(problem)")
+                return .dataError
+            }
+            // The rest of what the daemon checks in the file's symbols before loading it:
+            // the entry point, the export signatures, an export that is data.
+            do {
+                try Validator().checkSymbols(ofBuiltLibrary: library, manifest: manifest)
+            } catch {
+                output.err("Error: \(error)")
+                return .dataError
+            }
         }
         output.out(manifest.jsonText())
         return .success
     }
 
-    /// What is wrong when `library` does not export every function the manifest declares:
-    /// a function compiled with hidden visibility (plugin.mk's `-fvisibility=hidden`
-    /// without `MODHOST_EXPORT`) is absent from the dynamic symbol table, and the host
-    /// would refuse the plugin at load time.
+    /// What is wrong when `library` does not export every function the manifest declares
+    /// (defined in the file, global, with default or protected visibility in its dynamic
+    /// symbol table, as the daemon requires): a function compiled with hidden visibility
+    /// (plugin.mk's `-fvisibility=hidden` without `MODHOST_EXPORT`) is absent from the
+    /// table, and the host would refuse the plugin at load time.
     func missingExports(_ manifest: Manifest, library: String, language: Manifest.Language) -> String? {
         guard !manifest.exports.isEmpty else { return nil }
-        let defined: Set<String>
+        let symbols: [String: ELFImage.SymbolFacts]
         do {
-            defined = Set(try ELFImage(path: library).definedDynamicSymbols())
+            symbols = try ELFImage(path: library).symbols(named: Set(manifest.exports.map(\.name)))
         } catch {
             return "cannot read the dynamic symbol table of \(library): \(error)"
         }
-        let missing = manifest.exports.map(\.name).filter { !defined.contains($0) }
+        let missing = manifest.exports.map(\.name).filter { symbols[$0]?.isExported != true }
         guard let first = missing.first else { return nil }
         let names = missing.map { JSONValue.escapingControlCharacters($0) }.joined(separator: ", ")
-        let fix = language == .c
-            ? "define it with MODHOST_EXPORT from modulehost.h (`MODHOST_EXPORT int32_t \(JSONValue.escapingControlCharacters(first))(...) { ... }`), which keeps it visible under plugin.mk's -fvisibility=hidden"
-            : "define it as `@_cdecl(\"\(JSONValue.escapingControlCharacters(first))\") public func ...` at the top level of a plugin source"
-        return "\(library): plugin.json exports \(names), which \(missing.count == 1 ? "is" : "are") not in the file's dynamic symbol table (undefined, or defined with hidden visibility), so the host could not call \(missing.count == 1 ? "it" : "them"). Fix: \(fix)"
+        return "\(library): plugin.json exports \(names), which \(missing.count == 1 ? "is" : "are") not exported in the file's dynamic symbol table (undefined, or defined with hidden or internal visibility), so the host could not call \(missing.count == 1 ? "it" : "them"). Fix: \(Validator.exportFix(first, language: language))"
     }
 }
 

@@ -208,6 +208,26 @@ public struct Validator: Sendable {
 }
 
 extension Validator {
+    /// The symbol checks of `validate` on a freshly built, not yet stamped plugin file,
+    /// against the manifest it will carry (`modhostctl manifest --library`, which plugin.mk
+    /// runs): so that `make` stops on what the daemon would refuse for the file's symbols
+    /// (entry point, exports, signatures) rather than leaving the author a file it refuses.
+    public func checkSymbols(ofBuiltLibrary path: String, manifest: Manifest) throws(LoadFailure) {
+        func fail(_ check: LoadFailure.Check, _ problem: String, _ fix: String) -> LoadFailure {
+            LoadFailure(file: path, check: check, problem: problem, fix: fix)
+        }
+        let image: ELFImage
+        let facts: [ELFImage.SymbolFacts?]
+        do {
+            image = try ELFImage(path: path)
+            facts = try image.dynamicSymbols(named: ELFImage.SymbolNames([MODHOST_ENTRY_SYMBOL] + manifest.exports.map(\.name)),
+                                             definedWithPrefixes: ELFImage.SymbolNames([])).facts
+        } catch {
+            throw fail(.elf, error.description, "rebuild the plugin")
+        }
+        try checkSymbols(image, manifest, facts, fail)
+    }
+
     /// The symbols the loader will look up, read from the dynamic symbol table without
     /// loading the file: the entry symbol and every declared export must be defined in the
     /// file itself, global, with default (or protected) visibility (what `dlsym` finds), and each export
@@ -253,8 +273,23 @@ extension Validator {
             let why = facts.map { $0.defined ? "it is \($0.summary)" : "the file only refers to it (defined in another file)" }
                 ?? whyNotExported(export.name) ?? "the file does not define it"
             throw fail(.exports, "declared export \(export.name) is not exported by this file: \(why)",
-                       "define \(export.name) in the plugin with default visibility: in C mark it __attribute__((visibility(\"default\"))) "
-                       + "(plugin.mk compiles with -fvisibility=hidden), in Swift use @_cdecl(\"\(export.name)\") public func; or remove it from plugin.json's exports")
+                       Self.exportFix(export.name, language: manifest.language))
+        }
+    }
+}
+
+extension Validator {
+    /// How to export `name` so that the host finds it, in the plugin's language: in C,
+    /// `MODHOST_EXPORT` (plugin.mk compiles with -fvisibility=hidden, which hides an
+    /// unmarked function); in Swift, a top-level `@_cdecl` public function.
+    public static func exportFix(_ name: String, language: Manifest.Language) -> String {
+        let name = JSONValue.escapingControlCharacters(name)
+        switch language {
+        case .c:
+            return "define it with MODHOST_EXPORT from modulehost.h (`MODHOST_EXPORT int32_t \(name)(...) { ... }`), "
+                + "which keeps it visible under plugin.mk's -fvisibility=hidden; or remove it from plugin.json's exports"
+        case .swift:
+            return "define it as `@_cdecl(\"\(name)\") public func ...` at the top level of a plugin source; or remove it from plugin.json's exports"
         }
     }
 }

@@ -169,7 +169,7 @@ import TestSupport
         try hidden.write(toFile: dir + "/" + file, atomically: true, encoding: .utf8)
         let refused = try make(dir)
         #expect(refused.status != 0)
-        #expect(refused.standardOutput.contains("exports thermo_set, which is not in the file's dynamic symbol table"), "\(refused.standardOutput)")
+        #expect(refused.standardOutput.contains("exports thermo_set, which is not exported in the file's dynamic symbol table"), "\(refused.standardOutput)")
         #expect(refused.standardOutput.contains("Fix: define it") && refused.standardOutput.contains(fix), "\(refused.standardOutput)")
         #expect(!FileManager.default.fileExists(atPath: dir + "/build/libThermo.so"))
 
@@ -178,6 +178,105 @@ import TestSupport
         #expect(built.status == 0, "\(built.standardOutput)")
         #expect(try ELFImage(path: dir + "/build/libThermo.so").definedDynamicSymbols().contains("thermo_set"))
         #expect(try run(BuildProducts.modhostctl, ["verify", dir + "/build/libThermo.so"]).status == 0)
+    }
+
+    /// What the daemon would refuse in a file's symbols stops the build too, with the
+    /// daemon's own check and fix, rather than leaving a file that builds and is refused:
+    /// no entry point, an export signature outside the grammar, an export that is data.
+    @Test(arguments: ["c", "swift"])
+    func whatTheDaemonRefusesInTheSymbolsStopsTheBuild(language: String) throws {
+        let root = TemporaryDirectory("plugin-symbols")
+        let dir = root.file("Thermo")
+        try scaffold(language, "Thermo", in: dir)
+        let source = dir + (language == "c" ? "/thermo.c" : "/Thermo.swift")
+        let original = try text(source)
+
+        // The entry point without MODHOST_PLUGIN_ENTRY / @_cdecl.
+        let withoutEntry = language == "c"
+            ? original.replacingOccurrences(of: "MODHOST_PLUGIN_ENTRY {", with: "const modhost_plugin *modhost_plugin_entry_v1(void) {")
+            : original.replacingOccurrences(of: "@_cdecl(\"modhost_plugin_entry_v1\")\n", with: "")
+        try #require(withoutEntry != original)
+        try withoutEntry.write(toFile: source, atomically: true, encoding: .utf8)
+        let noEntry = try make(dir)
+        #expect(noEntry.status != 0)
+        #expect(noEntry.standardOutput.contains("entry symbol check failed: the file does not export modhost_plugin_entry_v1"), "\(noEntry.standardOutput)")
+        #expect(noEntry.standardOutput.contains(language == "c" ? "MODHOST_PLUGIN_ENTRY { return &plugin; }" : "@_cdecl(\"modhost_plugin_entry_v1\")"),
+                "\(noEntry.standardOutput)")
+        #expect(!FileManager.default.fileExists(atPath: dir + "/build/libThermo.so"))
+        try original.write(toFile: source, atomically: true, encoding: .utf8)
+
+        // An export whose signature is C, not the grammar of docs/calling.md.
+        let (file, function) = language == "c"
+            ? ("set.c", "#include <modulehost.h>\nMODHOST_EXPORT int32_t thermo_set(int32_t t) { return t; }\n")
+            : ("Set.swift", "@_cdecl(\"thermo_set\")\npublic func thermoSet(_ t: Int32) -> Int32 { t }\n")
+        try function.write(toFile: dir + "/" + file, atomically: true, encoding: .utf8)
+        try #"{ "name": "Thermo", "version": "1.0.0", "modules": ["thermo"], "exports": [{ "name": "thermo_set", "signature": "int(int)" }] }"#
+            .write(toFile: dir + "/plugin.json", atomically: true, encoding: .utf8)
+        let badSignature = try make(dir)
+        #expect(badSignature.status != 0)
+        #expect(badSignature.standardOutput.contains("exports check failed: plugin Thermo: export thermo_set: invalid signature \"int(int)\""),
+                "\(badSignature.standardOutput)")
+        #expect(badSignature.standardOutput.contains("did you mean i32?"), "\(badSignature.standardOutput)")
+        #expect(!FileManager.default.fileExists(atPath: dir + "/build/libThermo.so"))
+
+        // Fixed, it builds and verifies.
+        try #"{ "name": "Thermo", "version": "1.0.0", "modules": ["thermo"], "exports": [{ "name": "thermo_set", "signature": "i32(i32)" }] }"#
+            .write(toFile: dir + "/plugin.json", atomically: true, encoding: .utf8)
+        let built = try make(dir)
+        #expect(built.status == 0, "\(built.standardOutput)")
+        #expect(try run(BuildProducts.modhostctl, ["verify", dir + "/build/libThermo.so"]).status == 0)
+
+        guard language == "c" else { return }
+        // An export that is a variable: in the dynamic symbol table, but not a function.
+        try "#include <modulehost.h>\nMODHOST_EXPORT int32_t thermo_set = 3;\n".write(toFile: dir + "/" + file, atomically: true, encoding: .utf8)
+        let data = try make(dir)
+        #expect(data.status != 0)
+        #expect(data.standardOutput.contains("exports check failed: declared export thermo_set is a global object with default visibility, not a function"),
+                "\(data.standardOutput)")
+    }
+
+    /// plugin.mk's export check (`modhostctl manifest --library`) asks what the daemon asks
+    /// of a declared export: in the dynamic symbol table *with default (or protected)
+    /// visibility*. A file whose `.dynsym` lists the function as hidden (which the daemon
+    /// refuses) does not pass it.
+    @Test func anExportInTheDynamicSymbolTableWithHiddenVisibilityFailsTheBuildCheck() throws {
+        let root = TemporaryDirectory("plugin-hidden-dynsym")
+        let dir = root.file("Thermo")
+        try scaffold("c", "Thermo", in: dir)
+        try "#include <modulehost.h>\nMODHOST_EXPORT int32_t thermo_set(int32_t t) { return t; }\n"
+            .write(toFile: dir + "/set.c", atomically: true, encoding: .utf8)
+        try #"{ "name": "Thermo", "version": "1.0.0", "modules": ["thermo"], "exports": [{ "name": "thermo_set", "signature": "i32(i32)" }] }"#
+            .write(toFile: dir + "/plugin.json", atomically: true, encoding: .utf8)
+        try #require(try make(dir).status == 0)
+        let unstamped = dir + "/build/obj/Thermo/libThermo.so"
+        let check = ["manifest", "--language", "c", "--library", unstamped, dir + "/plugin.json"]
+        #expect(try run(BuildProducts.modhostctl, check).status == 0)
+
+        // st_other of thermo_set's .dynsym entry set to STV_HIDDEN, as a linker that kept a
+        // hidden symbol in the table would leave it.
+        var bytes = try [UInt8](Data(contentsOf: URL(fileURLWithPath: unstamped)))
+        let image = try ELFImage(path: unstamped)
+        let dynsym = try #require(image.section(named: ".dynsym"))
+        let dynstr = try #require(image.section(named: ".dynstr"))
+        let wanted = Array("thermo_set".utf8) + [0]
+        var patched = false
+        for entry in stride(from: Int(dynsym.offset) + 24, to: Int(dynsym.offset + dynsym.size), by: 24) {
+            let nameOffset = Int(bytes[entry]) | Int(bytes[entry + 1]) << 8 | Int(bytes[entry + 2]) << 16 | Int(bytes[entry + 3]) << 24
+            let start = Int(dynstr.offset) + nameOffset
+            if Array(bytes[start..<start + wanted.count]) == wanted {
+                bytes[entry + 5] = (bytes[entry + 5] & ~3) | 2  // st_other: STV_HIDDEN
+                patched = true
+            }
+        }
+        try #require(patched)
+        try Data(bytes).write(to: URL(fileURLWithPath: unstamped))
+        #expect(try ELFImage(path: unstamped).symbols(named: ["thermo_set"])["thermo_set"]?.visibility == 2)
+
+        let refused = try run(BuildProducts.modhostctl, check)
+        #expect(refused.status == 65, "\(refused.standardOutput)")
+        #expect(refused.standardError.contains("plugin.json exports thermo_set, which is not exported in the file's dynamic symbol table"),
+                "\(refused.standardError)")
+        #expect(refused.standardError.contains("MODHOST_EXPORT"), "\(refused.standardError)")
     }
 
     /// The example plugins build without a warning under plugin.mk's own flags.
