@@ -501,14 +501,21 @@ public actor Daemon: DaemonControl {
     public func post(notification: String, payload: JSONValue) async throws(DaemonError) -> [String] {
         try checkSendable(event: notification, to: nil)
         try await untilReadyWithinRequestDeadline()
-        let listeners = try await withinRequestDeadline("notification \(notification)") { [host] in
-            await host.perform { host -> [String] in
+        let (listeners, stuckBefore) = try await withinRequestDeadline("notification \(notification)") { [host, workers] in
+            await host.perform { host -> ([String], [String: PluginWorker.Stuck]) in
                 let listeners = host.moduleManager.modules.filter { $0.notifications.contains(notification) }.map(\.moduleName)
+                // A listener stuck in a callback now is not given the notification.
+                let stuck = Dictionary(uniqueKeysWithValues: listeners.compactMap { name in workers.stuck(module: name).map { (name, $0) } })
                 host.post(notification: notification, payload: payload)
-                return listeners
+                return (listeners, stuck)
             }
         }
-        for module in listeners { try checkNotStuck(in: notification, to: module) }
+        let delivery = PostDelivery(notification: notification, listeners: listeners, stuckBefore: stuckBefore,
+                                    stuckAfter: { [workers] in workers.stuck(module: $0) })
+        if let error = delivery.error(eventDeadline: configuration.eventDeadline) {
+            logger.warning("notification \(notification): \(error.message)", [("notification", notification)])
+            throw error
+        }
         logger.info("notification \(notification) posted to \(listeners.count) listening modules", [("notification", notification)])
         return listeners
     }

@@ -11,7 +11,8 @@ import PluginCall
 ///   never wait for plugin code.
 /// - `send`, `call`, `enable`, `disable` and `info` wait at most the request deadline, then
 ///   reply `deadline_exceeded`; the work goes on in the background.
-/// - A module stuck in a callback is refused by `send --to` (`module_stuck`); a plugin whose
+/// - A module stuck in a callback is refused by `send --to` (`module_stuck`), and a `post`
+///   names the listeners stuck before it or in it (`PostDelivery`); a plugin whose
 ///   call by name overran is refused further calls (`plugin_busy`) until it returns.
 /// - Lifecycle event names are refused by `send` (`reserved_event`).
 /// - A shutdown takes at most the shutdown budget; what still runs then is logged by name.
@@ -116,5 +117,62 @@ extension Daemon {
         }
         logger.info("stopped")
         return true
+    }
+}
+
+/// Which listeners of a posted notification got it: a listener stuck in a callback when it
+/// was posted did not get it (a C module gets no events until it returns); one that got it
+/// and did not return within the event deadline overran (it is now stuck in it). The reply
+/// names both rather than counting them among the listeners reached.
+struct PostDelivery {
+    var notification: String
+    /// Those that got it and returned in time, in module order.
+    var reached: [String] = []
+    /// Those that got it and are now stuck in it.
+    var overran: [String] = []
+    /// Those stuck in another callback (or an earlier one of the same name) when it was posted.
+    var notDelivered: [(module: String, stuck: PluginWorker.Stuck)] = []
+
+    init(notification: String, listeners: [String], stuckBefore: [String: PluginWorker.Stuck],
+         stuckAfter: (String) -> PluginWorker.Stuck?) {
+        self.notification = notification
+        for module in listeners {
+            let after = stuckAfter(module)
+            if let before = stuckBefore[module] {
+                // Still in the callback it was in (its time only grew), or returned since:
+                // either way the notification found it stuck.
+                if after.map({ $0.what == before.what && $0.elapsed >= before.elapsed }) ?? true {
+                    notDelivered.append((module, before))
+                    continue
+                }
+            }
+            if let after, after.what == notification {
+                overran.append(module)
+            } else {
+                reached.append(module)
+            }
+        }
+    }
+
+    /// `deadline_exceeded` when a listener overran, `module_stuck` when a listener stuck
+    /// before did not get it; nil when every listener got it and returned in time.
+    func error(eventDeadline: Duration) -> DaemonError? {
+        guard !overran.isEmpty || !notDelivered.isEmpty else { return nil }
+        var parts: [String] = []
+        if !overran.isEmpty {
+            parts.append("\(Self.modules(overran)) did not finish notification \(notification) within the event deadline of \(eventDeadline.secondsText); "
+                         + (overran.count == 1 ? "it is shown as stuck and gets no more events until it returns" : "they are shown as stuck and get no more events until they return"))
+        }
+        if !notDelivered.isEmpty {
+            let each = notDelivered.map { "\($0.module) (stuck in \($0.stuck.what) for \($0.stuck.elapsed.secondsText))" }
+            parts.append("notification \(notification) was not delivered to \(notDelivered.count == 1 ? "module" : "modules") \(each.joined(separator: ", ")), "
+                         + "stuck in a callback that has not returned")
+        }
+        parts.append(reached.isEmpty ? "no listener got it" : "it reached \(reached.joined(separator: ", "))")
+        return DaemonError(code: overran.isEmpty ? "module_stuck" : "deadline_exceeded", message: parts.joined(separator: "; "))
+    }
+
+    private static func modules(_ names: [String]) -> String {
+        (names.count == 1 ? "module " : "modules ") + names.joined(separator: ", ")
     }
 }

@@ -15,11 +15,12 @@ import TestSupport
     /// C functions (source) declared in the manifest as `(name, signature)`.
     @discardableResult
     static func plugin(_ name: String, modules: [String], hangOn: [String], in directory: String,
-                       exports: [(String, String)] = [], functions: String = "") throws -> String {
+                       exports: [(String, String)] = [], functions: String = "", listensTo: [String] = []) throws -> String {
         let hangs = hangOn.map { "strcmp(event, \"\($0)\") == 0" }.joined(separator: " || ")
+        let notifications = listensTo.isEmpty ? "NULL" : "notifications"
         let descriptors = modules.map { module in
             """
-                {sizeof(modhost_module), MODHOST_MODULE_C, "\(module)", "1.0", NULL, create, handle, destroy, NULL},
+                {sizeof(modhost_module), MODHOST_MODULE_C, "\(module)", "1.0", \(notifications), create, handle, destroy, NULL},
             """
         }.joined(separator: "\n")
         let source = """
@@ -45,6 +46,7 @@ import TestSupport
             }
             static void destroy(void *raw) { state *self = raw; free(self->name); free(self); }
             \(functions)
+            static const char *const notifications[] = {\(listensTo.map { "\"\($0)\", " }.joined())NULL};
             static const modhost_module modules[] = {
             \(descriptors)
             };
@@ -151,6 +153,44 @@ import TestSupport
         #expect(exit == 1, "exit status \(exit)")
         #expect(h.daemon.text.contains("shutdown budget"), "\(h.daemon.text)")
         #expect(h.daemon.text.contains("hang"))
+    }
+
+    /// `post` says which listeners did not get the notification (stuck in another callback)
+    /// and which did not finish it (now stuck), naming every one, instead of counting them
+    /// among the listeners reached or naming only the first.
+    @Test func postNamesTheListenersThatWereStuckOrOverranAndThoseItReached() async throws {
+        let scratch = TemporaryDirectory("stuck-post")
+        let hanging = try Self.plugin("Hang", modules: ["hang", "slowa", "slowb"], hangOn: ["block", "tick"], in: scratch.path,
+                                      listensTo: ["tick"])
+        let calm = try Self.plugin("Calm", modules: ["calm"], hangOn: [], in: scratch.path, listensTo: ["tick"])
+        let h = try Harness([], files: [hanging, calm], arguments: ["--event-deadline", "0.5", "--shutdown-budget", "3"])
+        #expect(await h.waitFor("control socket ready"), "\(h.daemon.text)")
+
+        // hang is stuck in block before anything is posted.
+        let sender = try RunningProcess(BuildProducts.modhostctl, ["--socket", h.socket, "send", "block", "--to", "hang"])
+        let stuck = try await Self.listUntil(h.socket) { rows in rows["hang"]?["state"] as? String == "stuck" }
+        #expect(stuck.met, "list never showed hang as stuck")
+        #expect(await sender.wait(timeout: .seconds(30)) == 1)
+
+        // slowa and slowb get tick and overrun; hang does not get it; calm does.
+        let first = try h.ctl("post", "tick")
+        #expect(first.status == 1, "\(first.standardOutput)")
+        #expect(first.standardError.contains("modules slowa, slowb did not finish notification tick within the event deadline of 0.5 s"),
+                "\(first.standardError)")
+        #expect(first.standardError.contains("notification tick was not delivered to module hang (stuck in block for "), "\(first.standardError)")
+        #expect(first.standardError.contains("it reached calm (deadline_exceeded)"), "\(first.standardError)")
+        #expect(await h.waitFor("event tick (alive)"))
+
+        // Posted again: the three are stuck and do not get it; that is module_stuck, not an overrun.
+        let second = try h.ctl("post", "tick")
+        #expect(second.status == 1)
+        #expect(second.standardError.contains("notification tick was not delivered to modules hang (stuck in block for "), "\(second.standardError)")
+        #expect(second.standardError.contains("slowa (stuck in tick for ") && second.standardError.contains("slowb (stuck in tick for "),
+                "\(second.standardError)")
+        #expect(!second.standardError.contains("did not finish"), "\(second.standardError)")
+        #expect(second.standardError.contains("it reached calm (module_stuck)"), "\(second.standardError)")
+
+        _ = await Self.terminate(h)
     }
 
     @Test func aModuleHangingInInitLetsTheDaemonBecomeReadyAndAnswer() async throws {
