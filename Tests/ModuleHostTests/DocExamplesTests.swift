@@ -188,6 +188,38 @@ struct DocExamplesTests {
         #expect(checked >= 2)
     }
 
+    // MARK: Makefiles
+
+    /// Every Makefile a document shows (a ```make block including plugin.mk) builds the
+    /// plugin `modhostctl new` writes for its PLUGIN, copied as shown with only the SDK path
+    /// set to the built one: a comment after a value, for instance, becomes part of it in
+    /// make (`MODHOST_SDK ?= /usr/local   # ...` names "/usr/local   ").
+    @Test func makefileExamplesBuildAPlugin() throws {
+        let scratch = TemporaryDirectory("doc-make")
+        var checked = 0
+        for block in try Self.blocks("make") where block.body.contains("plugin.mk") {
+            let lines = block.body.split(separator: "\n", omittingEmptySubsequences: false).map(String.init)
+            let plugin = try #require(lines.first { $0.hasPrefix("PLUGIN =") }.map { $0.dropFirst("PLUGIN =".count).trimmingCharacters(in: .whitespaces) },
+                                      "\(block.location): no PLUGIN line")
+            let makefile = lines.map { line -> String in
+                guard line.hasPrefix("MODHOST_SDK ?=") else { return line }
+                // Only the path is replaced; what follows it on the line stays.
+                let value = line.dropFirst("MODHOST_SDK ?=".count).drop { $0 == " " }
+                let rest = value.drop { $0 != " " && $0 != "\t" }
+                return "MODHOST_SDK ?= " + BuildProducts.directory + rest
+            }.joined(separator: "\n")
+            let directory = scratch.file("\(checked)/\(plugin)")
+            let scaffold = try run(BuildProducts.modhostctl, ["new", "--c", plugin, "--dir", directory])
+            try #require(scaffold.status == 0, "\(scaffold.standardError)")
+            try makefile.write(toFile: directory + "/Makefile", atomically: true, encoding: .utf8)
+            let build = try run("/bin/bash", ["-c", "env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL -u MODHOST_SDK make --no-print-directory 2>&1"],
+                                directory: directory)
+            #expect(build.status == 0, "\(block.location): the Makefile shown does not build:\n\(makefile)\n\(build.standardOutput)")
+            checked += 1
+        }
+        #expect(checked >= 3, "only \(checked) Makefiles found")
+    }
+
     // MARK: options and paths
 
     /// The options docs/daemon.md's table lists are those `modhostd --help` lists.
