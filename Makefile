@@ -57,11 +57,13 @@ build: sdk
 BIN = $(shell $(SWIFT) build -c $(CONFIG) --show-bin-path)
 
 # Lay out what users run and what plugin authors build against, as `make install` does.
-# Files are copied only when they changed, so plugins rebuild only for a new SDK.
+# Files are copied only when they changed, so plugins rebuild only for a new SDK, and a
+# changed one is written beside its path and renamed over it: a modhostd running from
+# build/ keeps the files it has mapped (rewritten in place, libModuleKit.so crashed it).
 sdk: swift-build
 	@bin="$(BIN)"; set -e; \
 	mkdir -p $(BUILD)/bin $(BUILD)/lib/modulehost/swift $(BUILD)/include/modulehost $(BUILD)/share/modulehost $(BUILD)/lib/pkgconfig $(BUILD)/plugins; \
-	copy() { cmp -s "$$1" "$$2" || cp -f "$$1" "$$2"; }; \
+	copy() { cmp -s "$$1" "$$2" || { cp -f "$$1" "$$2.tmp" && mv -f "$$2.tmp" "$$2"; }; }; \
 	for tool in modhostd modhostctl modhost-trial modhost-worker; do copy $$bin/$$tool $(BUILD)/bin/$$tool; done; \
 	copy $$bin/libModuleKit.so $(BUILD)/lib/libModuleKit.so; \
 	for f in $$bin/Modules/ModuleKit.swiftmodule $$bin/Modules/ModuleKit.swiftinterface $$bin/Modules/ModuleKit.swiftdoc; do copy $$f $(BUILD)/lib/modulehost/swift/$$(basename $$f); done; \

@@ -51,6 +51,40 @@ import TestSupport
         #expect(runTarget.standardOutput.contains("make run: a debug build"), "\(runTarget.standardOutput)")
     }
 
+    /// `make` lays out build/ while a modhostd started from it may be running (`make run`,
+    /// or `build/bin/modhostd` as the README shows): a changed file is written beside its
+    /// path and renamed over it, never rewritten in place, which would change the code
+    /// under that process's mapping of libModuleKit.so (it crashed with SIGSEGV).
+    @Test func theBuildLayoutReplacesAChangedFileByRenamingNeverInPlace() throws {
+        let scratch = TemporaryDirectory("sdk-layout")
+        func layout() throws -> ProcessResult {
+            // Only the layout step: the Swift build it depends on is taken as done.
+            try run("/bin/bash", ["-c", "env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make --no-print-directory -o swift-build -o deps sdk BUILD='\(scratch.path)' 2>&1"],
+                    directory: Self.root)
+        }
+        let first = try layout()
+        try #require(first.status == 0, "\(first.standardOutput)")
+        let library = scratch.file("lib/libModuleKit.so")
+        let built = try Data(contentsOf: URL(fileURLWithPath: library))
+
+        // An older libModuleKit.so, held open as a running daemon holds its mapping.
+        try scratch.write("lib/libModuleKit.so.old", text: "an older build")
+        try #require(rename(scratch.file("lib/libModuleKit.so.old"), library) == 0)
+        let held = open(library, O_RDONLY)
+        try #require(held >= 0)
+        defer { close(held) }
+
+        let second = try layout()
+        #expect(second.status == 0, "\(second.standardOutput)")
+        #expect(try Data(contentsOf: URL(fileURLWithPath: library)) == built, "the path has the new library")
+        var buffer = [UInt8](repeating: 0, count: 64)
+        let count = pread(held, &buffer, buffer.count, 0)
+        #expect(String(decoding: buffer.prefix(max(count, 0)), as: UTF8.self) == "an older build",
+                "the file a process held was rewritten in place")
+        #expect(try FileManager.default.contentsOfDirectory(atPath: scratch.file("lib")).sorted() == ["libModuleKit.so", "modulehost", "pkgconfig"],
+                "nothing is left beside it")
+    }
+
     // MARK: make deb
 
     /// `make deb` from the test build: its contents and scripts, an install into a scratch
