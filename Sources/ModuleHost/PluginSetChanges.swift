@@ -74,7 +74,10 @@ extension PluginSet {
                 }
                 continue
             }
-            if let record = records.values.first(where: { $0.source == path }), record.identity == identity, !isolationChanged(record) { continue }
+            // Unchanged since it was loaded; unless it was found unsafe since (its mode or
+            // owner changed, and may now be back to what it was loaded with: checked again).
+            if let record = records.values.first(where: { $0.source == path }), record.identity == identity, !isolationChanged(record),
+               refused[path] == nil { continue }
             if !retryingRefused, let entry = refused[path], entry.identity == identity, entry.failure.check != .dependency { continue }
             if let crash = crashGuard.crash(forFile: path, identity: identity.key) {
                 refuse(LoadFailure(file: path, check: .crashGuard, problem: "this file \(crash.what) at \(crash.time)",

@@ -84,6 +84,9 @@ import TestSupport
     @Test func aLoadedPluginWhoseFileBecomesWritableIsReportedAndKeepsRunning() async throws {
         let plugins = dir.directory("plugins")
         let path = try cPlugin("Steady", in: plugins)
+        var status = stat()
+        try #require(stat(path, &status) == 0)
+        let mode = status.st_mode & 0o7777
         let (daemon, socket) = try await startDaemon(plugins)
         defer { daemon.send(SIGTERM) }
         #expect(await daemon.waitFor("loaded plugin Steady 1.0"))
@@ -93,6 +96,14 @@ import TestSupport
         let row = try #require(try rows(socket).first { $0["module"] as? String == "steady" })
         #expect(row["state"] as? String == "running")
         #expect((row["lastError"] as? String)?.contains("permissions check failed") == true, "\(row)")
+
+        // The printed fix (chmod go-w) is noticed: the file is safe again, nothing is refused.
+        #expect(chmod(path, mode) == 0)
+        #expect(await daemon.waitFor("plugin Steady's file \(path) is safe again"), "\(daemon.text)")
+        let fixed = try #require(try rows(socket).first { $0["module"] as? String == "steady" })
+        #expect(fixed["lastError"] == nil, "\(fixed)")
+        let reload = try control(socket, ["--json", "reload"])
+        #expect(reload.status == 0 && !reload.standardOutput.contains(path), "\(reload.standardOutput)")
     }
 
     @Test func withTheSettingALoadedPluginWhoseFileBecomesWritableIsStopped() async throws {
