@@ -350,7 +350,7 @@ public actor Daemon: DaemonControl {
                 state = worker.phase == .quarantined ? .quarantined : worker.phase == .starting ? .restarting : .crashed
             }
             var row = ModuleRow(
-                module: status.name, plugin: status.plugin, file: plugin?.file ?? "", version: status.version,
+                module: status.name, plugin: status.plugin, file: plugin?.file ?? "", version: plugin?.version ?? status.version,
                 state: state.rawValue, order: status.order, generation: plugin?.generation,
                 lastError: plugin?.lastError?.description ?? worker?.lastCrash.map { "worker \($0)" },
                 stuckIn: stuck?.what, stuckSeconds: stuck.map { ($0.elapsed.seconds * 10).rounded() / 10 })

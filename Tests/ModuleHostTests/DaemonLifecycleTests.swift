@@ -264,6 +264,24 @@ import TestSupport
         #expect(await h.stop() == 0)
     }
 
+    /// `list` shows the plugin's version (docs/control-protocol.md), the one plugin.json
+    /// gives and the log's "replaced plugin X 1.0 by 1.1" names, not a module's own version:
+    /// an author who bumps plugin.json sees the new version.
+    @Test func listShowsThePluginsVersion() async throws {
+        let scratch = TemporaryDirectory("list-version")
+        let manifest = PluginFactory.manifest(plugin: "Versioned", modules: ["versioned"])
+            .replacingOccurrences(of: #""version":"1.0""#, with: #""version":"2.5.0""#)
+        try #require(manifest.contains("2.5.0"))
+        let plugin = try PluginFactory(directory: scratch.path).buildC(
+            "Versioned", source: PluginFactory.cSource(plugin: "Versioned", modules: ["versioned"]), manifest: manifest)
+        let h = try Harness([], files: [plugin])
+        #expect(await h.waitFor("control socket ready"), "\(h.daemon.text)")
+        let row = try #require(try h.modules()["versioned"])
+        #expect(row["version"] as? String == "2.5.0", "\(row)")
+        h.daemon.send(SIGTERM)
+        _ = await h.daemon.wait(timeout: .seconds(30))
+    }
+
     /// docs/control-protocol.md, `post` and `send`: `modhostctl post` reaches only the
     /// modules that listen to the notification (Counter listens to "tick", Greeting to
     /// nothing); `send` is a direct event that every module gets.
