@@ -95,8 +95,9 @@ final class WorkerChannel: Sendable {
 struct FrameReader {
     let fd: Int32
     /// Bytes read and not yet taken are `buffer[start..<end]`; it grows to the largest
-    /// frame read (at most `WorkerFrame.maximumSize`) and never shrinks.
-    private var buffer = [UInt8](repeating: 0, count: 65_536)
+    /// frame read (at most `WorkerFrame.maximumSize`) and never shrinks. Most frames are a
+    /// few hundred bytes.
+    private var buffer = [UInt8](repeating: 0, count: 4096)
     private var start = 0
     private var end = 0
 
