@@ -2,7 +2,7 @@ import CDynamicLoader
 import Foundation
 import Dispatch
 import Glibc
-import ModuleKit
+@_spi(ModuleHost) import ModuleKit
 import PluginCall
 import PluginFormat
 import Synchronization
@@ -265,9 +265,15 @@ final class WorkerService: Sendable {
                 let created = await create(module)
                 await updateDirect(module)
                 reply(id, created)
+            case "event" where message.text("kind") == "deinit":
+                // The daemon's module is gone (disabled, removed, replaced, shut down; it had
+                // its willUnload): so is this one, and a later create makes a new instance.
+                _ = direct.withLock { $0.removeValue(forKey: module) }
+                settings[module] = nil
+                await host.removeUnloaded(moduleNamed: [module])
+                reply(id, stuckReply(module))
             case "event":
                 let event = Self.event(message)
-                if message.text("kind") == "deinit" { _ = direct.withLock { $0.removeValue(forKey: module) } }
                 await host.perform { host in
                     if let event { host.module(named: module)?.handle(event, host: host) }
                 }
@@ -333,7 +339,6 @@ final class WorkerService: Sendable {
         let name = message.text("event") ?? ""
         switch message.text("kind") {
         case "start": return .start
-        case "deinit": return .deinitialize
         case "notification": return .notification(name: name, payload: payload)
         case "custom": return .custom(name: name, payload: payload)
         default: return nil

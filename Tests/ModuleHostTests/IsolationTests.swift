@@ -290,6 +290,30 @@ struct IsolationTests {
         await f.set.shutdown()
     }
 
+    /// `modhostctl disable m; modhostctl enable m` on a module of an isolated plugin: the
+    /// worker's module is deinitialized and destroyed, then created, initialized and started
+    /// anew in the same worker, and gets events again; the other module of the set runs on.
+    @Test func aDisabledModuleOfAnIsolatedPluginRunsAgainWhenEnabled() async throws {
+        let f = try Fixture()
+        try f.add("Toggled")
+        try f.add("Calm")
+        await f.set.reconcile()
+        await f.set.start()
+        let pid = try #require(await f.worker("Toggled")?.pid)
+        #expect(await f.knock("toggled", "before"))
+        try await f.set.setEnabled(false, module: "toggled")
+        #expect(await f.until { f.lines().contains("toggled destroy -") }, "\(f.lines())")
+        try await f.set.setEnabled(true, module: "toggled")
+        #expect(await f.knock("toggled", "after"))
+        #expect(await f.knock("calm", "after"))
+        let toggled = f.lines().filter { $0.hasPrefix("toggled ") }.map { $0.split(separator: " ")[1] }
+        #expect(toggled == ["create", "init", "start", "before", "willUnload", "deinit", "destroy", "create", "init", "start", "after"],
+                "\(toggled)")
+        let status = try #require(await f.worker("Toggled"))
+        #expect(status.pid == pid && status.restarts == 0 && status.crashes == 0, "\(status)")
+        await f.set.shutdown()
+    }
+
     /// The configuration's isolation fields: read into the policy, and every wrong value
     /// refused with the field and the fix.
     @Test func theConfigurationChoosesIsolationPerPlugin() throws {

@@ -182,13 +182,27 @@ public actor HostInstance {
     /// `.deinitialize`, then is removed. Names that are not running are only forgotten.
     /// Observers are notified once, afterwards.
     public func remove(moduleNamed names: [String]) async {
+        await remove(names, sendWillUnload: true)
+    }
+
+    /// Removes the running modules named `names`, which were told `.willUnload` already,
+    /// and forgets their factories: in reverse order, each gets `.deinitialize` and is
+    /// removed. For a host that runs modules on another host's behalf (an isolated plugin's
+    /// worker: the daemon's host delivers `.willUnload`, then `.deinitialize`), so that the
+    /// module can be added again later as a new instance.
+    @_spi(ModuleHost)
+    public func removeUnloaded(moduleNamed names: [String]) async {
+        await remove(names, sendWillUnload: false)
+    }
+
+    private func remove(_ names: [String], sendWillUnload: Bool) async {
         await acquireUpdateGate()
         defer { releaseUpdateGate() }
         beginUpdate()
         defer { endUpdate(establishesReadiness: false) }
         let wanted = Set(names)
         for slot in moduleManager.slots.reversed() where wanted.contains(slot.name) {
-            await unload(slot, sendWillUnload: true)
+            await unload(slot, sendWillUnload: sendWillUnload)
         }
         for name in names { factories[name] = nil }
     }
