@@ -6,7 +6,10 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <sys/prctl.h>
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/sendfile.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -65,6 +68,48 @@ int modhost_worker_set_limit(int which, uint64_t value) {
         errno = EINVAL;
         return -1;
     }
-    struct rlimit limit = {(rlim_t)value, (rlim_t)value};
+    /* CPU time: SIGXCPU at the limit and SIGKILL a second later (a hard limit equal to the
+     * soft one would be SIGKILL at once). */
+    struct rlimit limit = {(rlim_t)value, (rlim_t)value + (which == 2 ? 1 : 0)};
     return setrlimit(resources[which], &limit);
+}
+
+int modhost_worker_memory_copy(const char *path, const char *name) {
+    int source = open(path, O_RDONLY | O_CLOEXEC);
+    if (source < 0) return -1;
+    unsigned flags = MFD_CLOEXEC | MFD_ALLOW_SEALING;
+#ifdef MFD_EXEC
+    /* Executable on purpose (it is mapped as code), and saying so keeps kernels that warn
+     * about memory files without MFD_EXEC or MFD_NOEXEC_SEAL quiet; older ones refuse it. */
+    int copy = memfd_create(name, flags | MFD_EXEC);
+    if (copy < 0 && errno == EINVAL) copy = memfd_create(name, flags);
+#else
+    int copy = memfd_create(name, flags);
+#endif
+    if (copy < 0) {
+        int error = errno;
+        close(source);
+        errno = error;
+        return -1;
+    }
+    for (;;) {
+        ssize_t sent = sendfile(copy, source, NULL, 1 << 20);
+        if (sent == 0) break;
+        if (sent < 0 && errno == EINTR) continue;
+        if (sent < 0) {
+            int error = errno;
+            close(source);
+            close(copy);
+            errno = error;
+            return -1;
+        }
+    }
+    close(source);
+    if (fcntl(copy, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) != 0) {
+        int error = errno;
+        close(copy);
+        errno = error;
+        return -1;
+    }
+    return copy;
 }

@@ -226,6 +226,11 @@ public final class IsolatedPlugin: Sendable {
             } catch {
                 throw fail(error.description, "name an existing user and group in the plugin's configuration")
             }
+            // RLIMIT_NPROC binds no root process: a limit that would bind nothing is refused.
+            if settings.limits.processes != nil && (load["uid"]?.numberValue ?? 0) == 0 {
+                throw fail("its \"processes\" limit would bind nothing: the worker would run as root, and RLIMIT_NPROC does not apply to root",
+                           "give the plugin a \"user\" of its own (plugins.\(name).user in modhostd's configuration), or remove \"processes\"")
+            }
         }
         let connection: WorkerConnection
         do {

@@ -46,11 +46,20 @@ public enum WorkerProcess {
         _ = modhost_worker_close_from(callsDescriptor + 1)
         let channel = WorkerChannel(fd: socketDescriptor)
         var reader = FrameReader(fd: socketDescriptor)
-        let load: JSONValue
+        var load: JSONValue
         do {
             load = try reader.next()
         } catch {
             endGroup()
+        }
+        if load.integer("uid") != nil || load.integer("gid") != nil {
+            switch imagesInMemory(load) {
+            case .success(let inMemory): load = inMemory
+            case .failure(let problem):
+                channel.send(["op": "failed", "check": "isolation", "problem": .string(problem.text),
+                              "fix": "check that the daemon's state directory is readable by the daemon"])
+                endGroup()
+            }
         }
         if let problem = takePrivileges(load) {
             channel.send(["op": "failed", "check": "isolation", "problem": .string(problem),
@@ -94,6 +103,36 @@ public enum WorkerProcess {
     static func endGroup() -> Never {
         kill(0, SIGKILL)
         _exit(0)
+    }
+
+    /// A problem as text (a `Result`'s failure).
+    struct Problem: Error {
+        var text: String
+    }
+
+    /// `load` with its plugin image and preloads read from memory files: a worker that
+    /// takes another user or group cannot open the daemon's private copies (its images
+    /// directory is for the daemon's user only), so while it is still the daemon's user it
+    /// copies each into a sealed memory file, which it loads as /proc/self/fd/N.
+    static func imagesInMemory(_ load: JSONValue) -> Result<JSONValue, Problem> {
+        guard case .object(var fields) = load, let image = load.text("image") else { return .success(load) }
+        func copy(_ path: String) -> Result<JSONValue, Problem> {
+            let name = "modhost-" + (path.split(separator: "/").last.map(String.init) ?? "plugin")
+            let fd = modhost_worker_memory_copy(path, name)
+            guard fd >= 0 else { return .failure(Problem(text: "cannot copy \(path) into memory: \(String(cString: strerror(errno)))")) }
+            return .success(.string("/proc/self/fd/\(fd)"))
+        }
+        do throws(Problem) {
+            fields["image"] = try copy(image).get()
+            var preloads: [JSONValue] = []
+            if case .array(let paths) = load["preload"] ?? .null {
+                for path in paths.compactMap(\.stringValue) { preloads.append(try copy(path).get()) }
+            }
+            fields["preload"] = .array(preloads)
+        } catch {
+            return .failure(error)
+        }
+        return .success(.object(fields))
     }
 
     /// Applies `load`'s group, user, limits and PR_SET_NO_NEW_PRIVS; the problem, if one

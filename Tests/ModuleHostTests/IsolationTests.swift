@@ -11,18 +11,26 @@ import Testing
 import TestSupport
 
 /// Isolated plugins (docs/isolation.md) driven through a PluginSet in this test process:
-/// real C plugins that crash, exit, block, fork and eat memory in their worker, while the
+/// real C and Swift plugins that crash, exit, block, fork and eat memory in their worker, while the
 /// set, its host and the other modules carry on. Plus "one suite, two modes": the same
 /// plugin file behaves the same in process and isolated.
 @Suite(.serialized)
 struct IsolationTests {
     static var worker: String { BuildProducts.directory + "/bin/modhost-worker" }
 
+    /// The language of a faulty plugin: the same faults, written in C or in Swift.
+    enum Language: String, Sendable, CaseIterable {
+        case c, swift
+    }
+
     /// A C plugin `name` with one module (`name` in lower case) that appends
     /// `MODULE EVENT PAYLOAD` to `events` for every event, and misbehaves on the events
     /// named after faults: segv, thread (a thread it starts segfaults), exit0, block,
     /// hog (allocates until it fails, then aborts), forkbomb (forks 20 children that sleep,
-    /// then blocks). It exports `faulty_add(a, b)` (i32(i32,i32)), which segfaults when a is
+    /// then blocks), fatal (aborts), spin (loops on the CPU); and two that probe limits and
+    /// return: files (opens /dev/null until it fails, then notes `opened COUNT ERRNO`),
+    /// forkmany (forks children that sleep until fork fails, then notes `forked COUNT
+    /// ERRNO`). It exports `faulty_add(a, b)` (i32(i32,i32)), which segfaults when a is
     /// 13, and posts notification `pong` when it gets notification `ping`. With `crashInCreate`,
     /// its create segfaults.
     static func faultyPlugin(_ name: String, in directory: String, events: String, crashInCreate: Bool = false) throws -> String {
@@ -30,6 +38,7 @@ struct IsolationTests {
         let source = """
             #define _GNU_SOURCE
             #include <modulehost.h>
+            #include <errno.h>
             #include <fcntl.h>
             #include <pthread.h>
             #include <stdint.h>
@@ -44,6 +53,7 @@ struct IsolationTests {
                 if (fd >= 0) { if (write(fd, line, (size_t)n) < 0) {} close(fd); }
             }
             static void crash(void) { volatile int *nowhere = NULL; *nowhere = 1; }
+            static const char *errno_name(void) { return errno == EMFILE ? "EMFILE" : errno == EAGAIN ? "EAGAIN" : "other"; }
             static void *crash_later(void *unused) { (void)unused; crash(); return NULL; }
             static void *create(const modhost_host_api *host, const char *config) {
                 \(crashInCreate ? "crash();" : "")
@@ -63,6 +73,28 @@ struct IsolationTests {
                 if (strcmp(event, "forkbomb") == 0) {
                     for (int i = 0; i < 20; i++) if (fork() == 0) for (;;) pause();
                     for (;;) pause();
+                }
+                if (strcmp(event, "fatal") == 0) abort();
+                if (strcmp(event, "spin") == 0) for (volatile unsigned long i = 0;; i++) {}
+                if (strcmp(event, "files") == 0) {
+                    static int fds[4096];
+                    int count = 0;
+                    while (count < 4096 && (fds[count] = open("/dev/null", O_RDONLY)) >= 0) count++;
+                    char text[64];
+                    snprintf(text, sizeof text, "%d %s", count, errno_name());
+                    for (int i = 0; i < count; i++) close(fds[i]);
+                    note("opened", text);
+                }
+                if (strcmp(event, "forkmany") == 0) {
+                    int count = 0;
+                    pid_t child;
+                    while (count < 100000 && (child = fork()) >= 0) {
+                        if (child == 0) for (;;) pause();
+                        count++;
+                    }
+                    char text[64];
+                    snprintf(text, sizeof text, "%d %s", count, errno_name());
+                    note("forked", text);
                 }
                 if (strcmp(event, "ping") == 0) host->post_notification("pong", payload);
                 if (strcmp(event, "greet") == 0) host->log(MODHOST_LOG_INFO, "hello from the plugin");
@@ -85,6 +117,130 @@ struct IsolationTests {
             flags: "-lpthread")
     }
 
+    /// The Swift twin of `faultyPlugin`: plugin `name` version `version`, one module (`name`
+    /// in lower case) that notes every event and has the same faults (`fatal` is a
+    /// fatalError) and probes, `faulty_add` exported with @_cdecl, and `crashInCreate`. It
+    /// also counts `tick` events, notes `count N vVERSION` on `report`, and hands the count
+    /// over on a replace. It writes to the file its configuration's "events" names (the
+    /// fixture gives it), so one build, with plugin.mk, serves the whole run.
+    static func swiftFaultyPlugin(_ name: String, version: String = "2.5", crashInCreate: Bool = false) throws -> String {
+        let module = name.lowercased()
+        let source = """
+            import Glibc
+            import ModuleKit
+
+            private func note(_ path: String, _ line: String) {
+                let fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0o644)
+                guard fd >= 0 else { return }
+                _ = line.withCString { write(fd, $0, strlen($0)) }
+                close(fd)
+            }
+            private func crash() { UnsafeMutablePointer<Int32>(bitPattern: 8)!.pointee = 1 }
+            private func errnoName() -> String { errno == EMFILE ? "EMFILE" : errno == EAGAIN ? "EAGAIN" : "errno \\(errno)" }
+
+            public final class Faulty: PluginModule {
+                public static let name = "\(module)"
+                public static let version = "\(version)"
+                public var notifications: Set<String> { ["ping"] }
+                let events: String
+                var ticks = 0
+                var held: [UnsafeMutableRawPointer] = []
+
+                public init?(host: isolated HostInstance, configuration: JSONValue) {
+                    \(crashInCreate ? "crash()" : "")
+                    events = configuration["events"]?.stringValue ?? "/dev/null"
+                    note(events, "\(module) create \\(configuration.jsonText)\\n")
+                }
+                deinit { note(events, "\(module) destroy -\\n") }
+
+                public func handle(_ event: ModuleEvent, host: isolated HostInstance) {
+                    var payload = "-"
+                    if case .custom(_, let value) = event, value != .null { payload = value.jsonText }
+                    if case .notification(_, let value) = event, value != .null { payload = value.jsonText }
+                    note(events, "\(module) \\(event.name) \\(payload)\\n")
+                    switch event.name {
+                    case "segv": crash()
+                    case "fatal": fatalError("the faulty module gave up")
+                    case "thread":
+                        var thread = pthread_t()
+                        pthread_create(&thread, nil, { _ in crash(); return nil }, nil)
+                        pthread_join(thread, nil)
+                    case "exit0": exit(0)
+                    case "block": while true { pause() }
+                    case "hog":
+                        while true {
+                            guard let block = malloc(64 << 20) else { abort() }
+                            memset(block, 1, 64 << 20)
+                            held.append(block)  // kept, so the optimizer cannot drop the allocation
+                        }
+                    case "forkbomb":
+                        for _ in 0..<20 where fork() == 0 { while true { pause() } }
+                        while true { pause() }
+                    case "spin":
+                        var i = 0
+                        while true { i &+= 1; if i == 0 { note(events, "") } }
+                    case "files":
+                        var fds: [Int32] = []
+                        while fds.count < 4096, case let fd = open("/dev/null", O_RDONLY), fd >= 0 { fds.append(fd) }
+                        let text = "\\(fds.count) \\(errnoName())"
+                        for fd in fds { close(fd) }
+                        note(events, "\(module) opened \\(text)\\n")
+                    case "forkmany":
+                        var count = 0
+                        while count < 100_000 {
+                            let child = fork()
+                            if child < 0 { break }
+                            if child == 0 { while true { pause() } }
+                            count += 1
+                        }
+                        note(events, "\(module) forked \\(count) \\(errnoName())\\n")
+                    case "tick": ticks += 1
+                    case "report": note(events, "\(module) count \\(ticks) v\\(Self.version)\\n")
+                    default: break
+                    }
+                }
+
+                public func handle(_ event: AsyncModuleEvent, host: isolated HostInstance) async {
+                    note(events, "\(module) \\(event.name) -\\n")
+                }
+
+                public func stateForReplacement(host: isolated HostInstance) -> JSONValue? { ["ticks": .number(Double(ticks))] }
+                public func restore(state: JSONValue, host: isolated HostInstance) { ticks = Int(state["ticks"]?.numberValue ?? 0) }
+            }
+
+            @_cdecl("faulty_add")
+            public func faultyAdd(_ a: Int32, _ b: Int32) -> Int32 {
+                if a == 13 { crash() }
+                return a &+ b
+            }
+
+            @_cdecl("modhost_plugin_entry_v1")
+            public func modhostPluginEntry() -> UnsafeRawPointer? { PluginExport.plugin("\(name)", modules: [Faulty.self]) }
+            """
+        let manifest = """
+            {"name": "\(name)", "version": "\(version)", "modules": ["\(module)"],
+             "exports": [{"name": "faulty_add", "signature": "i32(i32,i32)"}]}
+            """
+        return try buildWithPluginMakefile(name, variant: "\(version)\(crashInCreate ? "-crash" : "")",
+                                           files: ["\(name).swift": source, "plugin.json": manifest])
+    }
+
+    /// Builds plugin `name` from `files` with plugin.mk in a directory of build/ kept
+    /// between runs (make rebuilds only what changed): the built file.
+    static func buildWithPluginMakefile(_ name: String, variant: String, files: [String: String], make: String = "") throws -> String {
+        let work = BuildProducts.directory + "/test-plugins/isolation/\(name)-\(variant)"
+        try FileManager.default.createDirectory(atPath: work, withIntermediateDirectories: true)
+        var files = files
+        // MODHOST_SDK given: plugin.mk's default, computed from the last makefile read, is
+        // wrong once the dependency file of an earlier build is included.
+        files["Makefile"] = "PLUGIN = \(name)\nMODHOST_SDK = \(BuildProducts.directory)\n\(make)include \(BuildProducts.pluginMakefile)\n"
+        for (file, text) in files where (try? String(contentsOfFile: work + "/" + file, encoding: .utf8)) != text {
+            try text.write(toFile: work + "/" + file, atomically: true, encoding: .utf8)
+        }
+        try shell("make -s", directory: work)
+        return work + "/build/lib\(name).so"
+    }
+
     /// A plugin set over a plugin directory of its own, with `isolated` plugins in workers.
     final class Fixture: Sendable {
         let root = TemporaryDirectory("isolation")
@@ -101,6 +257,9 @@ struct IsolationTests {
             chmod(state, 0o700)
             chmod(images, 0o700)
             events = root.file("events.log")
+            // Writable by a worker that runs as another user.
+            _ = FileManager.default.createFile(atPath: events, contents: nil)
+            chmod(events, 0o666)
             host = HostInstance(name: "test", eventDeadline: deadline)
             set = PluginSet(host: host, directories: [plugins], imagesDirectory: images,
                             crashGuard: try CrashGuard(directory: state), trialLoader: nil,
@@ -112,17 +271,33 @@ struct IsolationTests {
         /// A fixture running the faulty plugin `name`, isolated, started.
         static func running(_ name: String, deadline: Duration = .seconds(2)) async throws -> Fixture {
             let f = try Fixture(deadline: deadline)
-            try f.add(name)
+            try await f.add(name)
             await f.set.reconcile()
             await f.set.start()
             return f
         }
 
-        /// Builds the faulty plugin `name` into the plugin directory.
-        func add(_ name: String, crashInCreate: Bool = false) throws {
-            let build = root.directory("build-\(name)")
-            let file = try IsolationTests.faultyPlugin(name, in: build, events: events, crashInCreate: crashInCreate)
-            try FileManager.default.copyItem(atPath: file, toPath: plugins + "/lib\(name).so")
+        /// Module settings given so far (a Swift faulty module's events file).
+        private let settings = Mutex<[String: ModuleSettings]>([:])
+
+        /// Builds the faulty plugin `name` in `language` into the plugin directory (in place
+        /// of the file there: a new version to replace it).
+        func add(_ name: String, language: Language = .c, version: String = "2.5", crashInCreate: Bool = false) async throws {
+            let file: String
+            switch language {
+            case .c:
+                file = try IsolationTests.faultyPlugin(name, in: root.directory("build-\(name)"), events: events, crashInCreate: crashInCreate)
+            case .swift:
+                file = try IsolationTests.swiftFaultyPlugin(name, version: version, crashInCreate: crashInCreate)
+                let all = settings.withLock { settings in
+                    settings[name.lowercased()] = ModuleSettings(configuration: ["events": .string(events)])
+                    return settings
+                }
+                await set.updateSettings(all)
+            }
+            let target = plugins + "/lib\(name).so"
+            try? FileManager.default.removeItem(atPath: target)
+            try FileManager.default.copyItem(atPath: file, toPath: target)
         }
 
         func lines() -> [String] {
@@ -136,6 +311,17 @@ struct IsolationTests {
                 try? await Task.sleep(for: .milliseconds(50))
             }
             return false
+        }
+
+        /// Sends the probe `event` (files, forkmany) to module faulty and returns what it noted
+        /// (`faulty WHAT COUNT ERROR`), once it has (nil after a minute).
+        func probe(_ event: String, notes what: String) async -> (count: Int, error: String)? {
+            await host.send(ModuleEvent.custom(name: event, payload: .null), to: "faulty")
+            let prefix = "faulty \(what) "
+            guard await until({ lines().contains { $0.hasPrefix(prefix) } }),
+                  let fields = lines().first(where: { $0.hasPrefix(prefix) })?.split(separator: " "), fields.count == 4
+            else { return nil }
+            return (Int(fields[2]) ?? -1, String(fields[3]))
         }
 
         /// Sends `event` to `module` until it has written it down (a module whose worker is
@@ -166,33 +352,49 @@ struct IsolationTests {
         }
     }
 
-    /// Each fault, in a module's handler: the worker ends with the expected cause, its module
-    /// is crashed and then runs again in a new worker (restarted at once), gets events and
-    /// answers calls; the other plugin's module never stops getting events.
-    @Test(arguments: [
-        ("segv", "signal 11"), ("thread", "signal 11"), ("exit0", "exited with status 0"),
-        ("block", "did not answer block"), ("hog", "signal 6"), ("forkbomb", "did not answer forkbomb"),
-    ])
-    func aFaultInAHandlerCostsOnlyItsWorker(fault: String, cause: String) async throws {
-        // The hog reaches its 1 GiB limit within the deadline.
-        let f = try Fixture(plugins: ["Faulty": PluginIsolationSettings(limits: WorkerLimits(addressSpaceBytes: 1 << 30))],
-                            deadline: .seconds(fault == "hog" ? 10 : 1))
-        try f.add("Faulty")
-        try f.add("Calm")
+    /// A fault of a faulty plugin's handler and how its worker's end reads.
+    struct Fault: Sendable, CustomTestStringConvertible {
+        var language: Language
+        var event: String
+        var cause: String
+        var testDescription: String { "\(event) in \(language.rawValue)" }
+    }
+
+    static let faults: [Fault] = Language.allCases.flatMap { language in
+        [("segv", "signal 11"), ("thread", "signal 11"), ("exit0", "exited with status 0"),
+         ("block", "did not answer block"), ("hog", "signal 6"), ("forkbomb", "did not answer forkbomb"),
+         // abort() in C; a fatalError in Swift traps (ud2 on x86_64, brk on arm64).
+         ("fatal", language == .c ? "signal 6" : "was killed by signal"),
+         ("spin", "signal 24 (CPU time limit exceeded)")].map { Fault(language: language, event: $0.0, cause: $0.1) }
+    }
+
+    /// Each fault, in a module's handler, in C and in Swift: the worker ends with the
+    /// expected cause (the memory hog over its address-space limit, the spinning handler
+    /// over its CPU time), its module is crashed and then runs again in a new worker
+    /// (restarted at once), gets events and answers calls; the other plugin's module never
+    /// stops getting events.
+    @Test(arguments: faults)
+    func aFaultInAHandlerCostsOnlyItsWorker(fault: Fault) async throws {
+        // The hog reaches its 1 GiB limit, and the spinner its 2 s of CPU, within the deadline.
+        let limits = WorkerLimits(addressSpaceBytes: 1 << 30, cpuSeconds: fault.event == "spin" ? 2 : nil)
+        let f = try Fixture(plugins: ["Faulty": PluginIsolationSettings(limits: limits)],
+                            deadline: .seconds(["hog", "spin"].contains(fault.event) ? 30 : 1))
+        try await f.add("Faulty", language: fault.language)
+        try await f.add("Calm")
         let changes = await f.set.reconcile()
         #expect(changes.added.sorted() == ["Calm", "Faulty"])
         await f.set.start()
         let first = try #require(await f.worker("Faulty")?.pid)
         #expect(await f.knock("calm", "before"))
 
-        await f.host.send(ModuleEvent.custom(name: fault, payload: .null), to: "faulty")
+        await f.host.send(ModuleEvent.custom(name: fault.event, payload: .null), to: "faulty")
         let restarted = await f.until {
             let worker = await f.worker("Faulty")
             return (worker?.restarts ?? 0) >= 1 && worker?.phase == .running
         }
         #expect(restarted)
         let status = try #require(await f.worker("Faulty"))
-        #expect(status.lastCrash?.contains(cause) == true, "\(status)")
+        #expect(status.lastCrash?.contains(fault.cause) == true, "\(status)")
         #expect(status.crashes == 1)
         #expect(status.pid != first)
         // Nothing of the old worker's process group is left (the fork bomb's children).
@@ -209,8 +411,12 @@ struct IsolationTests {
         #expect(await f.until { Self.processes(inGroup: status.pid ?? 0).isEmpty })
     }
 
-    @Test func aCrashInACallByNameFailsThatCallOnlyAndTheWorkerComesBack() async throws {
-        let f = try await Fixture.running("Caller")
+    @Test(arguments: Language.allCases)
+    func aCrashInACallByNameFailsThatCallOnlyAndTheWorkerComesBack(language: Language) async throws {
+        let f = try Fixture()
+        try await f.add("Caller", language: language)
+        await f.set.reconcile()
+        await f.set.start()
         #expect(try await f.call("Caller", 40, 2) == .int32(42))
         do {
             _ = try await f.call("Caller", 13, 1)
@@ -271,10 +477,11 @@ struct IsolationTests {
 
     /// A module whose create crashes its worker every time: five crashes within the window
     /// quarantine the plugin (no more restarts); enabling its module starts it again.
-    @Test func aWorkerThatKeepsCrashingIsQuarantinedUntilEnabled() async throws {
+    @Test(arguments: Language.allCases)
+    func aWorkerThatKeepsCrashingIsQuarantinedUntilEnabled(language: Language) async throws {
         let f = try Fixture()
-        try f.add("Doomed", crashInCreate: true)
-        try f.add("Calm")
+        try await f.add("Doomed", language: language, crashInCreate: true)
+        try await f.add("Calm")
         await f.set.reconcile()
         await f.set.start()
         #expect(await f.until { await f.worker("Doomed")?.phase == .quarantined })
@@ -295,8 +502,8 @@ struct IsolationTests {
     /// anew in the same worker, and gets events again; the other module of the set runs on.
     @Test func aDisabledModuleOfAnIsolatedPluginRunsAgainWhenEnabled() async throws {
         let f = try Fixture()
-        try f.add("Toggled")
-        try f.add("Calm")
+        try await f.add("Toggled")
+        try await f.add("Calm")
         await f.set.reconcile()
         await f.set.start()
         let pid = try #require(await f.worker("Toggled")?.pid)
@@ -311,6 +518,183 @@ struct IsolationTests {
                 "\(toggled)")
         let status = try #require(await f.worker("Toggled"))
         #expect(status.pid == pid && status.restarts == 0 && status.crashes == 0, "\(status)")
+        await f.set.shutdown()
+    }
+
+    /// The open-files limit holds in the worker, in C and in Swift: a module that opens
+    /// files until it cannot stops short of the limit (EMFILE) and runs on in the same worker.
+    @Test(arguments: Language.allCases)
+    func theOpenFilesLimitBoundsTheWorker(language: Language) async throws {
+        let f = try Fixture(plugins: ["Faulty": PluginIsolationSettings(limits: WorkerLimits(openFiles: 40))])
+        try await f.add("Faulty", language: language)
+        await f.set.reconcile()
+        await f.set.start()
+        let pid = try #require(await f.worker("Faulty")?.pid)
+        let opened = try #require(await f.probe("files", notes: "opened"))
+        #expect(opened.error == "EMFILE" && opened.count > 0 && opened.count < 40, "\(opened)")
+        #expect(await f.knock("faulty", "after"))
+        let status = try #require(await f.worker("Faulty"))
+        #expect(status.pid == pid && status.crashes == 0, "\(status)")
+        await f.set.shutdown()
+    }
+
+    /// A fork bomb is bounded by the `processes` limit, in C and in Swift: the worker runs as
+    /// another user (RLIMIT_NPROC counts a user's processes and binds no root process), so a
+    /// module that forks until it cannot stops short of the limit (EAGAIN); the other module
+    /// runs on, the faulty one gets events again (in a new worker if the old one, left
+    /// without threads, stopped answering), and nothing it forked outlives the worker.
+    @Test(.enabled(if: geteuid() == 0, "RLIMIT_NPROC binds only a worker that runs as another user: starting one as nobody needs root"),
+          arguments: Language.allCases)
+    func aForkBombIsBoundedByTheProcessesLimit(language: Language) async throws {
+        let limits = WorkerLimits(processes: 64)
+        let f = try Fixture(plugins: ["Faulty": PluginIsolationSettings(limits: limits, user: "nobody", group: "nogroup")])
+        try await f.add("Faulty", language: language)
+        try await f.add("Calm")
+        await f.set.reconcile()
+        await f.set.start()
+        let pid = try #require(await f.worker("Faulty")?.pid)
+        let forked = try #require(await f.probe("forkmany", notes: "forked"))
+        #expect(forked.error == "EAGAIN" && forked.count > 0 && forked.count < 64, "\(forked)")
+        // The worker may now be unable to start a thread of its own (the limit counts threads
+        // too): it then stops answering and is killed and restarted like any hang.
+        #expect(await f.knock("calm", "after"))
+        #expect(await f.knock("faulty", "after"))
+        await f.set.shutdown()
+        #expect(await f.until { Self.processes(inGroup: pid).isEmpty }, "left: \(Self.processes(inGroup: pid))")
+    }
+
+    /// Under root, a `processes` limit for a worker that would run as root (no `user`) would
+    /// bind nothing: the plugin is refused with check isolation, and the fix names `user`.
+    @Test(.enabled(if: geteuid() == 0, "only a daemon running as root starts a worker as root"))
+    func aProcessesLimitOnAWorkerRunningAsRootIsRefused() async throws {
+        let f = try Fixture(plugins: ["Faulty": PluginIsolationSettings(limits: WorkerLimits(processes: 64))])
+        try await f.add("Faulty")
+        try await f.add("Calm")
+        let changes = await f.set.reconcile()
+        #expect(changes.refused == [f.plugins + "/libFaulty.so"] && changes.added == ["Calm"], "\(changes)")
+        let failure = try #require(await f.set.snapshot().files.first { $0.path.hasSuffix("/libFaulty.so") }?.failure)
+        #expect(failure.check == .isolation)
+        #expect(failure.problem.contains("processes") && failure.problem.contains("root"), "\(failure.problem)")
+        #expect(failure.fix.contains("user"), "\(failure.fix)")
+        await f.set.shutdown()
+    }
+
+    /// `user` and `group` when the daemon runs as root: the worker runs as them (its private
+    /// copy of the plugin sits in the daemon's 0700 images directory, which they cannot
+    /// enter), and the plugin runs, in C and in Swift: events, calls, a restart after a crash.
+    @Test(.enabled(if: geteuid() == 0, "a worker takes another user only when the daemon runs as root"),
+          arguments: Language.allCases)
+    func aWorkerRunsAsTheConfiguredUserAndGroup(language: Language) async throws {
+        let f = try Fixture(plugins: ["Faulty": PluginIsolationSettings(user: "nobody", group: "nogroup")])
+        try await f.add("Faulty", language: language)
+        await f.set.reconcile()
+        await f.set.start()
+        let pid = try #require(await f.worker("Faulty")?.pid)
+        let identity = try Self.identity(of: pid)
+        #expect(identity.uid == 65534 && identity.gid == 65534 && identity.groups.isEmpty, "\(identity)")
+        #expect(await f.knock("faulty", "hello"))
+        #expect(try await f.call("Faulty", 2, 3) == .int32(5))
+        await f.host.send(ModuleEvent.custom(name: "segv", payload: .null), to: "faulty")
+        #expect(await f.until {
+            let worker = await f.worker("Faulty")
+            return worker?.restarts == 1 && worker?.phase == .running
+        })
+        let restarted = try #require(await f.worker("Faulty")?.pid)
+        #expect(try Self.identity(of: restarted).uid == 65534)
+        #expect(await f.knock("faulty", "again"))
+        await f.set.shutdown()
+    }
+
+    /// The real uid, gid and supplementary groups of process `pid` (/proc/PID/status).
+    static func identity(of pid: Int32) throws -> (uid: Int, gid: Int, groups: [Int]) {
+        let status = try String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8)
+        func field(_ name: String) -> [Int] {
+            let line = status.split(separator: "\n").first { $0.hasPrefix(name + ":") } ?? ""
+            return line.dropFirst(name.count + 1).split(whereSeparator: { $0 == "\t" || $0 == " " }).compactMap { Int($0) }
+        }
+        return (field("Uid").first ?? -1, field("Gid").first ?? -1, field("Groups"))
+    }
+
+    /// A Swift plugin that imports another plugin's Swift module runs isolated: its worker
+    /// maps the plugin it depends on (Greeting, the example) first, so the import resolves
+    /// and Greeting's code runs in the worker, from an event and from a call by name.
+    @Test func aSwiftPluginWithADependencyRunsIsolated() async throws {
+        let f = try Fixture()
+        let source = """
+            import Glibc
+            import Greeting
+            import ModuleKit
+
+            public final class Vowels: PluginModule {
+                public static let name = "vowels"
+                let events: String
+                public init?(host: isolated HostInstance, configuration: JSONValue) {
+                    events = configuration["events"]?.stringValue ?? "/dev/null"
+                }
+                public func handle(_ event: ModuleEvent, host: isolated HostInstance) {
+                    guard case .custom("count", let payload) = event, let text = payload["text"]?.stringValue else { return }
+                    let line = "vowels \\(text) \\(text.withCString { greetingVowelCount($0) })\\n"
+                    let fd = open(events, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0o644)
+                    _ = line.withCString { write(fd, $0, strlen($0)) }
+                    close(fd)
+                }
+            }
+
+            @_cdecl("vowels_times_ten")
+            public func vowelsTimesTen(_ text: UnsafePointer<CChar>?) -> Int32 { greetingVowelCount(text) &* 10 }
+
+            @_cdecl("modhost_plugin_entry_v1")
+            public func modhostPluginEntry() -> UnsafeRawPointer? { PluginExport.plugin("Vowels", modules: [Vowels.self]) }
+            """
+        let manifest = """
+            {"name": "Vowels", "version": "1.0.0", "dependencies": ["Greeting"], "modules": ["vowels"],
+             "exports": [{"name": "vowels_times_ten", "signature": "i32(str)"}]}
+            """
+        let vowels = try Self.buildWithPluginMakefile(
+            "Vowels", variant: "1", files: ["Vowels.swift": source, "plugin.json": manifest],
+            make: "MODULES_DIR = \(BuildProducts.directory)/plugin-modules\nLDLIBS = -L \(BuildProducts.pluginDirectory)\n")
+        try FileManager.default.copyItem(atPath: vowels, toPath: f.plugins + "/libVowels.so")
+        try FileManager.default.copyItem(atPath: BuildProducts.plugin("Greeting"), toPath: f.plugins + "/libGreeting.so")
+        await f.set.updateSettings(["vowels": ModuleSettings(configuration: ["events": .string(f.events)])])
+        let changes = await f.set.reconcile()
+        #expect(changes.added.sorted() == ["Greeting", "Vowels"], "\(changes)")
+        await f.set.start()
+        let worker = try #require(await f.worker("Vowels")?.pid)
+        #expect(await f.worker("Greeting")?.pid != worker)
+        await f.host.send(ModuleEvent.custom(name: "count", payload: ["text": "education"]), to: "vowels")
+        #expect(await f.until { f.lines().contains("vowels education 5") }, "\(f.lines())")
+        let isolated = try #require(await f.set.plugin(named: "Vowels")?.isolated)
+        #expect(try await isolated.call("vowels_times_ten", texts: ["isolation"]) == .int32(50))
+        #expect(await f.worker("Vowels")?.crashes == 0)
+        await f.set.shutdown()
+    }
+
+    /// A replace of an isolated plugin hands its module's state over: the new version's
+    /// code runs in a new worker with the count the old one had, the old module got
+    /// willUnload, and nothing of the old worker is left.
+    @Test func anIsolatedReplaceHandsTheStateOverAndEndsTheOldWorker() async throws {
+        let f = try Fixture()
+        try await f.add("Tally", language: .swift, version: "1.0.0")
+        await f.set.reconcile()
+        await f.set.start()
+        let old = try #require(await f.worker("Tally")?.pid)
+        for _ in 0..<3 { await f.host.send(ModuleEvent.custom(name: "tick", payload: .null), to: "tally") }
+        await f.host.send(ModuleEvent.custom(name: "report", payload: .null), to: "tally")
+        #expect(await f.until { f.lines().contains("tally count 3 v1.0.0") }, "\(f.lines())")
+
+        try await f.add("Tally", language: .swift, version: "2.0.0")
+        let changes = await f.set.reconcile()
+        #expect(changes.replaced == ["Tally"], "\(changes)")
+        let plugin = try #require(await f.set.snapshot().plugins.first { $0.name == "Tally" })
+        #expect(plugin.version == "2.0.0" && plugin.generation == 2, "\(plugin)")
+        let new = try #require(plugin.worker?.pid)
+        #expect(new != old)
+        #expect(await f.until { Self.processes(inGroup: old).isEmpty }, "left: \(Self.processes(inGroup: old))")
+        await f.host.send(ModuleEvent.custom(name: "tick", payload: .null), to: "tally")
+        await f.host.send(ModuleEvent.custom(name: "report", payload: .null), to: "tally")
+        #expect(await f.until { f.lines().contains("tally count 4 v2.0.0") }, "\(f.lines())")
+        let tally = f.lines().filter { $0.hasPrefix("tally ") }.map { $0.split(separator: " ")[1] }
+        #expect(tally.filter { $0 == "willUnload" }.count == 1 && tally.filter { $0 == "create" }.count == 2, "\(tally)")
         await f.set.shutdown()
     }
 
@@ -375,7 +759,7 @@ struct IsolationTests {
         let f = try Fixture(isolation: isolation)
         // Plugin names differ per mode: this process binds an in-process plugin by SONAME.
         let name = isolation == .process ? "SameIsolated" : "SameInProcess"
-        try f.add(name)
+        try await f.add(name)
         let module = name.lowercased()
         await f.set.reconcile()
         await f.set.start()
@@ -478,13 +862,15 @@ private final class PongListener: Module {
 struct IsolatedDaemonTests {
     typealias Harness = DaemonLifecycleTests.Harness
 
-    @Test func aCrashingIsolatedPluginIsRestartedWhileTheDaemonAnswers() async throws {
+    @Test(arguments: IsolationTests.Language.allCases)
+    func aCrashingIsolatedPluginIsRestartedWhileTheDaemonAnswers(language: IsolationTests.Language) async throws {
         let scratch = TemporaryDirectory("isolated-daemon")
         let events = scratch.file("events.log")
-        let faulty = try IsolationTests.faultyPlugin("Faulty", in: scratch.directory("faulty"), events: events)
+        let faulty = language == .c ? try IsolationTests.faultyPlugin("Faulty", in: scratch.directory("faulty"), events: events)
+                                    : try IsolationTests.swiftFaultyPlugin("Faulty")
         let calm = try IsolationTests.faultyPlugin("Calm", in: scratch.directory("calm"), events: events)
         let h = try Harness([], files: [faulty, calm], arguments: ["--event-deadline", "1"],
-                            config: #"{"plugins": {"Faulty": {"isolation": "process"}}}"#)
+                            config: #"{"plugins": {"Faulty": {"isolation": "process"}}, "modules": {"faulty": {"configuration": {"events": "\#(events)"}}}}"#)
         #expect(await h.waitFor("control socket ready"), "\(h.daemon.text)")
         let before = try h.modules()
         #expect(before["faulty"]?["isolation"] as? String == "process")
@@ -516,6 +902,14 @@ struct IsolatedDaemonTests {
         let crashed = try h.ctl("call", "Faulty", "faulty_add", "13", "0")
         #expect(crashed.status != 0)
         #expect(crashed.standardError.contains("call_failed"), "\(crashed.standardError)")
+
+        // Disabled and enabled again, the isolated module runs again and gets events.
+        _ = try await StuckModuleTests.listUntil(h.socket) { rows in rows["faulty"]?["state"] as? String == "running" }
+        #expect(try h.ctl("disable", "faulty").status == 0)
+        #expect(try h.ctl("enable", "faulty").status == 0)
+        #expect(try h.ctl("send", "back", "--to", "faulty").status == 0)
+        let back = ((try? String(contentsOfFile: events, encoding: .utf8)) ?? "").split(separator: "\n")
+        #expect(back.contains("faulty back -"), "\(back)")
 
         // kill -9 of the daemon: no worker, and nothing in a worker's process group, is left.
         let current = try await Self.workerPid(h)

@@ -27,7 +27,14 @@ pid_t modhost_worker_peer_pid(int fd);
 int modhost_worker_socketpair(int fds[2]);
 
 /* setrlimit(resource, {value, value}) for the limits a worker takes (RLIMIT_AS,
- * RLIMIT_NOFILE, RLIMIT_CPU, RLIMIT_NPROC: 0..3 in that order). */
+ * RLIMIT_NOFILE, RLIMIT_CPU, RLIMIT_NPROC: 0..3 in that order); for RLIMIT_CPU the hard
+ * limit is one second more, so that SIGXCPU comes first. */
 int modhost_worker_set_limit(int which, uint64_t value);
+
+/* A sealed, read-only copy of file `path` in a new memory file named `name`
+ * (memfd_create, close-on-exec): the descriptor, or -1 with errno. A worker that takes
+ * another user copies the daemon's private images (in a directory only the daemon's user
+ * may enter) while it still can, and loads them as /proc/self/fd/N. */
+int modhost_worker_memory_copy(const char *path, const char *name);
 
 #endif
