@@ -9,7 +9,9 @@
 # builds without optimization. The flags the host needs (module name, SDK paths, soname,
 # -z nodelete) come from `modhostctl flags`, the same flags a CMake or SwiftPM build uses.
 
-MODHOST_SDK ?= $(abspath $(dir $(lastword $(MAKEFILE_LIST)))/../..)
+# This file's own path, taken now: MAKEFILE_LIST grows as the dependency file is included.
+MODHOST_PLUGIN_MK := $(lastword $(MAKEFILE_LIST))
+MODHOST_SDK ?= $(abspath $(dir $(MODHOST_PLUGIN_MK))/../..)
 ifndef PLUGIN
 $(error set PLUGIN = <Name> before including plugin.mk)
 endif

@@ -137,6 +137,25 @@ import TestSupport
 
     /// Optimized with debug information by default, `-Onone` with DEBUG=1, and a change of
     /// flags rebuilds.
+    /// A Makefile that sets no MODHOST_SDK (the README's pkg-config form) builds: plugin.mk
+    /// finds the SDK from its own path, on the first build and on a rebuild, when the
+    /// dependency file plugin.mk includes is the makefile read last.
+    @Test(arguments: ["c", "swift"])
+    func pluginMkFindsTheSDKFromItsOwnPathOnEveryBuild(language: String) throws {
+        let root = TemporaryDirectory("plugin-sdk-path")
+        let dir = root.file("Found")
+        try scaffold(language, "Found", in: dir)
+        try "PLUGIN = Found\ninclude \(Self.sdk)/share/modulehost/plugin.mk\n"
+            .write(toFile: dir + "/Makefile", atomically: true, encoding: .utf8)
+        let first = try make(dir)
+        #expect(first.status == 0, "\(first.standardOutput)")
+        let source = dir + (language == "c" ? "/found.c" : "/Found.swift")
+        try (try text(source) + "// changed\n").write(toFile: source, atomically: true, encoding: .utf8)
+        let second = try make(dir)
+        #expect(second.status == 0, "\(second.standardOutput)")
+        #expect(try make(dir, "-q").status == 0, "the rebuild should leave nothing to do")
+    }
+
     @Test(arguments: ["c", "swift"])
     func pluginsAreOptimizedByDefaultAndDebugIsAFlag(language: String) throws {
         let root = TemporaryDirectory("plugin-flags")
