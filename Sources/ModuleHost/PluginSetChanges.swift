@@ -54,6 +54,8 @@ extension PluginSet {
         // Candidates refused before their manifest was read (e.g. still being copied): one
         // of them may be a dependency that is on its way.
         var unidentified = 0
+        // New plugins' files that held another plugin, which goes when the new one loads.
+        var displacing: [String: String] = [:]  // path -> the plugin loaded from it
         // The names held: the loaded plugins', then each candidate's in path order (the first
         // file keeps a name), all checked before any dlopen.
         var claims = NameClaims(capacity: records.count + present.count)
@@ -124,20 +126,22 @@ extension PluginSet {
                 continue
             }
             for warning in file.warnings { logger.warning(warning, [("file", path)]) }
-            // The file now holds another plugin than the one loaded from it: that one goes.
-            if let previous = records.values.first(where: { $0.source == path }), previous.loaded.name != file.name {
-                let removed = await remove(previous.loaded.name, reason: "its file \(path) now holds plugin \(file.name)")
-                for name in removed { claims.release(plugin: name) }
-                summary.removed += removed
-            }
+            // The file now holds another plugin than the one loaded from it: that one goes once
+            // the new one has loaded, and keeps running if it is refused. Its names are the
+            // new one's to take meanwhile.
+            let displaced = records.values.first(where: { $0.source == path && $0.loaded.name != file.name })
+            if let displaced { claims.release(plugin: displaced.loaded.name) }
             // A new version of the plugin loaded from this file takes over its names.
             let loadedHere = records[file.name].flatMap { $0.source == path ? $0 : nil }
             if loadedHere != nil { claims.release(plugin: file.name) }
             if let conflict = claims.conflict(plugin: file.name, modules: file.manifest.modules, file: path) {
-                if let loadedHere { claims.claim(plugin: file.name, modules: loadedHere.loaded.file.manifest.modules, file: path) }
+                for record in [loadedHere, displaced].compactMap({ $0 }) {
+                    claims.claim(plugin: record.loaded.name, modules: record.loaded.file.manifest.modules, file: path)
+                }
                 refuse(LoadFailure(file: path, conflict: conflict), identity, &summary)
                 continue
             }
+            if let displaced { displacing[path] = displaced.loaded.name }
             claims.claim(plugin: file.name, modules: file.manifest.modules, file: path)
             hashes[path] = (hash, identity, version)
             if loadedHere != nil {
@@ -148,7 +152,7 @@ extension PluginSet {
         }
 
         // New plugins, in dependency order.
-        let order = DependencyOrder(fresh, loaded: Set(records.keys))
+        let order = DependencyOrder(fresh, loaded: Set(records.keys).subtracting(displacing.values))
         let waits = unidentified > 0 ? waitingForUnknown(fresh, order: order) : [:]
         for failure in order.refused {
             if let missing = waits[failure.file] {
@@ -164,12 +168,13 @@ extension PluginSet {
             defer { loading.remove(file.path) }
             if stopRequested { break }
             guard let (hash, identity, version) = hashes[file.path] else { continue }
-            if let dependency = file.manifest.dependencies.first(where: { records[$0] == nil }) {
+            if let dependency = file.manifest.dependencies.first(where: { records[$0] == nil || displacing.values.contains($0) }) {
                 refuse(LoadFailure(file: file.path, check: .dependency, problem: "plugin \(file.name) needs \(dependency), which is not loaded",
                                    fix: "fix plugin \(dependency) first"), identity, &summary)
                 continue
             }
-            if await add(file, version: version, hash: hash, identity: identity, trial: trial) {
+            if await add(file, version: version, hash: hash, identity: identity, trial: trial,
+                         displacing: displacing[file.path], removed: &summary.removed) {
                 summary.added.append(file.name)
             } else {
                 summary.refused.append(file.path)
@@ -264,7 +269,12 @@ extension PluginSet {
 
     /// Loads a new plugin from a private copy and registers, initializes (and, once the
     /// host has started, starts) its modules. `trial` first loads it with the trial loader.
-    func add(_ file: PluginFile, version: FileIdentity, hash: String, identity: FileIdentity, trial: Bool) async -> Bool {
+    /// `displacing` names the plugin loaded from the same path until now: it is removed (its
+    /// names and its dependents' appended to `removed`) once the new one has passed its trial
+    /// and opened, just before the new one is registered; until then a refusal leaves it
+    /// running.
+    func add(_ file: PluginFile, version: FileIdentity, hash: String, identity: FileIdentity, trial: Bool,
+             displacing: String? = nil, removed: inout [String]) async -> Bool {
         var none = PluginChanges()
         let generation = (generations[file.name] ?? 0) + 1
         let image: PrivateImage
@@ -296,6 +306,9 @@ extension PluginSet {
                 defer { crashGuard.end() }
                 loaded = try PluginLoader(validator: validator, registry: registry, workers: workers, metrics: metrics).open(image.file)
                 FatalSignalRecorder.track(loaded!, file: file.path, hash: hash)
+            }
+            if let displacing {
+                removed += await remove(displacing, reason: "its file \(file.path) now holds plugin \(file.name)")
             }
             try registry.register(loaded!)
         } catch {

@@ -286,6 +286,35 @@ struct PluginSetTests {
         await f.set.shutdown()
     }
 
+    @Test func aFileThatNowHoldsAnotherPluginKeepsTheOldOneRunningUntilTheNewOneLoads() async throws {
+        let f = try Fixture()
+        let path = f.path(of: "PsRen")
+        try f.install(try f.build("PsRenA", tag: "a1"), as: "PsRen")
+        await f.set.reconcile(trial: false)
+        await f.set.start()
+        #expect(await f.plugin("PsRenA")?.file == path)
+
+        // The manifest names another plugin now, whose entry point fails: the old plugin
+        // keeps running, the file is refused with the new plugin's reason.
+        try f.install(try f.build("PsRenB", tag: "b1", entryBody: "return NULL;"), as: "PsRen")
+        #expect(await f.set.reconcile() == PluginChanges(refused: [path]))
+        #expect(await f.plugin("PsRenA")?.version == "1.0")
+        #expect(await f.plugin("PsRenA")?.lastError?.check == .descriptor)
+        #expect(await f.plugin("PsRenB") == nil)
+        #expect(await f.knock("psrena", "knock") == "psrena knock tag=a1 provider=-")
+        #expect(await f.currentImages() == f.imageFiles())
+
+        // A working build of the other plugin takes the file over: the old one goes.
+        try f.install(try f.build("PsRenB", tag: "b2"), as: "PsRen")
+        #expect(await f.set.reconcile() == PluginChanges(added: ["PsRenB"], removed: ["PsRenA"]))
+        #expect(await f.plugin("PsRenA") == nil)
+        #expect(await f.plugin("PsRenB")?.file == path)
+        #expect(await f.waitFor("psrena destroy tag=a1 provider=-"))
+        #expect(await f.knock("psrenb", "knock") == "psrenb knock tag=b2 provider=-")
+        #expect(await f.currentImages() == f.imageFiles())
+        await f.set.shutdown()
+    }
+
     /// A trial loader that refuses version 2.0 and records what it was asked.
     final class RecordingTrialLoader: TrialLoader {
         struct Trial: Sendable {
