@@ -528,8 +528,8 @@ extension PluginSet {
         }
         refused[file.path] = nil
         logger.info("replaced plugin \(file.name) \(old.loaded.file.manifest.version) by \(file.manifest.version) (generation \(images[file.name]!.generation))",
-                    [("plugin", file.name), ("file", file.path),
-                     ("restarted", chain.dropFirst().joined(separator: ","))])
+                    [("plugin", file.name), ("file", file.path)]
+                        + (chain.count > 1 ? [("restarted", chain.dropFirst().joined(separator: ","))] : []))
         return true
     }
 
