@@ -305,6 +305,19 @@ public final class IsolatedPlugin: Sendable {
         return reply["running"]?.boolValue ?? true
     }
 
+    /// The info of `module` as the worker's module reports it now; nil when no worker runs
+    /// or it did not answer within the event deadline (logged: the caller answers from the
+    /// last info it had).
+    func info(_ module: String) -> ModuleInfo? {
+        let phase = state.withLock { $0.phase }
+        guard let reply = request(["op": "info", "module": .string(module)], what: "info of \(module)") else {
+            logger.warning("the info of module \(module) is the last its worker gave: its worker \(phase == .running ? "did not answer within \(deadline.secondsText)" : "is \(phase.rawValue)")",
+                           [("module", module)])
+            return nil
+        }
+        return try? reply["info"]?.decode(ModuleInfo.self)
+    }
+
     func stateForReplacement(_ module: String) -> JSONValue? {
         guard let state = request(["op": "state", "module": .string(module)], what: "stateForReplacement")?["state"], state != .null
         else { return nil }
@@ -501,10 +514,18 @@ public final class IsolatedPlugin: Sendable {
         logger.log(level, message.text("message") ?? "", [("plugin", name), ("worker", "\(pid)")])
     }
 
-    /// A notification a module of the worker posted: to every module of the daemon's host.
+    /// A notification a module of the worker posted (a C module's `post_notification`, a
+    /// Swift module's `host.post`): to every module of the daemon's host that listens, this
+    /// plugin's included, or to the one it names (`send(.notification, to:)`), in the order
+    /// the worker made them.
     func post(_ message: JSONValue) {
         guard let notification = message.text("name") else { return }
-        host.postFromAnywhere(notification: notification, payload: message["payload"] ?? .null)
+        let payload = message["payload"] ?? .null
+        if let module = message.text("module") {
+            host.sendFromAnywhere(.notification(name: notification, payload: payload), to: module)
+        } else {
+            host.postFromAnywhere(notification: notification, payload: payload)
+        }
     }
 
     // MARK: - Helpers
@@ -868,15 +889,24 @@ final class WorkerConnection: Sendable {
 final class IsolatedModule: Module {
     let plugin: IsolatedPlugin
     let moduleName: String
-    let info: ModuleInfo
     let notifications: Set<String>
+    /// The info the worker's module gave last: the answer while no worker can be asked.
+    private var lastInfo: ModuleInfo
 
     init?(plugin: IsolatedPlugin, name: String, version: String, configuration: JSONValue, running: [String]) {
         guard let created = plugin.create(name, configuration: configuration, running: running) else { return nil }
         self.plugin = plugin
         moduleName = name
-        info = created.info ?? ModuleInfo(name: name, version: version)
+        lastInfo = created.info ?? ModuleInfo(name: name, version: version)
         notifications = created.notifications
+    }
+
+    /// Asked of the worker's module each time, as a module in process is (its Info may
+    /// change as it runs), up to the event deadline; the last answer when its worker is
+    /// down or does not answer in time (logged; the worker is then killed and restarted).
+    var info: ModuleInfo {
+        if let info = plugin.info(moduleName), info.name == moduleName { lastInfo = info }
+        return lastInfo
     }
 
     func handle(_ event: ModuleEvent, host: isolated HostInstance) {

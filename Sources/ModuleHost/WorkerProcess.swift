@@ -207,7 +207,16 @@ final class WorkerService: Sendable {
             throw fail("the load frame's manifest is invalid: \(error)")
         }
         let deadline = load["eventDeadlineSeconds"]?.numberValue.flatMap { CheckedNumber.duration(seconds: $0, in: 0.001...3600) } ?? .seconds(5)
-        let host = HostInstance(name: "modhostd", eventDeadline: deadline, logger: Logger(label: "modhostd"))
+        // Notifications its Swift modules make are the daemon's to deliver, as a C module's
+        // post_notification (below): every module that listens gets them, in every process
+        // and in the daemon's module order, these modules included (their stand-ins there
+        // forward them back).
+        let host = HostInstance(name: "modhostd", eventDeadline: deadline, logger: Logger(label: "modhostd"),
+                                forwardingNotifications: { notification, payload, module in
+                                    var post: [String: JSONValue] = ["op": "post", "name": .string(notification), "payload": payload]
+                                    if let module { post["module"] = .string(module) }
+                                    channel.send(.object(post))
+                                })
         self.host = host
         let workers = PluginWorkers()
         self.workers = workers
@@ -311,12 +320,20 @@ final class WorkerService: Sendable {
                 settings[module] = nil
                 await host.removeUnloaded(moduleNamed: [module])
                 reply(id, stuckReply(module))
+            case "event" where message.text("kind") == "start":
+                // Through the host, so that what it held for the module until its start (a
+                // custom event one of this plugin's modules sent it) is delivered now.
+                await host.start(moduleNamed: module)
+                reply(id, stuckReply(module))
             case "event":
                 let event = Self.event(message)
                 await host.perform { host in
                     if let event { host.module(named: module)?.handle(event, host: host) }
                 }
                 reply(id, stuckReply(module))
+            case "info":
+                let info = await host.perform { host in host.module(named: module)?.info }
+                reply(id, ["info": info.flatMap { try? JSONValue(encoding: $0) } ?? .null])
             case "awaited":
                 let event: AsyncModuleEvent
                 switch message.text("event") ?? "" {

@@ -121,7 +121,9 @@ struct IsolationTests {
     /// in lower case) that notes every event and has the same faults (`fatal` is a
     /// fatalError) and probes, `faulty_add` exported with @_cdecl, and `crashInCreate`. It
     /// also counts `tick` events, notes `count N vVERSION` on `report`, and hands the count
-    /// over on a replace. It writes to the file its configuration's "events" names (the
+    /// over on a replace (`relay` sends itself a `tick` with `host.send`); its info's metadata is `{"ticks": COUNT}`, so its Info changes as
+    /// it runs. On `shout` it posts notification `ping` with the event's payload (it listens
+    /// to `ping` itself). It writes to the file its configuration's "events" names (the
     /// fixture gives it), so one build, with plugin.mk, serves the whole run.
     static func swiftFaultyPlugin(_ name: String, version: String = "2.5", crashInCreate: Bool = false) throws -> String {
         let module = name.lowercased()
@@ -142,6 +144,7 @@ struct IsolationTests {
                 public static let name = "\(module)"
                 public static let version = "\(version)"
                 public var notifications: Set<String> { ["ping"] }
+                public var info: ModuleInfo { ModuleInfo(name: Self.name, version: Self.version, metadata: ["ticks": .number(Double(ticks))]) }
                 let events: String
                 var ticks = 0
                 var held: [UnsafeMutableRawPointer] = []
@@ -195,6 +198,9 @@ struct IsolationTests {
                         }
                         note(events, "\(module) forked \\(count) \\(errnoName())\\n")
                     case "tick": ticks += 1
+                    case "relay": host.send(.custom(name: "tick", payload: .null), to: Self.name)
+                    case "shout":
+                        if case .custom(_, let value) = event { host.post(notification: "ping", payload: value) }
                     case "report": note(events, "\(module) count \\(ticks) v\\(Self.version)\\n")
                     default: break
                     }
@@ -810,6 +816,77 @@ struct IsolationTests {
         #expect(await f.until { f.lines().suffix(2) == ["\(module) deinit -", "\(module) destroy -"] }, "\(f.lines())")
     }
 
+    /// One suite, two modes, for what a Swift module reports: its Info is asked when it is
+    /// read (`modhostctl info`, `host.infos()`, another module reading `info`), not
+    /// remembered from its creation, so a count that grows with each event shows isolated
+    /// exactly as in process.
+    @Test(arguments: [Isolation.inProcess, Isolation.process])
+    func aModulesInfoIsTheOneItReportsNowInProcessAndIsolated(isolation: Isolation) async throws {
+        let f = try Fixture(isolation: isolation)
+        let name = isolation == .process ? "InfoIsolated" : "InfoInProcess"
+        let module = name.lowercased()
+        try await f.add(name, language: .swift)
+        await f.set.reconcile()
+        await f.set.start()
+        func ticks() async -> [JSONValue?] {
+            let listed = await f.host.infos().first { $0.name == module }?.metadata["ticks"]
+            guard case .array(let entries) = await f.host.infoPayload()["modules"] ?? .null else { return [] }
+            let printed = entries.first { $0["name"]?.stringValue == module }?["metadata"]?["ticks"]
+            let seen = await f.host.perform { host in host.module(named: module)?.info.metadata["ticks"] }
+            return [listed, printed, seen]
+        }
+        #expect(await ticks() == [0, 0, 0])
+        for _ in 0..<3 { await f.host.send(ModuleEvent.custom(name: "tick", payload: .null), to: module) }
+        #expect(await ticks() == [3, 3, 3])
+        #expect(await f.host.infos().first { $0.name == module }?.version == "2.5")
+        // A custom event a module sends with `host.send` in its worker reaches it there.
+        await f.host.send(ModuleEvent.custom(name: "relay", payload: .null), to: module)
+        let relayed = await f.until { await ticks() == [4, 4, 4] }
+        let now = await ticks()
+        #expect(relayed, "\(now)")
+        await f.set.shutdown()
+    }
+
+    /// A notification a Swift module posts with `host.post` in a worker reaches every module
+    /// that listens, as in process: the modules of its own plugin at once (the poster too,
+    /// once), an in-process module, a C module in process and a C module in another worker;
+    /// and a C module's `post_notification` in a worker reaches the daemon's modules. The
+    /// other way, a notification posted in the daemon reaches the isolated Swift module.
+    @Test func aNotificationPostedInAWorkerReachesTheModulesOfEveryProcess() async throws {
+        let f = try Fixture(plugins: ["Near": PluginIsolationSettings(isolation: .inProcess)])
+        try await f.add("Shouter", language: .swift)
+        try await f.add("Other")
+        try await f.add("Near")
+        await f.set.reconcile()
+        await f.set.start()
+        let shouter = await f.worker("Shouter")?.pid
+        let other = await f.worker("Other")?.pid
+        #expect(shouter != nil && other != nil && shouter != other)
+        #expect(await f.worker("Near") == nil)
+        let pings = Received()
+        let pongs = Received()
+        await f.host.add([
+            ModuleFactory(name: "ping-listener", version: "1") { _, _ in PongListener(pings, name: "ping-listener", listensTo: "ping") },
+            ModuleFactory(name: "pong-listener", version: "1") { _, _ in PongListener(pongs, name: "pong-listener") },
+        ])
+
+        await f.host.send(ModuleEvent.custom(name: "shout", payload: ["n": 1]), to: "shouter")
+        #expect(await f.until { pings.values.withLock { $0 } == [["n": 1]] }, "\(pings.values.withLock { $0 })")
+        #expect(await f.until { f.lines().contains("other ping {\"n\":1}") && f.lines().contains("near ping {\"n\":1}") }, "\(f.lines())")
+        // Both C modules answer ping with pong: the isolated one's post reaches the daemon too.
+        #expect(await f.until { pongs.values.withLock { $0 } == [["n": 1], ["n": 1]] }, "\(pongs.values.withLock { $0 })")
+        // Once the daemon has delivered it everywhere, a report to the poster comes after any echo.
+        await f.host.send(ModuleEvent.custom(name: "report", payload: .null), to: "shouter")
+        #expect(await f.until { f.lines().contains("shouter count 0 v2.5") }, "\(f.lines())")
+        let heard = f.lines().filter { $0.hasPrefix("shouter ping ") }
+        #expect(heard == ["shouter ping {\"n\":1}"], "the poster heard its own notification \(heard.count) times: \(f.lines())")
+
+        await f.host.post(notification: "ping", payload: ["n": 2])
+        #expect(await f.until { f.lines().contains("shouter ping {\"n\":2}") && f.lines().contains("other ping {\"n\":2}") }, "\(f.lines())")
+        #expect(pings.values.withLock { $0 } == [["n": 1], ["n": 2]])
+        await f.set.shutdown()
+    }
+
     /// True when every thread of process `pid` is stopped (state T), from /proc.
     static func isStopped(_ pid: Int32) -> Bool {
         guard let threads = try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task"), !threads.isEmpty else { return false }
@@ -838,20 +915,22 @@ final class Received: Sendable {
     let values = Mutex<[JSONValue]>([])
 }
 
-/// Listens to `pong` and keeps its payloads.
+/// Listens to one notification (`pong` unless told) and keeps its payloads.
 private final class PongListener: Module {
     let received: Received
     let moduleName: String
+    let listensTo: String
     var info: ModuleInfo { ModuleInfo(name: moduleName, version: "1") }
-    var notifications: Set<String> { ["pong"] }
+    var notifications: Set<String> { [listensTo] }
 
-    init(_ received: Received, name: String) {
+    init(_ received: Received, name: String, listensTo: String = "pong") {
         self.received = received
         moduleName = name
+        self.listensTo = listensTo
     }
 
     func handle(_ event: ModuleEvent, host: isolated HostInstance) {
-        if case .notification("pong", let payload) = event { received.values.withLock { $0.append(payload) } }
+        if case .notification(listensTo, let payload) = event { received.values.withLock { $0.append(payload) } }
     }
 }
 

@@ -65,6 +65,9 @@ public actor HostInstance {
     /// The deadlines of the async handlers running now.
     private nonisolated let deadlines = DeadlineWatch()
     private nonisolated let mailbox: AsyncStream<MailboxMessage>.Continuation
+    /// Where this instance's modules' notifications go instead of its own modules, when
+    /// another host delivers them (see `init(name:settings:eventDeadline:logger:forwardingNotifications:)`).
+    private nonisolated let notificationForwarder: (@Sendable (_ name: String, _ payload: JSONValue, _ to: String?) -> Void)?
 
     private enum MailboxMessage: Sendable {
         case notification(name: String, payload: JSONValue)
@@ -83,6 +86,22 @@ public actor HostInstance {
         name: String = "default", settings: [String: ModuleSettings] = [:], eventDeadline: Duration = .seconds(5),
         logger: Logger = Logger(label: "modulehost")
     ) {
+        self.init(name: name, settings: settings, eventDeadline: eventDeadline, logger: logger, forwardingNotifications: nil)
+    }
+
+    /// Creates an instance whose notifications are delivered by another host: for a host
+    /// that runs modules on another's behalf (an isolated plugin's worker, whose modules
+    /// stand in the daemon's host). Every notification made on it (`post`,
+    /// `postFromAnywhere`, `send(.notification)`) is handed to `forward` with its name,
+    /// payload and target module (nil: every module that listens), on this instance's
+    /// context, in the order it was made, and not delivered here: the other host delivers
+    /// it to every module that listens, these included.
+    @_spi(ModuleHost)
+    public init(
+        name: String, settings: [String: ModuleSettings] = [:], eventDeadline: Duration, logger: Logger,
+        forwardingNotifications forward: (@Sendable (_ name: String, _ payload: JSONValue, _ to: String?) -> Void)?
+    ) {
+        notificationForwarder = forward
         self.name = name
         self.settings = settings
         self.eventDeadline = eventDeadline
@@ -174,6 +193,17 @@ public actor HostInstance {
                 startModule(slot)
             }
         }
+    }
+
+    /// Sends `.start` to the running module named `name`, then the events held for it until
+    /// then, as `start()` does for every module; nothing when it is not running or has had
+    /// its `.start`. For a host that runs modules on another host's behalf and never calls
+    /// `start()` (an isolated plugin's worker: the daemon's host decides when each module
+    /// starts).
+    @_spi(ModuleHost)
+    public func start(moduleNamed name: String) {
+        guard let slot = moduleManager.slot(named: name), heldUntilStart[slot.serial] != nil else { return }
+        startModule(slot)
     }
 
     /// Removes the running modules named `names` and forgets their factories.
@@ -385,7 +415,11 @@ public actor HostInstance {
         case .initialize, .start, .deinitialize:
             logger.warning("lifecycle events are sent by the host itself; ignored", [("event", event.name)])
             return
-        case .notification(let notification, _):
+        case .notification(let notification, let payload):
+            if let notificationForwarder {
+                notificationForwarder(notification, payload, name)
+                return
+            }
             var delivered = 0
             let generation = moduleManager.generation
             for slot in moduleManager.slots where slot.notifications.contains(notification) && (name == nil || slot.name == name) {
@@ -459,7 +493,16 @@ public actor HostInstance {
     /// and before returning, to every running module whose `notifications` contain `name`,
     /// in order; a module that has not had its `.start` yet gets it right after its
     /// `.start`. Other modules never see it.
+    ///
+    /// A module of a plugin that runs isolated, in a worker process of its own (the
+    /// daemon's docs/isolation.md), posts to the daemon: it delivers the notification to
+    /// every module that listens, in every process, in module order, after this returns
+    /// (as `postFromAnywhere`).
     public func post(notification name: String, payload: JSONValue = .null) {
+        if let notificationForwarder {
+            notificationForwarder(name, payload, nil)
+            return
+        }
         let event = ModuleEvent.notification(name: name, payload: payload)
         let slots = moduleManager.slots
         let generation = moduleManager.generation
