@@ -36,13 +36,14 @@ public struct DependencyOrder: Sendable {
         }
         // Nothing depends on anything (the common case): order and name decide.
         if plugins.allSatisfy({ $0.manifest.dependencies.isEmpty }) {
-            let ranks = plugins.map { Rank(order: orderOverride[$0.name] ?? $0.manifest.order, name: $0.name) }
+            func rank(_ plugin: PluginFile) -> Rank { Rank(order: orderOverride[plugin.name] ?? plugin.manifest.order, name: plugin.name) }
             // Candidates often come in rank order already (files named after their plugins,
-            // orders left at 0): then the stable sort would return them as they are.
-            if zip(ranks, ranks.dropFirst()).allSatisfy({ !($1 < $0) }) {
+            // orders left at 0): then the stable sort would return them as they are. Checked
+            // pair by pair, without an array of ranks (whose type is made at run time).
+            if zip(plugins, plugins.dropFirst()).allSatisfy({ !(rank($1) < rank($0)) }) {
                 ordered = plugins
             } else {
-                ordered = zip(ranks, plugins).sorted { $0.0 < $1.0 }.map(\.1)
+                ordered = zip(plugins.map(rank), plugins).sorted { $0.0 < $1.0 }.map(\.1)
             }
             return
         }

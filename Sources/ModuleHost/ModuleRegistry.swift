@@ -15,7 +15,9 @@ public final class ModuleRegistry: Sendable {
     }
 
     private struct State {
-        var entries: [String: Entry] = [:]
+        // Not `[:]`: a dictionary literal passes its (key, value) tuples, whose type is made
+        // at run time, in every process that makes a loader.
+        var entries = [String: Entry]()
         var claims = NameClaims()
     }
     private let state = Mutex(State())

@@ -3,7 +3,6 @@ import Glibc
 import ModuleKit
 import PluginCall
 import PluginFormat
-import Synchronization
 
 /// A plugin whose image is mapped and whose entry symbol described its modules.
 public struct LoadedPlugin: Sendable {
@@ -147,13 +146,23 @@ public struct PluginLoader: Sendable {
     /// order, so which file keeps a name and every refusal are the same as one at a time.
     static func inCandidateOrder<T: Sendable>(count: Int, _ check: @Sendable (Int) -> T) -> [T] {
         guard count >= parallelValidationThreshold else { return (0..<count).map(check) }
-        let results = Mutex<[T?]>(Array(repeating: nil, count: count))
-        DispatchQueue.concurrentPerform(iterations: count) { index in
-            let result = check(index)
-            results.withLock { $0[index] = result }
+        // Each index writes its own element of the result, once, and concurrentPerform
+        // returns once every index has run: no lock, and no array of optionals to unwrap
+        // (whose types a process would otherwise make at run time on its first load).
+        return [T](unsafeUninitializedCapacity: count) { buffer, initialized in
+            let elements = ResultSlots(base: buffer.baseAddress!)
+            DispatchQueue.concurrentPerform(iterations: count) { index in
+                (elements.base + index).initialize(to: check(index))
+            }
+            initialized = count
         }
-        // concurrentPerform returns once every index has run: none is nil.
-        return results.withLock { $0.map { $0! } }
+    }
+
+    /// The result buffer of `inCandidateOrder`, shared with the threads that fill it.
+    /// `@unchecked Sendable`: every index is written by exactly one iteration, to its own
+    /// element, and read only after `concurrentPerform` has returned.
+    private struct ResultSlots<T>: @unchecked Sendable {
+        let base: UnsafeMutablePointer<T>
     }
 
     /// Loads every valid plugin of `directories` in dependency order, registering its
@@ -163,7 +172,8 @@ public struct PluginLoader: Sendable {
         var report = LoadReport()
         let (valid, refused) = validate(directories: directories, files: files)
         report.refused = refused
-        for file in valid { report.warnings += file.warnings.map { (file.path, $0) } }
+        // Only files with warnings: mapping none would still make the tuple's type at run time.
+        for file in valid where !file.warnings.isEmpty { report.warnings += file.warnings.map { (file.path, $0) } }
         // `validate` gave every name to one file already.
         let order = DependencyOrder(valid, loaded: loaded, orderOverride: orderOverride, namesClaimed: true)
         report.refused += order.refused

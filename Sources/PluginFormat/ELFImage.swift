@@ -15,7 +15,10 @@ public struct ELFImage: Sendable {
     public let fileSize: UInt64
     public let fileType: UInt16
     public let machine: UInt16
-    public let programHeaders: [ProgramHeader]
+    /// The raw program header table (56 bytes an entry), checked to lie within the file.
+    /// Entries are decoded when asked for: the checks read two fields of each, and an array
+    /// of `ProgramHeader` costs an allocation per file and its type made at run time.
+    private let programHeaderTable: FileBytes
     /// Why the section headers could not be read (there are then none), nil when they were.
     public let sectionError: ELFError?
     private let source: ByteSource
@@ -99,12 +102,8 @@ public struct ELFImage: Sendable {
 
         let phoff = header.u64(32), phentsize = UInt64(header.u16(54)), phnum = UInt64(header.u16(56))
         guard phnum == 0 || phentsize == 56 else { throw .malformed("program header entry size \(phentsize), expected 56") }
-        let table = FileBytes(try source.read(FileArithmetic.range(
+        programHeaderTable = FileBytes(try source.read(FileArithmetic.range(
             "program headers", offset: phoff, size: phnum * 56, within: fileSize)))
-        programHeaders = (0..<Int(phnum)).map { index in
-            let base = index * 56
-            return ProgramHeader(type: table.u32(base), offset: table.u64(base + 8), fileSize: table.u64(base + 32))
-        }
 
         // Section headers sit at the end of the file: a truncated copy loses them first.
         // They are not needed to judge the segments, so their absence is recorded rather
@@ -133,6 +132,19 @@ public struct ELFImage: Sendable {
         return (table, names)
     }
 
+    /// Every program header, in the order of the program header table.
+    public var programHeaders: [ProgramHeader] { (0..<programHeaderCount).map(programHeader(at:)) }
+
+    /// The number of entries in the program header table.
+    var programHeaderCount: Int { programHeaderTable.count / 56 }
+
+    /// Program header `index`, which must be below `programHeaderCount`.
+    func programHeader(at index: Int) -> ProgramHeader {
+        let base = index * 56
+        return ProgramHeader(type: programHeaderTable.u32(base), offset: programHeaderTable.u64(base + 8),
+                             fileSize: programHeaderTable.u64(base + 32))
+    }
+
     /// Every section, in the order of the section header table (empty when `sectionError`
     /// is set).
     public var sections: [Section] { (0..<sectionCount).map(section(at:)) }
@@ -158,9 +170,18 @@ public struct ELFImage: Sendable {
     /// The first section called `name`, nil when there is none. Names are compared on the
     /// bytes of the section name table, as `sections` would decode them.
     public func section(named name: String) -> Section? {
+        guard let index = sectionIndex(named: name) else { return nil }
+        // The name matched `name` byte for byte: no need to decode it from the table.
+        return section(at: index, named: name)
+    }
+
+    /// The index of the first section called `name`, nil when there is none. The checks
+    /// before dlopen look sections up with it rather than with `section(named:)`: an
+    /// optional `Section` is copied and destroyed through its type, made at run time.
+    func sectionIndex(named name: String) -> Int? {
         var name = name
         let count = sectionCount
-        let index = name.withUTF8 { wanted in
+        return name.withUTF8 { wanted in
             sectionTable.withUnsafeBytes { table in
                 sectionNames.withUnsafeBytes { names -> Int? in
                     for index in 0..<count {
@@ -172,19 +193,18 @@ public struct ELFImage: Sendable {
                 }
             }
         }
-        guard let index else { return nil }
-        // The name matched `name` byte for byte: no need to decode it from the table.
-        return section(at: index, named: name)
     }
 
     /// True for a position-independent executable (ET_DYN with a program interpreter),
     /// which `dlopen` refuses.
-    public var isExecutable: Bool { programHeaders.contains { $0.type == ProgramHeader.interpreter } }
+    public var isExecutable: Bool { (0..<programHeaderCount).contains { programHeader(at: $0).type == ProgramHeader.interpreter } }
 
     /// The first loadable segment whose file bytes run past the end of the file: mapping it
     /// makes `dlopen` die with SIGBUS. Nil when every segment fits.
     public var loadSegmentPastEnd: (index: Int, end: UInt64)? {
-        for (index, header) in programHeaders.enumerated() where header.type == ProgramHeader.load {
+        for index in 0..<programHeaderCount {
+            let header = programHeader(at: index)
+            guard header.type == ProgramHeader.load else { continue }
             let (end, overflow) = header.offset.addingReportingOverflow(header.fileSize)
             if overflow || end > fileSize { return (index, overflow ? .max : end) }
         }
@@ -201,7 +221,8 @@ public struct ELFImage: Sendable {
     /// The embedded manifest's bytes, nil when the file has no manifest section. Throws
     /// `tooLarge` past `PluginLimits.maximumManifestSize`, before reading it.
     public func manifestContents() throws(ELFError) -> [UInt8]? {
-        guard let section = section(named: Self.manifestSection) else { return nil }
+        guard let index = sectionIndex(named: Self.manifestSection) else { return nil }
+        let section = self.section(at: index, named: Self.manifestSection)
         guard section.size <= PluginLimits.maximumManifestSize else {
             throw .tooLarge(what: "manifest section \(Self.manifestSection)", size: section.size, limit: PluginLimits.maximumManifestSize)
         }
@@ -232,16 +253,24 @@ public struct ELFImage: Sendable {
     /// points outside the table.
     func dynamicEntries() throws(ELFError) -> (entries: [(tag: UInt64, value: UInt64)], strings: Section, link: UInt32, stringBytes: FileBytes)? {
         var entries: [(tag: UInt64, value: UInt64)] = []
-        guard let (strings, link, stringBytes) = try forEachDynamicEntry({ tag, value, _ in entries.append((tag, value)) }) else { return nil }
-        return (entries, strings, link, stringBytes)
+        guard let strings = try forEachDynamicEntry({ tag, value, _ in entries.append((tag, value)) }) else { return nil }
+        return (entries, strings.section, strings.link, strings.bytes)
+    }
+
+    /// The string table of the dynamic section: its section, its index and its bytes. (Not a
+    /// tuple: a tuple type, with its labels, is made at run time on a process's first scan.)
+    private struct DynamicStrings {
+        var section: Section
+        var link: UInt32
+        var bytes: FileBytes
     }
 
     /// Calls `body` with each (tag, value) of the dynamic section up to DT_NULL and the
-    /// bytes of its string table, then returns the string table (section, index and bytes);
-    /// nil when there is no dynamic section. Throws at the first entry that names a string
-    /// outside the table.
-    private func forEachDynamicEntry(_ body: (UInt64, UInt64, FileBytes) -> Void) throws(ELFError) -> (strings: Section, link: UInt32, stringBytes: FileBytes)? {
-        guard let dynamic = section(named: ".dynamic") else { return nil }
+    /// bytes of its string table, then returns the string table; nil when there is no
+    /// dynamic section. Throws at the first entry that names a string outside the table.
+    private func forEachDynamicEntry(_ body: (UInt64, UInt64, FileBytes) -> Void) throws(ELFError) -> DynamicStrings? {
+        guard let index = sectionIndex(named: ".dynamic") else { return nil }
+        let dynamic = section(at: index, named: ".dynamic")
         let table = FileBytes(try bytes(of: dynamic))
         let strings = try linkedSection(of: dynamic)
         let stringBytes = FileBytes(try bytes(of: strings))
@@ -255,7 +284,7 @@ public struct ELFImage: Sendable {
             body(tag, value, stringBytes)
             base += 16
         }
-        return (strings, dynamic.link, stringBytes)
+        return DynamicStrings(section: strings, link: dynamic.link, bytes: stringBytes)
     }
 
     /// The name of a dynamic entry tag whose value is an offset in the string table, nil
@@ -320,7 +349,8 @@ public struct ELFImage: Sendable {
     public func dynamicSymbols(named names: SymbolNames, definedWithPrefixes prefixes: SymbolNames) throws(ELFError) -> (facts: [SymbolFacts?], defined: [String]) {
         var facts = [SymbolFacts?](repeating: nil, count: names.bytes.count)
         var defined: [String] = []
-        guard let symbols = section(named: ".dynsym") else { return (facts, defined) }
+        guard let index = sectionIndex(named: ".dynsym") else { return (facts, defined) }
+        let symbols = section(at: index, named: ".dynsym")
         let entries = FileBytes(try bytes(of: symbols))
         let strings = FileBytes(try bytes(of: linkedSection(of: symbols)))
         let wanted = names.bytes, starts = prefixes.bytes

@@ -110,6 +110,25 @@ struct LoadBenchmark {
             StandardError.write(String(format: "validate %.1f us, order %.1f us, open (dlopen, entry, descriptor) %.1f us, register %.1f us per plugin\n",
                                        validate / n * 1e6, ordering / n * 1e6, opening / n * 1e6, registering / n * 1e6))
             return validate + ordering + opening + registering
+        case "load-warm":
+            // Diagnosis only: `WARM:DIR` first does WARM (untimed), then times the load of DIR,
+            // so that the difference with load-host on DIR is what a process pays the first
+            // time it loads anything. WARM is a plugin directory (loaded), `validate=DIR`
+            // (only validated) or `spin` (3 ms of busy waiting: the CPU alone warmed up).
+            // MODHOST_BENCH_WARM_SIDE=load-phases times DIR by phase instead.
+            let parts = dir.split(separator: ":").map(String.init)
+            guard parts.count == 2 else {
+                throw NSError(domain: "bench", code: 4, userInfo: [NSLocalizedDescriptionKey: "load-warm takes WARM:DIR"])
+            }
+            if parts[0] == "spin" {
+                let end = monotonicNanoseconds() + 3_000_000
+                while monotonicNanoseconds() < end {}
+            } else if parts[0].hasPrefix("validate=") {
+                _ = PluginLoader().validate(directories: [String(parts[0].dropFirst("validate=".count))])
+            } else {
+                _ = PluginLoader().load(directories: [parts[0]])
+            }
+            return try measure(ProcessInfo.processInfo.environment["MODHOST_BENCH_WARM_SIDE"] ?? "load-host", parts[1])
         case "load-validate":
             // Diagnosis only: the checks before dlopen, without loading.
             return seconds { _ = PluginLoader().validate(directories: [dir]) }
