@@ -3,7 +3,7 @@ import DaemonKit
 import Dispatch
 import Foundation
 import Glibc
-import ModuleKit
+@_spi(ModuleHost) import ModuleKit
 import PluginCall
 import PluginFormat
 import Synchronization
@@ -528,6 +528,19 @@ public final class IsolatedPlugin: Sendable {
         }
     }
 
+    /// The answer to a worker's `locate`: whether the module it names runs in the daemon's
+    /// host (any process) and its plugin, from the host's thread-safe snapshots (the reader
+    /// thread answers at once, never waiting for the host's context).
+    func locate(_ message: JSONValue) -> JSONValue {
+        let module = message.text("module") ?? ""
+        let ask: JSONValue = message.integer("ask").map { .number(Double($0)) } ?? .null
+        var answer: [String: JSONValue] = ["answer": ask, "running": .bool(host.isRunning(moduleNamed: module))]
+        if let plugin = host.registeredModulesSnapshot.first(where: { $0.name == module })?.plugin, !plugin.isEmpty {
+            answer["plugin"] = .string(plugin)
+        }
+        return .object(answer)
+    }
+
     // MARK: - Helpers
 
     /// The uid and gid of `user` and `group` (names or numbers); the user's group when no
@@ -809,6 +822,7 @@ final class WorkerConnection: Sendable {
             switch message.text("op") {
             case "log": plugin.log(message, pid: pid)
             case "post": plugin.post(message)
+            case "locate": channel.send(plugin.locate(message))
             case "ready", "failed": readiness.complete(.reply(message))
             default: break
             }
@@ -886,7 +900,7 @@ final class WorkerConnection: Sendable {
 
 /// A module of an isolated plugin, as the daemon's host instance sees it: everything it is
 /// given goes to the module of the same name in the plugin's worker.
-final class IsolatedModule: Module {
+final class IsolatedModule: ModuleInAnotherProcess {
     let plugin: IsolatedPlugin
     let moduleName: String
     let notifications: Set<String>
@@ -907,6 +921,11 @@ final class IsolatedModule: Module {
     var info: ModuleInfo {
         if let info = plugin.info(moduleName), info.name == moduleName { lastInfo = info }
         return lastInfo
+    }
+
+    /// For `ModuleLookupError`: a cast of this stand-in to the module's own types fails.
+    var location: String {
+        "plugin \(plugin.name)'s worker process\(plugin.status.pid.map { " \($0)" } ?? "")"
     }
 
     func handle(_ event: ModuleEvent, host: isolated HostInstance) {

@@ -88,7 +88,12 @@ public enum WorkerProcess {
         callsThread.start()
         while true {
             do {
-                continuation.yield(WorkerRequest(message: try reader.next(), replyTo: channel))
+                let message = try reader.next()
+                if message["answer"] != nil {
+                    service.answers.receive(message)
+                    continue
+                }
+                continuation.yield(WorkerRequest(message: message, replyTo: channel))
             } catch {
                 // The daemon closed the socket (or ended): the C callbacks already queued (a
                 // destroy after deinit) get the event deadline to finish, then everything of
@@ -167,6 +172,40 @@ final class DaemonModules: Sendable {
     let names = Mutex<Set<String>>([])
 }
 
+/// Questions the worker asks the daemon on the control socket (`{"op":"locate",...,"ask":K}`)
+/// and their answers (`{"answer":K,...}`), which the control thread hands over: the asking
+/// thread waits up to a deadline, and gets nil when none came by then.
+final class DaemonAnswers: Sendable {
+    private final class Answer: Sendable {
+        let value = Mutex<JSONValue?>(nil)
+        let arrived = DispatchSemaphore(value: 0)
+    }
+    private let pending = Mutex((next: 1, waiting: [Int: Answer]()))
+
+    /// Sends `question` on `channel` and waits up to `deadline` for its answer.
+    func ask(_ question: [String: JSONValue], on channel: WorkerChannel, within deadline: Duration) -> JSONValue? {
+        let answer = Answer()
+        let id = pending.withLock { pending -> Int in
+            defer { pending.next += 1 }
+            pending.waiting[pending.next] = answer
+            return pending.next
+        }
+        defer { _ = pending.withLock { $0.waiting.removeValue(forKey: id) } }
+        var frame = question
+        frame["ask"] = .number(Double(id))
+        guard channel.send(.object(frame)),
+              answer.arrived.wait(timeout: .now() + deadline.dispatchInterval) == .success else { return nil }
+        return answer.value.withLock { $0 }
+    }
+
+    /// Hands an answer to the thread that asked, if it still waits.
+    func receive(_ message: JSONValue) {
+        guard let id = message.integer("answer"), let answer = pending.withLock({ $0.waiting[id] }) else { return }
+        answer.value.withLock { $0 = message }
+        answer.arrived.signal()
+    }
+}
+
 /// Sends every log line of the worker to the daemon, which logs it as its own with the
 /// plugin's name.
 struct ChannelLogBackend: LogBackend {
@@ -189,6 +228,8 @@ final class WorkerService: Sendable {
     /// Modules running elsewhere in the daemon, as of the last `create`: what `has_module`
     /// answers for names outside this plugin.
     let daemonModules = DaemonModules()
+    /// The daemon's answers to what this worker asks it (where a module runs).
+    let answers = DaemonAnswers()
     /// The C modules whose custom events and notifications the ordered thread delivers
     /// itself (`serveOrdered`), by name: set after each create, removed at deinit.
     let direct = Mutex<[String: CModule.Delivery]>([:])
@@ -216,6 +257,10 @@ final class WorkerService: Sendable {
                                     var post: [String: JSONValue] = ["op": "post", "name": .string(notification), "payload": payload]
                                     if let module { post["module"] = .string(module) }
                                     channel.send(.object(post))
+                                },
+                                locatingModules: { [answers = self.answers, daemonModules = self.daemonModules] module in
+                                    Self.locate(module, plugin: manifest, asking: answers, on: channel, within: deadline,
+                                                lastKnown: daemonModules)
                                 })
         self.host = host
         let workers = PluginWorkers()
@@ -246,9 +291,24 @@ final class WorkerService: Sendable {
         plugin = try loader.open(file)
         if !manifest.dependencies.isEmpty {
             Logger(label: "modhostd").warning(
-                "plugin \(manifest.name) runs in a worker process: the modules of \(manifest.dependencies.joined(separator: ", ")) run elsewhere, and a cast of a module to one of their protocols finds nothing here; use events, notifications or calls by name across processes",
+                "plugin \(manifest.name) runs in a worker process: the modules of \(manifest.dependencies.joined(separator: ", ")) run elsewhere, and a cast of a module to one of their protocols finds nothing here (module(named:as:) throws \"isolated in another process\"); use events, notifications or calls by name across processes",
                 [("plugin", manifest.name)])
         }
+    }
+
+    /// Where module `name`, which does not run in this worker, runs: asked of the daemon
+    /// (up to the event deadline), which answers from its running modules; nil when it
+    /// runs nowhere. A module of this plugin runs here or nowhere. Without an answer, the
+    /// daemon's running modules as of this worker's last create.
+    static func locate(_ name: String, plugin manifest: Manifest, asking answers: DaemonAnswers, on channel: WorkerChannel,
+                       within deadline: Duration, lastKnown: DaemonModules) -> String? {
+        guard !manifest.modules.contains(name) else { return nil }
+        let elsewhere = "this module's plugin \(manifest.name) runs in a worker process of its own"
+        guard let answer = answers.ask(["op": "locate", "module": .string(name)], on: channel, within: deadline) else {
+            return lastKnown.names.withLock { $0.contains(name) } ? elsewhere : nil
+        }
+        guard answer["running"]?.boolValue == true else { return nil }
+        return answer.text("plugin").map { "plugin \($0); \(elsewhere)" } ?? elsewhere
     }
 
     /// Waits, up to the event deadline, until no C callback is queued or running.

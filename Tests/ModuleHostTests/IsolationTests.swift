@@ -121,7 +121,9 @@ struct IsolationTests {
     /// in lower case) that notes every event and has the same faults (`fatal` is a
     /// fatalError) and probes, `faulty_add` exported with @_cdecl, and `crashInCreate`. It
     /// also counts `tick` events, notes `count N vVERSION` on `report`, and hands the count
-    /// over on a replace (`relay` sends itself a `tick` with `host.send`); its info's metadata is `{"ticks": COUNT}`, so its Info changes as
+    /// over on a replace (`relay` sends itself a `tick` with `host.send`; `lookup` looks up
+    /// the module its payload's "name" names with `module(named:as:)` and notes `found NAME`
+    /// or `lookup NAME: REASON`); its info's metadata is `{"ticks": COUNT}`, so its Info changes as
     /// it runs. On `shout` it posts notification `ping` with the event's payload (it listens
     /// to `ping` itself). It writes to the file its configuration's "events" names (the
     /// fixture gives it), so one build, with plugin.mk, serves the whole run.
@@ -199,6 +201,14 @@ struct IsolationTests {
                         note(events, "\(module) forked \\(count) \\(errnoName())\\n")
                     case "tick": ticks += 1
                     case "relay": host.send(.custom(name: "tick", payload: .null), to: Self.name)
+                    case "lookup":
+                        guard case .custom(_, let value) = event, let name = value["name"]?.stringValue else { break }
+                        do throws(ModuleLookupError) {
+                            _ = try host.moduleManager.module(named: name, as: (any Module).self)
+                            note(events, "\(module) found \\(name)\\n")
+                        } catch {
+                            note(events, "\(module) lookup \\(name): \\(error.reason.rawValue)\\n")
+                        }
                     case "shout":
                         if case .custom(_, let value) = event { host.post(notification: "ping", payload: value) }
                     case "report": note(events, "\(module) count \\(ticks) v\\(Self.version)\\n")
@@ -278,6 +288,18 @@ struct IsolationTests {
         static func running(_ name: String, deadline: Duration = .seconds(2)) async throws -> Fixture {
             let f = try Fixture(deadline: deadline)
             try await f.add(name)
+            await f.set.reconcile()
+            await f.set.start()
+            return f
+        }
+
+        /// A fixture running, started, the Swift faulty plugin `swift` isolated, the faulty C
+        /// plugin Other isolated (in another worker) and the faulty C plugin Near in process.
+        static func acrossProcesses(swift: String) async throws -> Fixture {
+            let f = try Fixture(plugins: ["Near": PluginIsolationSettings(isolation: .inProcess)])
+            try await f.add(swift, language: .swift)
+            try await f.add("Other")
+            try await f.add("Near")
             await f.set.reconcile()
             await f.set.start()
             return f
@@ -848,17 +870,12 @@ struct IsolationTests {
     }
 
     /// A notification a Swift module posts with `host.post` in a worker reaches every module
-    /// that listens, as in process: the modules of its own plugin at once (the poster too,
-    /// once), an in-process module, a C module in process and a C module in another worker;
+    /// that listens, as in process: the modules of its own plugin (the poster too, once),
+    /// an in-process module, a C module in process and a C module in another worker;
     /// and a C module's `post_notification` in a worker reaches the daemon's modules. The
     /// other way, a notification posted in the daemon reaches the isolated Swift module.
     @Test func aNotificationPostedInAWorkerReachesTheModulesOfEveryProcess() async throws {
-        let f = try Fixture(plugins: ["Near": PluginIsolationSettings(isolation: .inProcess)])
-        try await f.add("Shouter", language: .swift)
-        try await f.add("Other")
-        try await f.add("Near")
-        await f.set.reconcile()
-        await f.set.start()
+        let f = try await Fixture.acrossProcesses(swift: "Shouter")
         let shouter = await f.worker("Shouter")?.pid
         let other = await f.worker("Other")?.pid
         #expect(shouter != nil && other != nil && shouter != other)
@@ -887,6 +904,42 @@ struct IsolationTests {
         await f.set.shutdown()
     }
 
+    /// A Swift cast cannot reach across the process boundary, and says so: a typed lookup
+    /// (`module(named:as:)`) of a module in another process throws "isolated in another
+    /// process", whichever side looks (an isolated module looking up a module of the daemon
+    /// or of another worker; the daemon's side looking up an isolated module), unlike a
+    /// module that runs nowhere ("not running") or one of another type ("not of the type
+    /// asked for").
+    @Test func aCastAcrossTheProcessBoundaryIsAClearErrorNotANil() async throws {
+        let f = try await Fixture.acrossProcesses(swift: "Seeker")
+        for name in ["near", "other", "nothing", "seeker"] {
+            await f.host.send(ModuleEvent.custom(name: "lookup", payload: ["name": .string(name)]), to: "seeker")
+        }
+        // (Each event is noted first, as `seeker lookup {"name":...}`.)
+        #expect(f.lines().filter { ($0.hasPrefix("seeker lookup ") && !$0.hasPrefix("seeker lookup {")) || $0.hasPrefix("seeker found ") } == [
+            "seeker lookup near: isolated in another process", "seeker lookup other: isolated in another process",
+            "seeker lookup nothing: not running", "seeker found seeker",
+        ], "\(f.lines())")
+
+        func lookUp(_ name: String, as type: (some Any).Type) async -> String {
+            await f.host.perform { host in
+                do throws(ModuleLookupError) {
+                    _ = try host.moduleManager.module(named: name, as: type)
+                    return "found"
+                } catch {
+                    return error.description
+                }
+            }
+        }
+        let isolated = await lookUp("seeker", as: (any Ledgers).self)
+        #expect(isolated.hasPrefix("module \"seeker\" is isolated in another process (plugin Seeker's worker process ") &&
+                isolated.hasSuffix("a Swift cast to Ledgers cannot reach it; use events, notifications or calls by name"), "\(isolated)")
+        #expect(await lookUp("near", as: (any Ledgers).self) == "module \"near\" is not of type Ledgers")
+        #expect(await lookUp("nothing", as: (any Ledgers).self) == "module \"nothing\" is not running")
+        #expect(await lookUp("seeker", as: (any Module).self) == "found")
+        await f.set.shutdown()
+    }
+
     /// True when every thread of process `pid` is stopped (state T), from /proc.
     static func isStopped(_ pid: Int32) -> Bool {
         guard let threads = try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task"), !threads.isEmpty else { return false }
@@ -909,6 +962,9 @@ struct IsolationTests {
         }
     }
 }
+
+/// A protocol no module conforms to: what a cast to another plugin's protocol asks for.
+protocol Ledgers: AnyObject {}
 
 /// What a `PongListener` received.
 final class Received: Sendable {

@@ -1,5 +1,5 @@
 import Dispatch
-import ModuleKit
+@_spi(ModuleHost) import ModuleKit
 import Testing
 
 /// The emission rules of ModuleManager (docs/modules.md, "Observing other modules"), one
@@ -555,4 +555,44 @@ private final class Named: Module {
         guard let name = configuration["rename"]?.stringValue else { return self }
         return Named(moduleName: name, infoName: name)
     }
+}
+
+extension ModuleManagerTests {
+    /// A typed lookup says why it gives no module, where a cast gives nil: not running, not
+    /// of the type asked for, or in another process (a stand-in for a module of an isolated
+    /// plugin, or a module a forwarding host locates elsewhere).
+    @Test func aTypedLookupSaysWhyThereIsNoModule() async {
+        let host = HostInstance(name: "worker", eventDeadline: .seconds(1), logger: Logger(label: "test"),
+                                forwardingNotifications: nil, locatingModules: { $0 == "remote" ? "the daemon" : nil })
+        await host.add([
+            ModuleFactory(name: "greeter", version: "1") { _, _ in GreeterProbe(name: "greeter", greeting: "hi") },
+            ModuleFactory(name: "special", version: "1") { _, _ in Special(name: "special") },
+            ModuleFactory(name: "stand-in", version: "1") { _, _ in StandIn() },
+        ])
+        let outcomes = await host.perform { host in
+            ["greeter", "special", "stand-in", "remote", "nowhere"].map { name -> String in
+                do throws(ModuleLookupError) {
+                    return try host.moduleManager.module(named: name, as: (any Greeter).self).greeting
+                } catch {
+                    return "\(error.reason.rawValue): \(error)"
+                }
+            }
+        }
+        #expect(outcomes == [
+            "hi",
+            "not of the type asked for: module \"special\" is not of type Greeter",
+            "isolated in another process: module \"stand-in\" is isolated in another process (a worker): a Swift cast to Greeter cannot reach it; use events, notifications or calls by name",
+            "isolated in another process: module \"remote\" is isolated in another process (the daemon): a Swift cast to Greeter cannot reach it; use events, notifications or calls by name",
+            "not running: module \"nowhere\" is not running",
+        ])
+        let found = await host.perform { host in (try? host.module(named: "special", as: Special.self))?.moduleName }
+        #expect(found == "special")
+    }
+}
+
+/// Stands for a module of another process.
+private final class StandIn: ModuleInAnotherProcess {
+    var moduleName: String { "stand-in" }
+    var info: ModuleInfo { ModuleInfo(name: moduleName, version: "1") }
+    var location: String { "a worker" }
 }

@@ -36,7 +36,7 @@ public actor HostInstance {
     /// This instance's Bus (see `Bus` for its thread-safety).
     public nonisolated let bus: Bus
     /// The ordered modules and the observation API, usable on this instance's context.
-    public let moduleManager = ModuleManager()
+    public let moduleManager: ModuleManager
     /// Counters per module and per event name, readable from any thread (`Metrics.swift`).
     public nonisolated let metrics = HostMetrics()
     /// The counter of the event name delivered last: a repeated event skips the lookup.
@@ -86,7 +86,8 @@ public actor HostInstance {
         name: String = "default", settings: [String: ModuleSettings] = [:], eventDeadline: Duration = .seconds(5),
         logger: Logger = Logger(label: "modulehost")
     ) {
-        self.init(name: name, settings: settings, eventDeadline: eventDeadline, logger: logger, forwardingNotifications: nil)
+        self.init(name: name, settings: settings, eventDeadline: eventDeadline, logger: logger, forwardingNotifications: nil,
+                  locatingModules: nil)
     }
 
     /// Creates an instance whose notifications are delivered by another host: for a host
@@ -95,13 +96,17 @@ public actor HostInstance {
     /// `postFromAnywhere`, `send(.notification)`) is handed to `forward` with its name,
     /// payload and target module (nil: every module that listens), on this instance's
     /// context, in the order it was made, and not delivered here: the other host delivers
-    /// it to every module that listens, these included.
+    /// it to every module that listens, these included. `locate` says where a module that
+    /// does not run here runs (nil: nowhere), for `ModuleManager.module(named:as:)`; it is
+    /// called on this instance's context and must answer within a deadline of its own.
     @_spi(ModuleHost)
     public init(
         name: String, settings: [String: ModuleSettings] = [:], eventDeadline: Duration, logger: Logger,
-        forwardingNotifications forward: (@Sendable (_ name: String, _ payload: JSONValue, _ to: String?) -> Void)?
+        forwardingNotifications forward: (@Sendable (_ name: String, _ payload: JSONValue, _ to: String?) -> Void)?,
+        locatingModules locate: (@Sendable (_ module: String) -> String?)? = nil
     ) {
         notificationForwarder = forward
+        moduleManager = ModuleManager(locateElsewhere: locate)
         self.name = name
         self.settings = settings
         self.eventDeadline = eventDeadline
@@ -535,6 +540,12 @@ public actor HostInstance {
 
     /// The running module named `name`, or nil.
     public func module(named name: String) -> (any Module)? { moduleManager.module(named: name) }
+
+    /// The running module named `name` as a `T`, or why there is none (see
+    /// `ModuleManager.module(named:as:)`).
+    public func module<T>(named name: String, as type: T.Type) throws(ModuleLookupError) -> T {
+        try moduleManager.module(named: name, as: type)
+    }
 
     /// The info (name, version, metadata) of every running module, in order.
     public func infos() -> [ModuleInfo] { moduleManager.modules.map(\.info) }

@@ -73,7 +73,13 @@ public final class ModuleManager {
     private var emitting = false
     private var passRequested = false
 
-    init() {}
+    /// Where a module that does not run here runs, for a host whose modules share a plugin
+    /// with modules of other processes (an isolated plugin's worker); nil elsewhere.
+    let locateElsewhere: (@Sendable (_ module: String) -> String?)?
+
+    init(locateElsewhere: (@Sendable (_ module: String) -> String?)? = nil) {
+        self.locateElsewhere = locateElsewhere
+    }
 
     // MARK: Reading the modules
 
@@ -91,6 +97,34 @@ public final class ModuleManager {
     /// The running module registered as `name`, or nil.
     public func module(named name: String) -> (any Module)? {
         slots.first { $0.name == name }?.module
+    }
+
+    /// The running module named `name` as a `T`: its class, or a protocol it conforms to
+    /// (`(any Greeter).self`). Where `module(named:)` and a cast give nil, this says why:
+    /// the module is `.notRunning`, `.notOfType` T, or `.inAnotherProcess`: it runs in
+    /// another process (its plugin, or this module's, runs isolated, in a worker process of
+    /// its own), where no Swift cast reaches its object; use events, notifications or calls
+    /// by name to reach it (see the daemon's docs/isolation.md).
+    ///
+    ///     do {
+    ///         let greeter = try host.moduleManager.module(named: "greeting", as: (any Greeter).self)
+    ///         greeter.greet()
+    ///     } catch {
+    ///         host.logger(for: moduleName).warning("no greeter: \(error)")
+    ///     }
+    public func module<T>(named name: String, as type: T.Type) throws(ModuleLookupError) -> T {
+        let typeName = "\(T.self)"
+        if let module = module(named: name) {
+            if let found = module as? T { return found }
+            if let standIn = module as? any ModuleInAnotherProcess {
+                throw ModuleLookupError(module: name, type: typeName, reason: .inAnotherProcess, location: standIn.location)
+            }
+            throw ModuleLookupError(module: name, type: typeName, reason: .notOfType)
+        }
+        if let location = locateElsewhere?(name) {
+            throw ModuleLookupError(module: name, type: typeName, reason: .inAnotherProcess, location: location)
+        }
+        throw ModuleLookupError(module: name, type: typeName, reason: .notRunning)
     }
 
     // MARK: Observing
