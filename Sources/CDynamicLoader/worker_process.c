@@ -113,3 +113,15 @@ int modhost_worker_memory_copy(const char *path, const char *name) {
     }
     return copy;
 }
+
+int modhost_worker_pidfd_open(pid_t pid) {
+#ifdef SYS_pidfd_open
+    return (int)syscall(SYS_pidfd_open, pid, 0);
+#else
+    (void)pid;
+    errno = ENOSYS;
+    return -1;
+#endif
+}
+
+int modhost_worker_wake_pipe(int fds[2]) { return pipe2(fds, O_CLOEXEC | O_NONBLOCK); }

@@ -353,7 +353,7 @@ public final class IsolatedPlugin: Sendable {
     }
 
     private var lastCrashText: String {
-        // The reaper may report the end just after the reply failed.
+        // The poller may see the socket's end before the worker's: then none is named.
         status.lastCrash.map { " (\($0))" } ?? ""
     }
 
@@ -388,7 +388,7 @@ public final class IsolatedPlugin: Sendable {
 
     // MARK: - Supervision
 
-    /// Called by the connection's reaper once its worker has ended and been reaped.
+    /// Called by the connection (on the worker poller) once its worker has ended and been reaped.
     func ended(_ connection: WorkerConnection, _ ending: String) {
         let now = ContinuousClock.now
         let window = policy.window
@@ -575,13 +575,13 @@ public final class IsolatedPlugin: Sendable {
 }
 
 /// One worker process and its three sockets (docs/isolation.md): requests and their
-/// replies, the reader thread of the control socket and the reaper thread.
+/// replies; the worker poller reads its control socket and reaps it.
 ///
 /// Ordered requests (`request`, synchronous) go over socket 4 one at a time, and the
 /// thread that sent one reads its reply itself, up to the deadline: a round trip wakes no
 /// thread in this process but the caller. Calls by name go over socket 5; their replies,
 /// those of awaited events, log lines and notifications come on the control socket, read
-/// by the reader thread.
+/// by the worker poller (one thread for every worker).
 final class WorkerConnection: Sendable {
     let pid: pid_t
     let channel: WorkerChannel
@@ -600,10 +600,10 @@ final class WorkerConnection: Sendable {
     /// has stopped (a request made then is `gone` at once).
     private let pending = Mutex((waiters: [Int: Waiter](), closed: false))
     private let nextID = Atomic<Int>(1)
-    /// Set once the reaper has seen the end (then the pid may be reused: never signal it).
+    /// Set once the poller has seen the end (then the pid may be reused: never signal it).
     private let life = Mutex((ended: false, killReason: String?.none))
     private let readiness = Waiter()
-    /// Completed by the reaper with `{"ending": TEXT}` once the worker has been reaped.
+    /// Completed by `reap` with `{"ending": TEXT}` once the worker has been reaped.
     private let finished = Waiter()
     private let described = Mutex<[(name: String, version: String)]>([])
 
@@ -639,6 +639,20 @@ final class WorkerConnection: Sendable {
         /// The outcome, if there is one yet.
         func peek() -> Outcome? { state.withLock { $0.outcome } }
 
+        /// The outcome, or `.timedOut` once `deadline` (nil: none) has passed. The timer is
+        /// a dispatch source, cancelled (and freed) as soon as the outcome is known: a
+        /// `DispatchQueue.asyncAfter` would stay queued, with what it holds, until its time.
+        func wait(upTo deadline: Duration?) async -> Outcome {
+            guard let deadline else { return await wait() }
+            let timer = DispatchSource.makeTimerSource(queue: .global())
+            timer.setEventHandler { [self] in complete(.timedOut) }
+            timer.schedule(deadline: .now() + deadline.dispatchInterval)
+            timer.resume()
+            let outcome = await wait()
+            timer.cancel()
+            return outcome
+        }
+
         func wait() async -> Outcome {
             await withCheckedContinuation { continuation in
                 let done: Outcome? = state.withLock { state in
@@ -661,8 +675,8 @@ final class WorkerConnection: Sendable {
     }
 
     /// Starts `executable` with one end of each of three new socketpairs as its descriptors
-    /// 3, 4 and 5, in a process group of its own, with a clean environment, and starts the
-    /// reader and reaper threads.
+    /// 3, 4 and 5, in a process group of its own, with a clean environment, and has the
+    /// worker poller watch it.
     static func spawn(_ executable: String, plugin: IsolatedPlugin) throws(TrialProcess.SpawnError) -> WorkerConnection {
         var ours: [Int32] = []
         var theirs: [Int32] = []
@@ -684,13 +698,18 @@ final class WorkerConnection: Sendable {
             for fd in ours { close(fd) }
             throw TrialProcess.SpawnError(description: String(cString: strerror(code)))
         }
+        // Nothing else reaps it, so the pid is still this worker's.
+        let pidfd = modhost_worker_pidfd_open(pid)
+        guard pidfd >= 0 else {
+            let problem = String(cString: strerror(errno))
+            Glibc.kill(-pid, SIGKILL)
+            var status: Int32 = 0
+            while waitpid(pid, &status, 0) < 0 && errno == EINTR {}
+            for fd in ours { close(fd) }
+            throw TrialProcess.SpawnError(description: "pidfd_open: \(problem) (isolated plugins need Linux 5.3 or later)")
+        }
         let connection = WorkerConnection(pid: pid, fds: ours, plugin: plugin)
-        let reader = Thread { connection.read() }
-        reader.name = "worker.\(plugin.name).read"
-        reader.start()
-        let reaper = Thread { connection.reap() }
-        reaper.name = "worker.\(plugin.name).reap"
-        reaper.start()
+        WorkerPoller.shared.watch(connection, pidfd: pidfd)
         return connection
     }
 
@@ -711,11 +730,7 @@ final class WorkerConnection: Sendable {
 
     /// The worker's ready frame (its modules), its failed frame, or its end.
     func ready(within deadline: Duration) async -> Result<Void, LoadFailure> {
-        let timer = DispatchWorkItem { [readiness] in readiness.complete(.timedOut) }
-        let (seconds, _) = deadline.components
-        DispatchQueue.global().asyncAfter(deadline: .now() + .seconds(Int(seconds)), execute: timer)
-        let outcome = await readiness.wait()
-        timer.cancel()
+        let outcome = await readiness.wait(upTo: deadline)
         func failure(_ problem: String, _ fix: String) -> LoadFailure {
             LoadFailure(file: plugin.file.path, check: .isolation, problem: problem, fix: fix)
         }
@@ -735,7 +750,7 @@ final class WorkerConnection: Sendable {
             kill(reason: "it was not ready within \(deadline.secondsText)")
             return .failure(failure("its worker was not ready within \(deadline.secondsText)", "fix the plugin's load-time code"))
         case .gone:
-            // The reaper says how it ended, once it has reaped it.
+            // The poller says how it ended, once it has reaped it.
             let ending = await finished.wait()
             var text = "ended"
             if case .reply(let message) = ending { text = message.text("ending") ?? text }
@@ -746,7 +761,7 @@ final class WorkerConnection: Sendable {
     /// Sends an ordered request (socket 4) and blocks the calling thread up to `deadline`,
     /// all told, for its reply, which this thread reads itself. After a request that timed
     /// out or failed, the socket is out of step: every later one is `gone` (the caller kills
-    /// the worker on `timedOut`; the reaper ends the socket when it ends).
+    /// the worker on `timedOut`; `reap` ends the socket when it ends).
     func request(_ message: JSONValue, deadline: Duration) -> Outcome {
         let until = ContinuousClock.now + deadline
         guard case .object(var fields) = message else { return .gone }
@@ -779,17 +794,7 @@ final class WorkerConnection: Sendable {
     func requestAsync(_ message: JSONValue, deadline: Duration?) async -> Outcome {
         let socket = message.text("op") == "call" ? calls : channel
         guard let (waiter, _) = submit(message, via: socket) else { return .gone }
-        var timer: DispatchWorkItem?
-        if let deadline {
-            let item = DispatchWorkItem { waiter.complete(.timedOut) }
-            let (seconds, attoseconds) = deadline.components
-            DispatchQueue.global().asyncAfter(deadline: .now() + .nanoseconds(Int(clamping: seconds) &* 1_000_000_000 &+ Int(attoseconds / 1_000_000_000)),
-                                              execute: item)
-            timer = item
-        }
-        let outcome = await waiter.wait()
-        timer?.cancel()
-        return outcome
+        return await waiter.wait(upTo: deadline)
     }
 
     /// Sends a request whose reply comes on the control socket.
@@ -810,23 +815,30 @@ final class WorkerConnection: Sendable {
         return (waiter, id)
     }
 
-    /// The reader thread: replies to their waiters, log lines and notifications to the
-    /// plugin; at the end of the stream every waiter learns the worker is gone.
-    private func read() {
-        var reader = FrameReader(fd: channel.fd)
-        while let message = try? reader.next() {
-            if let id = message.integer("id") {
-                pending.withLock { $0.waiters.removeValue(forKey: id) }?.complete(.reply(message))
-                continue
-            }
-            switch message.text("op") {
-            case "log": plugin.log(message, pid: pid)
-            case "post": plugin.post(message)
-            case "locate": channel.send(plugin.locate(message))
-            case "ready", "failed": readiness.complete(.reply(message))
-            default: break
-            }
+    /// A frame of the control socket (from the worker poller): a reply to its waiter, a
+    /// log line or a notification to the plugin, a question (`locate`) answered.
+    func received(_ message: JSONValue) {
+        if let id = message.integer("id") {
+            pending.withLock { $0.waiters.removeValue(forKey: id) }?.complete(.reply(message))
+            return
         }
+        switch message.text("op") {
+        case "log": plugin.log(message, pid: pid)
+        case "post": plugin.post(message)
+        case "locate":
+            // Answered without waiting for room in the socket: this thread reads every
+            // worker's. A worker that asks and does not read its answers has no room left.
+            if channel.send(plugin.locate(message), until: .now) == .timedOut {
+                kill(reason: "it does not read the answers to its questions")
+            }
+        case "ready", "failed": readiness.complete(.reply(message))
+        default: break
+        }
+    }
+
+    /// The control socket's stream ended (from the worker poller): every waiter learns the
+    /// worker is gone.
+    func streamEnded() {
         readiness.complete(.gone)
         let waiters = pending.withLock { pending in
             defer { pending = ([:], true) }
@@ -835,11 +847,10 @@ final class WorkerConnection: Sendable {
         for waiter in waiters { waiter.complete(.gone) }
     }
 
-    /// The reaper thread: waits for the worker to end, kills what is left of its process
-    /// group, reaps it and reports how it ended.
-    private func reap() {
-        var info = siginfo_t()
-        while waitid(P_PID, id_t(pid), &info, WEXITED | WNOWAIT) != 0 && errno == EINTR {}
+    /// The worker has ended (from the worker poller, once its pidfd is readable; it is not
+    /// reaped yet, so its pid and process group are still its own): kills what is left of
+    /// its process group, reaps it and reports how it ended.
+    func reap() {
         let reason = life.withLock { life -> String? in
             life.ended = true
             // Whatever the plugin forked dies with it.
@@ -875,7 +886,7 @@ final class WorkerConnection: Sendable {
         return message.text("ending")
     }
 
-    /// Kills the worker (its process group) because it misbehaved; the reaper reports it.
+    /// Kills the worker (its process group) because it misbehaved; `reap` reports it.
     func kill(reason: String) {
         life.withLock { life in
             guard !life.ended else { return }
@@ -889,11 +900,15 @@ final class WorkerConnection: Sendable {
     /// that has not ended after a second is killed.
     func stop() {
         shutDown()
-        DispatchQueue.global().asyncAfter(deadline: .now() + 1) { [self] in
-            life.withLock { life in
-                guard !life.ended else { return }
-                Glibc.kill(-pid, SIGKILL)
-            }
+        WorkerPoller.shared.kill(self, after: .seconds(1))
+    }
+
+    /// Kills the worker's process group unless the worker has ended (the poller, a second
+    /// after `stop`).
+    func killUnlessEnded() {
+        life.withLock { life in
+            guard !life.ended else { return }
+            Glibc.kill(-pid, SIGKILL)
         }
     }
 }

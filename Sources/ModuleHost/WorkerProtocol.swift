@@ -123,12 +123,53 @@ struct FrameReader {
 
     /// The next message, blocking until it has arrived whole, or (`deadline`) until then.
     mutating func next(until deadline: ContinuousClock.Instant? = nil) throws(End) -> JSONValue {
-        let header = try take(4, until: deadline)
+        let length = try Self.length(of: try take(4, until: deadline))
+        return try Self.message(try take(length, until: deadline))
+    }
+
+    /// The next message if it is whole in the buffer, nil when more must be read first
+    /// (`receiveAvailable`); never reads.
+    mutating func buffered() throws(End) -> JSONValue? {
+        guard end - start >= 4 else { return nil }
+        let length = try Self.length(of: buffer[start..<(start + 4)])
+        guard end - start - 4 >= length else { return nil }
+        let body = Array(buffer[(start + 4)..<(start + 4 + length)])
+        start += 4 + length
+        return try Self.message(body)
+    }
+
+    /// Reads what the socket holds now into the buffer, without waiting (for a thread that
+    /// polls many sockets); false when it held nothing. Take every `buffered()` message
+    /// first: the buffer grows only to hold the frame being read.
+    mutating func receiveAvailable() throws(End) -> Bool {
+        if start > 0 { compact() }
+        var wanted = 4096
+        if end >= 4 { wanted = max(wanted, 4 + (try Self.length(of: buffer[0..<4]))) }
+        if buffer.count < wanted { buffer.append(contentsOf: repeatElement(0, count: wanted - buffer.count)) }
+        let room = buffer.count - end
+        guard room > 0 else { return false }
+        while true {
+            let got = buffer.withUnsafeMutableBytes { recv(fd, $0.baseAddress! + end, room, Int32(MSG_DONTWAIT)) }
+            if got < 0 {
+                if errno == EINTR { continue }
+                if errno == EAGAIN || errno == EWOULDBLOCK { return false }
+                throw .failed(errno)
+            }
+            if got == 0 { throw .closed }
+            end += got
+            return true
+        }
+    }
+
+    private static func length(of header: some Collection<UInt8>) throws(End) -> Int {
         let length = header.reduce(0) { $0 << 8 | Int($1) }
         guard length >= 1, length <= WorkerFrame.maximumSize else {
             throw .invalid("length \(length) is outside 1...\(WorkerFrame.maximumSize)")
         }
-        let body = try take(length, until: deadline)
+        return length
+    }
+
+    private static func message(_ body: [UInt8]) throws(End) -> JSONValue {
         let value: JSONValue
         do {
             value = try JSONValue.parse(body)
@@ -139,18 +180,21 @@ struct FrameReader {
         return value
     }
 
+    /// Moves what is left of the last read to the front of the buffer.
+    private mutating func compact() {
+        buffer.withUnsafeMutableBytes { bytes in
+            let base = bytes.baseAddress!
+            _ = memmove(base, base + start, end - start)
+        }
+        end -= start
+        start = 0
+    }
+
     private mutating func take(_ count: Int, until deadline: ContinuousClock.Instant?) throws(End) -> [UInt8] {
         while end - start < count {
             if let deadline, !WorkerFrame.wait(fd, for: Int16(POLLIN), until: deadline) { throw .timedOut }
-            if start > 0 {
-                // What is left of the last read moves to the front (usually nothing).
-                buffer.withUnsafeMutableBytes { bytes in
-                    let base = bytes.baseAddress!
-                    _ = memmove(base, base + start, end - start)
-                }
-                end -= start
-                start = 0
-            }
+            // What is left of the last read moves to the front (usually nothing).
+            if start > 0 { compact() }
             if buffer.count < count { buffer.append(contentsOf: repeatElement(0, count: count - buffer.count)) }
             let room = buffer.count - end
             let got = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress! + end, room) }

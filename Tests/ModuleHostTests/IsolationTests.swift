@@ -30,7 +30,8 @@ struct IsolationTests {
     /// then blocks), fatal (aborts), spin (loops on the CPU); and two that probe limits and
     /// return: files (opens /dev/null until it fails, then notes `opened COUNT ERRNO`),
     /// forkmany (forks children that sleep until fork fails, then notes `forked COUNT
-    /// ERRNO`). It exports `faulty_add(a, b)` (i32(i32,i32)), which segfaults when a is
+    /// ERRNO`); and halfframe, which writes the start of a frame on the worker's control
+    /// socket and blocks. It exports `faulty_add(a, b)` (i32(i32,i32)), which segfaults when a is
     /// 13, and posts notification `pong` when it gets notification `ping`. With `crashInCreate`,
     /// its create segfaults.
     static func faultyPlugin(_ name: String, in directory: String, events: String, crashInCreate: Bool = false) throws -> String {
@@ -95,6 +96,11 @@ struct IsolationTests {
                     char text[64];
                     snprintf(text, sizeof text, "%d %s", count, errno_name());
                     note("forked", text);
+                }
+                if (strcmp(event, "halfframe") == 0) {
+                    static const char part[] = {0, 0, 0, 100, '{', '"'};
+                    if (write(3, part, sizeof part) < 0) {}
+                    for (;;) pause();
                 }
                 if (strcmp(event, "ping") == 0) host->post_notification("pong", payload);
                 if (strcmp(event, "greet") == 0) host->log(MODHOST_LOG_INFO, "hello from the plugin");
@@ -724,6 +730,95 @@ struct IsolationTests {
         let tally = f.lines().filter { $0.hasPrefix("tally ") }.map { $0.split(separator: " ")[1] }
         #expect(tally.filter { $0 == "willUnload" }.count == 1 && tally.filter { $0 == "create" }.count == 2, "\(tally)")
         await f.set.shutdown()
+    }
+
+    /// The daemon watches its workers from one thread, however many run: it kept a reader
+    /// and a reaper thread per worker, started and ended with each, and every thread that
+    /// came and went left memory behind (its malloc arena, its cached stack, libdispatch's
+    /// caches), which showed as daemon RSS and mappings per isolated replace.
+    @Test func theDaemonKeepsNoThreadPerWorker() async throws {
+        let f = try Fixture()
+        try await f.add("Quiet0")
+        await f.set.reconcile()
+        await f.set.start()
+        #expect(await f.until { await f.worker("Quiet0")?.phase == .running })
+        let more = 6
+        let before = Self.count("Threads")
+        for index in 1...more { try await f.add("Quiet\(index)") }
+        #expect(await f.set.reconcile().added.count == more)
+        #expect(await f.until {
+            for index in 0...more where await f.worker("Quiet\(index)")?.phase != .running { return false }
+            return true
+        })
+        let after = Self.count("Threads")
+        #expect(after - before < more, "\(more) more workers: threads \(before) -> \(after)")
+        await f.set.shutdown()
+    }
+
+    /// A worker that stops in the middle of a frame holds up no other worker: the daemon
+    /// reads every worker's control socket from one thread, and never waits there for the
+    /// rest of a frame.
+    @Test func aWorkerThatStopsInTheMiddleOfAFrameHoldsUpNoOther() async throws {
+        // A far deadline: the stalled worker is not killed before the other answers.
+        let f = try Fixture(deadline: .seconds(30))
+        try await f.add("Faulty")
+        try await f.add("Other")
+        await f.set.reconcile()
+        await f.set.start()
+        #expect(await f.until {
+            let (faulty, other) = (await f.worker("Faulty"), await f.worker("Other"))
+            return faulty?.phase == .running && other?.phase == .running
+        })
+        let stalled = try #require(await f.worker("Faulty")?.pid)
+        Task { await f.host.send(ModuleEvent.custom(name: "halfframe", payload: .null), to: "faulty") }
+        #expect(await f.until { f.lines().contains("faulty halfframe -") })
+        let answer = Mutex<CallValue?>(nil)
+        Task { if let value = try? await f.call("Other", 2, 3) { answer.withLock { $0 = value } } }
+        #expect(await f.until { answer.withLock { $0 } == .int32(5) })
+        // It answered while the stalled worker was still there, not after its end.
+        #expect(await f.worker("Faulty")?.pid == stalled)
+        kill(stalled, SIGKILL)
+        await f.set.shutdown()
+    }
+
+    /// Replacing an isolated plugin again and again leaves no descriptor of its old workers
+    /// (sockets, the pidfd the daemon watches each by) and no thread behind.
+    @Test func replacingAnIsolatedPluginLeavesNoDescriptorOrThreadBehind() async throws {
+        let f = try Fixture()
+        try await f.add("Quiet")
+        await f.set.reconcile()
+        await f.set.start()
+        let original = f.plugins + "/libQuiet.so"
+        let versions = PluginFactory(directory: f.root.directory("versions"))
+        let manifest = try PluginFactory.embeddedManifest(original)
+        func replace(_ cycle: Int) async throws {
+            let next = try versions.withManifest(original, manifest.replacingOccurrences(of: #""version":"1.0""#, with: #""version":"1.\#(cycle)""#),
+                                                 as: "libQuiet-\(cycle).so")
+            try FileManager.default.copyItem(atPath: next, toPath: f.plugins + "/.libQuiet.so.tmp")
+            #expect(rename(f.plugins + "/.libQuiet.so.tmp", f.plugins + "/libQuiet.so") == 0)
+            let old = await f.worker("Quiet")?.pid ?? 0
+            #expect(await f.set.reconcile().replaced == ["Quiet"])
+            #expect(await f.until { Self.processes(inGroup: old).isEmpty })
+        }
+        try await replace(1)
+        let descriptors = Self.descriptorCount()
+        let threads = Self.count("Threads")
+        for cycle in 2...11 { try await replace(cycle) }
+        #expect(await f.until { Self.descriptorCount() <= descriptors }, "descriptors \(descriptors) -> \(Self.descriptorCount())")
+        #expect(await f.until { Self.count("Threads") <= threads + 2 }, "threads \(threads) -> \(Self.count("Threads"))")
+        await f.set.shutdown()
+    }
+
+    /// A count from this process's /proc/self/status (e.g. "Threads").
+    static func count(_ field: String) -> Int {
+        let status = (try? String(contentsOfFile: "/proc/self/status", encoding: .utf8)) ?? ""
+        let line = status.split(separator: "\n").first { $0.hasPrefix(field + ":") } ?? ""
+        return Int(line.split(separator: "\t").last?.trimmingCharacters(in: .whitespaces) ?? "") ?? -1
+    }
+
+    /// This process's open descriptors.
+    static func descriptorCount() -> Int {
+        (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd").count) ?? -1
     }
 
     /// The configuration's isolation fields: read into the policy, and every wrong value

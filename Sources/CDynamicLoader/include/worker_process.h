@@ -37,4 +37,13 @@ int modhost_worker_set_limit(int which, uint64_t value);
  * may enter) while it still can, and loads them as /proc/self/fd/N. */
 int modhost_worker_memory_copy(const char *path, const char *name);
 
+/* pidfd_open(pid, 0): a close-on-exec descriptor that polls readable once process `pid`
+ * (a child not yet reaped) has ended, so that one thread can wait for the ends of every
+ * worker at once. -1 with errno (ENOSYS before Linux 5.3). */
+int modhost_worker_pidfd_open(pid_t pid);
+
+/* pipe2(fds, O_CLOEXEC | O_NONBLOCK): a pipe that wakes a thread blocked in poll and that
+ * it drains without blocking. */
+int modhost_worker_wake_pipe(int fds[2]);
+
 #endif
