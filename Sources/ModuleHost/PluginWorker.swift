@@ -31,6 +31,9 @@ package final class PluginWorker: Sendable {
         /// Jobs a waiting caller gave up on before they started (the queue was slow to
         /// reach them): they count as overrun from their first instant.
         var abandoned: Set<UInt64> = []
+        /// Jobs `submit` queued that have not started yet, by number: what the worker
+        /// still has to do once the job running now (if any) returns.
+        var queued: [UInt64: String] = [:]
     }
 
     struct Running: Sendable {
@@ -62,9 +65,14 @@ package final class PluginWorker: Sendable {
         }
     }
 
-    /// The job running now, whether or not it is past its deadline.
+    /// The job running now, whether or not it is past its deadline, else the next job
+    /// queued (for no time yet): nil only when nothing is left to run (e.g. a queued
+    /// `destroy` not started yet keeps it busy).
     var busy: Stuck? {
-        state.withLock { state in state.current.map { Stuck(what: $0.what, elapsed: ContinuousClock.now - $0.since) } }
+        state.withLock { state in
+            if let running = state.current { return Stuck(what: running.what, elapsed: ContinuousClock.now - running.since) }
+            return state.queued.min { $0.key < $1.key }.map { Stuck(what: $0.value, elapsed: .zero) }
+        }
     }
 
     /// Queues `job` (named `what` in `stuck`) and returns at once. `finished`, if given,
@@ -76,6 +84,7 @@ package final class PluginWorker: Sendable {
         lastJob.withLock { last -> UInt64 in
             last += 1
             let id = last
+            state.withLock { $0.queued[id] = what }
             // Enqueued under the lock, so queue order is number order.
             queue.async { [self] in
                 started(id, what, deadline)
@@ -92,6 +101,7 @@ package final class PluginWorker: Sendable {
         state.withLock { state in
             state.lastStarted = max(state.lastStarted, id)
             state.notStarted.remove(id)
+            state.queued[id] = nil
             let overran = state.abandoned.remove(id) != nil
             state.current = Running(job: id, what: what, since: .now, deadline: deadline, overran: overran)
         }
@@ -299,6 +309,11 @@ public final class PluginWorkers: Sendable {
             state.modules[name]?.removeAll { $0 === worker }
             if state.modules[name]?.isEmpty == true { state.modules[name] = nil }
         }
+    }
+
+    /// The workers of every instance of module `name` not destroyed yet.
+    func queues(module name: String) -> [PluginWorker] {
+        state.withLock { $0.modules[name] ?? [] }
     }
 
     /// What the current instance of module `name` is stuck in, if it is. (A replaced or

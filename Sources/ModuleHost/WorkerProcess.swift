@@ -376,9 +376,13 @@ final class WorkerService: Sendable {
             case "event" where message.text("kind") == "deinit":
                 // The daemon's module is gone (disabled, removed, replaced, shut down; it had
                 // its willUnload): so is this one, and a later create makes a new instance.
+                // Answered once a C module's destroy (queued after its deinit) has returned,
+                // so that it has run before the daemon may end this process.
+                let queues = workers.queues(module: module)
                 _ = direct.withLock { $0.removeValue(forKey: module) }
                 settings[module] = nil
                 await host.removeUnloaded(moduleNamed: [module])
+                if workers.stuck(module: module) == nil { await finish(queues) }
                 reply(id, stuckReply(module))
             case "event" where message.text("kind") == "start":
                 // Through the host, so that what it held for the module until its start (a
@@ -420,6 +424,17 @@ final class WorkerService: Sendable {
             default:
                 reply(id, ["error": ["code": "invalid_request", "message": .string("unknown op \(message.text("op") ?? "none")")]])
             }
+        }
+    }
+
+    /// Waits, up to the event deadline all told, until what is queued on `queues` now (a C
+    /// module's destroy) has run.
+    private func finish(_ queues: [PluginWorker]) async {
+        let until = ContinuousClock.now + host.eventDeadline
+        for queue in queues {
+            let left = until - .now
+            guard left > .zero else { return }
+            _ = await withDeadline(left) { await queue.run("after destroy", deadline: left) {} }
         }
     }
 

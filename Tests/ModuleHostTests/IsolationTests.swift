@@ -33,7 +33,7 @@ struct IsolationTests {
     /// ERRNO`); and halfframe, which writes the start of a frame on the worker's control
     /// socket and blocks. It exports `faulty_add(a, b)` (i32(i32,i32)), which segfaults when a is
     /// 13, and posts notification `pong` when it gets notification `ping`. With `crashInCreate`,
-    /// its create segfaults.
+    /// its create segfaults; configured with `"slowDestroy": true`, its destroy takes 1.5 s.
     static func faultyPlugin(_ name: String, in directory: String, events: String, crashInCreate: Bool = false) throws -> String {
         let module = name.lowercased()
         let source = """
@@ -56,9 +56,11 @@ struct IsolationTests {
             static void crash(void) { volatile int *nowhere = NULL; *nowhere = 1; }
             static const char *errno_name(void) { return errno == EMFILE ? "EMFILE" : errno == EAGAIN ? "EAGAIN" : "other"; }
             static void *crash_later(void *unused) { (void)unused; crash(); return NULL; }
+            static int slow_destroy;
             static void *create(const modhost_host_api *host, const char *config) {
                 \(crashInCreate ? "crash();" : "")
                 note("create", config);
+                slow_destroy = config && strstr(config, "\\"slowDestroy\\":true") != NULL;
                 return (void *)host;
             }
             static void handle(void *instance, const char *event, const char *payload) {
@@ -105,7 +107,11 @@ struct IsolationTests {
                 if (strcmp(event, "ping") == 0) host->post_notification("pong", payload);
                 if (strcmp(event, "greet") == 0) host->log(MODHOST_LOG_INFO, "hello from the plugin");
             }
-            static void destroy(void *instance) { (void)instance; note("destroy", NULL); }
+            static void destroy(void *instance) {
+                (void)instance;
+                if (slow_destroy) usleep(1500000);
+                note("destroy", NULL);
+            }
             __attribute__((visibility("default"))) int32_t faulty_add(int32_t a, int32_t b) {
                 if (a == 13) crash();
                 return a + b;
@@ -507,6 +513,23 @@ struct IsolationTests {
         // The blocked worker is killed at the end (its handler never returns).
         await f.set.shutdown()
         await blocked.value
+    }
+
+    /// A C module's destroy runs before its worker ends, even one that takes a while (within
+    /// the event deadline), as in process: the worker answers the module's deinit once its
+    /// destroy has returned, and only then may the daemon end the worker.
+    @Test(arguments: [Isolation.inProcess, Isolation.process])
+    func aSlowDestroyRunsBeforeTheWorkerEnds(isolation: Isolation) async throws {
+        let f = try Fixture(isolation: isolation, deadline: .seconds(4))
+        let name = isolation == .process ? "SlowIsolated" : "SlowInProcess"
+        let module = name.lowercased()
+        try await f.add(name)
+        await f.set.updateSettings([module: ModuleSettings(configuration: ["slowDestroy": true])])
+        await f.set.reconcile()
+        await f.set.start()
+        #expect(await f.until { f.lines().contains("\(module) start -") }, "\(f.lines())")
+        await f.set.shutdown()
+        #expect(await f.until { f.lines().last == "\(module) destroy -" }, "\(f.lines())")
     }
 
     /// A module whose create crashes its worker every time: five crashes within the window
