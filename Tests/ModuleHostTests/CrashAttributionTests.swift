@@ -144,7 +144,8 @@ import TestSupport
         #expect(await eventually { Self.isGone(pid) })
         if !Self.isGone(pid) { kill(pid, SIGKILL) }
         #expect(try h.modules()["calculator"]?["state"] as? String == "running")
-        #expect(await h.stop() == 0)
+        let status = await h.stop()
+        #expect(status == 0, "log: \(h.daemon.text)")
     }
 
     // MARK: - Finding 9: exit() from plugin code
