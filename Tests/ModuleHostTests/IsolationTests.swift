@@ -378,6 +378,14 @@ struct IsolationTests {
             await set.snapshot().plugins.first { $0.name == plugin }?.worker
         }
 
+        /// Waits until the worker of every plugin in `plugins` runs.
+        func running(_ plugins: [String]) async -> Bool {
+            await until {
+                for plugin in plugins where await worker(plugin)?.phase != .running { return false }
+                return true
+            }
+        }
+
         /// Waits until `plugin`'s worker runs after its first restart.
         func runsAgain(_ plugin: String) async -> Bool {
             await until {
@@ -652,10 +660,7 @@ struct IsolationTests {
         #expect(await f.knock("faulty", "hello"))
         #expect(try await f.call("Faulty", 2, 3) == .int32(5))
         await f.host.send(ModuleEvent.custom(name: "segv", payload: .null), to: "faulty")
-        #expect(await f.until {
-            let worker = await f.worker("Faulty")
-            return worker?.restarts == 1 && worker?.phase == .running
-        })
+        #expect(await f.runsAgain("Faulty"))
         let restarted = try #require(await f.worker("Faulty")?.pid)
         #expect(try Self.identity(of: restarted).uid == 65534)
         #expect(await f.knock("faulty", "again"))
@@ -764,15 +769,12 @@ struct IsolationTests {
         try await f.add("Quiet0")
         await f.set.reconcile()
         await f.set.start()
-        #expect(await f.until { await f.worker("Quiet0")?.phase == .running })
+        #expect(await f.running(["Quiet0"]))
         let more = 6
         let before = Self.count("Threads")
         for index in 1...more { try await f.add("Quiet\(index)") }
         #expect(await f.set.reconcile().added.count == more)
-        #expect(await f.until {
-            for index in 0...more where await f.worker("Quiet\(index)")?.phase != .running { return false }
-            return true
-        })
+        #expect(await f.running((0...more).map { "Quiet\($0)" }))
         let after = Self.count("Threads")
         #expect(after - before < more, "\(more) more workers: threads \(before) -> \(after)")
         await f.set.shutdown()
@@ -788,10 +790,7 @@ struct IsolationTests {
         try await f.add("Other")
         await f.set.reconcile()
         await f.set.start()
-        #expect(await f.until {
-            let (faulty, other) = (await f.worker("Faulty"), await f.worker("Other"))
-            return faulty?.phase == .running && other?.phase == .running
-        })
+        #expect(await f.running(["Faulty", "Other"]))
         let stalled = try #require(await f.worker("Faulty")?.pid)
         Task { await f.host.send(ModuleEvent.custom(name: "halfframe", payload: .null), to: "faulty") }
         #expect(await f.until { f.lines().contains("faulty halfframe -") })
