@@ -113,18 +113,18 @@ public final class ModuleManager {
     ///         host.logger(for: moduleName).warning("no greeter: \(error)")
     ///     }
     public func module<T>(named name: String, as type: T.Type) throws(ModuleLookupError) -> T {
-        let typeName = "\(T.self)"
+        // The type's name is spelled only for an error: a lookup that finds its module
+        // costs a search and a cast, nothing more.
+        func failure(_ reason: ModuleLookupError.Reason, location: String? = nil) -> ModuleLookupError {
+            ModuleLookupError(module: name, type: "\(T.self)", reason: reason, location: location)
+        }
         if let module = module(named: name) {
             if let found = module as? T { return found }
-            if let standIn = module as? any ModuleInAnotherProcess {
-                throw ModuleLookupError(module: name, type: typeName, reason: .inAnotherProcess, location: standIn.location)
-            }
-            throw ModuleLookupError(module: name, type: typeName, reason: .notOfType)
+            if let standIn = module as? any ModuleInAnotherProcess { throw failure(.inAnotherProcess, location: standIn.location) }
+            throw failure(.notOfType)
         }
-        if let location = locateElsewhere?(name) {
-            throw ModuleLookupError(module: name, type: typeName, reason: .inAnotherProcess, location: location)
-        }
-        throw ModuleLookupError(module: name, type: typeName, reason: .notRunning)
+        if let location = locateElsewhere?(name) { throw failure(.inAnotherProcess, location: location) }
+        throw failure(.notRunning)
     }
 
     // MARK: Observing
