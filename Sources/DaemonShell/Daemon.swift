@@ -405,8 +405,10 @@ public actor Daemon: DaemonControl {
         }
         let workers = snapshot.plugins.compactMap { plugin in
             plugin.worker.map {
-                MetricsReport.Worker(plugin: plugin.name, restarts: UInt64($0.restarts), crashes: UInt64($0.crashes),
-                                     residentBytes: $0.residentBytes)
+                // Counters go on across the plugin's versions (docs/daemon.md, "Metrics").
+                let totals = plugins.metrics.workerTotals(plugin: plugin.name, current: $0)
+                return MetricsReport.Worker(plugin: plugin.name, restarts: UInt64(totals.restarts), crashes: UInt64(totals.crashes),
+                                            residentBytes: $0.residentBytes)
             }
         }
         return MetricsReport(daemon: daemon, modules: hostMetrics.modules.map(MetricsReport.Module.init),

@@ -381,7 +381,9 @@ extension PluginSet {
     /// Counts `record`'s image as retired (it stays mapped) and deletes its private copy.
     func retire(_ record: Record) {
         // An isolated plugin's image was mapped by its worker only, which has ended.
-        if record.loaded.isolated == nil {
+        if let isolated = record.loaded.isolated {
+            metrics.workerEnded(plugin: record.loaded.name, isolated.status)
+        } else {
             retiredCount += 1
             retiredBytes += record.size
         }

@@ -4,8 +4,9 @@ import PluginCall
 import Synchronization
 
 /// The counters of one plugin set that are not a module's (those are its host's,
-/// `HostInstance.metrics`): the calls by name per plugin and function, and how many
-/// plugins each `reconcile` added, replaced, removed and refused. For an operator's
+/// `HostInstance.metrics`): the calls by name per plugin and function, how many
+/// plugins each `reconcile` added, replaced, removed and refused, and the restarts and
+/// crashes of isolated plugins' workers across their versions. For an operator's
 /// metrics (docs/daemon.md, "Metrics"). They only grow. Thread-safe, never waits for the
 /// set or for plugin code.
 public final class PluginSetMetrics: Sendable {
@@ -37,6 +38,33 @@ public final class PluginSetMetrics: Sendable {
         where count > 0 {
             changes[index].wrappingAdd(UInt64(count), ordering: .relaxed)
         }
+    }
+
+    /// Restarts and crashes of the workers of the versions of each isolated plugin that
+    /// have ended (replaced or removed), by plugin name.
+    private let endedWorkers = Mutex<[String: WorkerTotals]>([:])
+
+    /// Restarts and crashes of an isolated plugin's workers.
+    public struct WorkerTotals: Sendable, Equatable {
+        public var restarts = 0
+        public var crashes = 0
+    }
+
+    /// Adds the counts of a version of plugin `plugin` whose worker has been stopped for good.
+    func workerEnded(plugin: String, _ status: WorkerStatus) {
+        endedWorkers.withLock { ended in
+            ended[plugin, default: WorkerTotals()].restarts += status.restarts
+            ended[plugin, default: WorkerTotals()].crashes += status.crashes
+        }
+    }
+
+    /// The restarts and crashes of plugin `plugin`'s workers since the set was made, over
+    /// all its versions: those that ended plus `current`, the running version's.
+    public func workerTotals(plugin: String, current: WorkerStatus) -> WorkerTotals {
+        var totals = endedWorkers.withLock { $0[plugin] } ?? WorkerTotals()
+        totals.restarts += current.restarts
+        totals.crashes += current.crashes
+        return totals
     }
 
     /// Plugins added, replaced and removed, and files refused, by every `reconcile` so far.

@@ -228,6 +228,21 @@ struct MetricsTests {
         #expect(after.value("modhost_call_seconds_count", add) == 4)
         #expect(after.value("modhost_call_errors_total", add.merging(["code": "invalid_arguments"]) { $1 }) == 1,
                 "\(after.family("modhost_call_errors_total")?.samples ?? [])")
+
+        // A new version of the plugin runs in a new worker; the counters go on (docs/daemon.md).
+        let file = daemon.root.file("plugins/libCalculator.so")
+        guard case .object(var manifest) = try JSONValue.parse(Array(PluginFactory.embeddedManifest(file).utf8)) else {
+            Issue.record("libCalculator.so has no manifest object")
+            return
+        }
+        manifest["version"] = .string("9.9.9")
+        try PluginFactory(directory: daemon.root.directory("next")).withManifest(file, JSONValue.object(manifest).jsonText, as: "libCalculator.so")
+        #expect(rename(daemon.root.file("next/libCalculator.so"), file) == 0)
+        #expect(await daemon.process.waitFor("by 9.9.9"), "\(daemon.process.text)")
+        #expect(try daemon.ctl(["call", "Calculator", "calc_add", "1", "2"]) == "3\n")
+        let replaced = try PrometheusText(daemon.ctl(["metrics"]))
+        #expect(replaced.value("modhost_worker_restarts_total", ["plugin": "Calculator"]) == 1)
+        #expect(replaced.value("modhost_worker_crashes_total", ["plugin": "Calculator"]) == 1)
         await daemon.stop()
     }
 
