@@ -503,12 +503,18 @@ public final class IsolatedPlugin: Sendable {
     }
 
     /// The logger lines of the worker are logged here, with the plugin's name and pid.
+    ///
+    /// The frame is the plugin's to write: the daemon names the plugin and the worker
+    /// itself, so a `plugin` or `worker` the frame gives is dropped, and so is a `module`
+    /// that is not one of this plugin's.
     func log(_ message: JSONValue, pid: pid_t) {
         let level = message.integer("level").flatMap(LogLevel.init(rawValue:)) ?? .info
         var logger = Logger(label: message.text("label") ?? "modhostd")
         if case .array(let pairs) = message["metadata"] ?? .null {
             for case .array(let pair) in pairs where pair.count == 2 {
-                if let key = pair[0].stringValue, let value = pair[1].stringValue { logger = logger.with(key, value) }
+                guard let key = pair[0].stringValue, let value = pair[1].stringValue, key != "plugin", key != "worker",
+                      key != "module" || file.manifest.modules.contains(value) else { continue }
+                logger = logger.with(key, value)
             }
         }
         logger.log(level, message.text("message") ?? "", [("plugin", name), ("worker", "\(pid)")])
