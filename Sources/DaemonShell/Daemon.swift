@@ -489,6 +489,7 @@ public actor Daemon: DaemonControl {
         if let module, !host.isRunning(moduleNamed: module) {
             throw DaemonError(code: "unknown_module", message: "no module named \(module) is running")
         }
+        let started = ContinuousClock.now
         try await withinRequestDeadline("event \(event)") { [host] in
             if awaited {
                 await host.send(AsyncModuleEvent.custom(name: event, payload: payload), to: module)
@@ -496,7 +497,7 @@ public actor Daemon: DaemonControl {
                 await host.send(ModuleEvent.custom(name: event, payload: payload), to: module)
             }
         }
-        try checkNotStuck(in: event, to: module)
+        try checkNotStuck(in: event, to: module, since: started)
         logger.info("event \(event) sent\(module.map { " to \($0)" } ?? "")", [("event", event)])
     }
 
@@ -533,6 +534,7 @@ public actor Daemon: DaemonControl {
             let counters = plugins.metrics.calls(plugin: plugin).function(
                 named: loaded.file.manifest.exports.contains { $0.name == function } ? function : CallMetrics.undeclaredFunction)
             // In its worker, within the request deadline; a crash there fails only this call.
+            let deadline = configuration.requestDeadline
             let outcome: Result<CallValue, IsolatedCallError>
             do throws(DaemonError) {
                 outcome = try await withinRequestDeadline("call \(plugin).\(function)") { () async -> Result<CallValue, IsolatedCallError> in
@@ -541,8 +543,8 @@ public actor Daemon: DaemonControl {
                     do throws(IsolatedCallError) {
                         let value: CallValue
                         switch arguments {
-                        case .texts(let texts): value = try await isolated.call(function, texts: texts)
-                        case .json(let values): value = try await isolated.call(function, json: values)
+                        case .texts(let texts): value = try await isolated.call(function, texts: texts, deadline: deadline)
+                        case .json(let values): value = try await isolated.call(function, json: values, deadline: deadline)
                         }
                         counters.recordCall(duration: clock.now - started, error: nil)
                         return .success(value)
@@ -557,7 +559,10 @@ public actor Daemon: DaemonControl {
             }
             switch outcome {
             case .success(let value): return value
-            case .failure(let error): throw DaemonError(code: error.code, message: error.message)
+            case .failure(let error):
+                // The call's own deadline (the same) passed before the race's.
+                if error.code == "deadline_exceeded" { counters.recordDeadlineOverrun() }
+                throw DaemonError(code: error.code, message: error.message)
             }
         }
         guard let table = loaded.functions else {

@@ -46,14 +46,22 @@ extension Daemon {
         }
     }
 
-    /// After a send: the modules that did not return from this event within the event
-    /// deadline (they are now stuck) make it fail with `deadline_exceeded`.
-    func checkNotStuck(in event: String, to module: String?) throws(DaemonError) {
+    /// After a send (begun at `started`): the modules that did not return from this event
+    /// within the event deadline (they are now stuck, or, isolated, their worker was killed
+    /// for it) make it fail with `deadline_exceeded`.
+    func checkNotStuck(in event: String, to module: String?, since started: ContinuousClock.Instant) throws(DaemonError) {
         let names = module.map { [$0] } ?? host.runningModuleNames
         let stuck = names.filter { workers.stuck(module: $0)?.what == event }
-        guard !stuck.isEmpty else { return }
-        throw DaemonError(code: "deadline_exceeded",
-                          message: "module \(stuck.joined(separator: ", ")) did not finish event \(event) within the event deadline of \(configuration.eventDeadline.secondsText); it is shown as stuck and gets no more events until it returns")
+        if !stuck.isEmpty {
+            throw DaemonError(code: "deadline_exceeded",
+                              message: "module \(stuck.joined(separator: ", ")) did not finish event \(event) within the event deadline of \(configuration.eventDeadline.secondsText); it is shown as stuck and gets no more events until it returns")
+        }
+        // An isolated module's worker that did not answer it in time was killed for it.
+        let unanswered = names.filter { workers.leftUnanswered(module: $0, event: event, since: started) }
+        if !unanswered.isEmpty {
+            throw DaemonError(code: "deadline_exceeded",
+                              message: "module \(unanswered.joined(separator: ", ")) did not finish event \(event) within the event deadline of \(configuration.eventDeadline.secondsText); its worker was killed for it and is restarted")
+        }
     }
 
     /// Runs a call by name on the plugin's call worker, never on this actor, for at most

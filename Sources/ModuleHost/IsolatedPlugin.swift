@@ -150,6 +150,9 @@ public final class IsolatedPlugin: Sendable {
     let settings: PluginIsolationSettings
     let policy: IsolationPolicy
     let host: HostInstance
+    /// Where a module's event that its worker did not answer in time is recorded (the
+    /// daemon fails that event's request as it fails one a stuck module overran).
+    let workers: PluginWorkers
     let logger: Logger
     let deadline: Duration
 
@@ -172,8 +175,9 @@ public final class IsolatedPlugin: Sendable {
     private let state = Mutex(State())
 
     init(file: PluginFile, preloads: [String], settings: PluginIsolationSettings, policy: IsolationPolicy,
-         host: HostInstance, logger: Logger) {
+         host: HostInstance, workers: PluginWorkers, logger: Logger) {
         name = file.name
+        self.workers = workers
         self.file = file
         self.preloads = preloads
         self.settings = settings
@@ -239,11 +243,18 @@ public final class IsolatedPlugin: Sendable {
             throw fail("cannot start the worker \(policy.workerExecutable): \(error)",
                        "install modhost-worker next to modhostd")
         }
-        guard connection.channel.send(.object(load)) else {
+        let readyWithin = Duration.seconds(ProcessTrialLoader.defaultTimeout)
+        switch await connection.sendLoad(.object(load), within: readyWithin) {
+        case .sent:
+            break
+        case .timedOut:
+            // Killed for it by the worker poller.
+            throw fail("its worker did not read its load frame within \(readyWithin.secondsText)", "see the log lines before this one")
+        case .gone:
             connection.stop()
             throw fail("the worker ended before it was given its plugin", "see the log lines before this one")
         }
-        let ready = await connection.ready(within: .seconds(ProcessTrialLoader.defaultTimeout))
+        let ready = await connection.ready(within: readyWithin)
         switch ready {
         case .success:
             return connection
@@ -282,17 +293,21 @@ public final class IsolatedPlugin: Sendable {
                 if let index = state.modules.firstIndex(where: { $0.name == module }) { state.modules[index].record.started = true }
             }
         }
+        let given = workers.beginIsolated(module: module, event: event)
         _ = request(["op": "event", "module": .string(module), "kind": .string(kind), "event": .string(event), "payload": payload],
-                    what: event)
+                    what: event, module: module)
+        workers.endIsolated(module: module, given)
         if kind == "deinit" { state.withLock { $0.modules.removeAll { $0.name == module } } }
     }
 
     /// Delivers an awaited event and waits for it (up to the deadline).
     func deliverAwaited(_ module: String, event: String, payload: JSONValue) async {
         guard let connection = currentConnection else { return }
+        let given = workers.beginIsolated(module: module, event: event)
         let outcome = await connection.requestAsync(["op": "awaited", "module": .string(module), "event": .string(event), "payload": payload],
-                                                    deadline: deadline)
-        check(outcome, connection, what: event)
+                                                    what: event, deadline: deadline)
+        check(outcome, connection, what: event, module: module)
+        workers.endIsolated(module: module, given)
     }
 
     /// Gives `module` a new configuration in the worker; false when it removed itself.
@@ -330,15 +345,19 @@ public final class IsolatedPlugin: Sendable {
 
     /// Calls `function` in the worker with arguments as text (`texts`) or JSON values
     /// (`json`), as a plugin loaded in process is called: the same results and the same
-    /// error codes (`CallError.code`). No deadline here: the caller's applies.
-    public func call(_ function: String, texts: [String]? = nil, json: [JSONValue]? = nil) async throws(IsolatedCallError) -> CallValue {
+    /// error codes (`CallError.code`). Given a `deadline`, the call fails with
+    /// `deadline_exceeded` once it has passed (the function goes on in the worker); without
+    /// one it waits for the result as long as it takes. Either way a worker that does not
+    /// read the call within that deadline (or the event deadline) is killed as unanswering.
+    public func call(_ function: String, texts: [String]? = nil, json: [JSONValue]? = nil,
+                     deadline: Duration? = nil) async throws(IsolatedCallError) -> CallValue {
         guard let connection = currentConnection else {
             throw IsolatedCallError(code: "call_failed", message: "plugin \(name)'s worker is not running (\(status.phase.rawValue)); try again once it is restarted")
         }
         var message: [String: JSONValue] = ["op": "call", "function": .string(function)]
         if let texts { message["texts"] = .array(texts.map { .string($0) }) }
         if let json { message["json"] = .array(json) }
-        switch await connection.requestAsync(.object(message), deadline: nil) {
+        switch await connection.call(.object(message), function: function, deadline: deadline) {
         case .reply(let reply):
             if let error = reply["error"] {
                 throw IsolatedCallError(code: error.text("code") ?? "call_failed", message: error.text("message") ?? "the call failed")
@@ -346,7 +365,10 @@ public final class IsolatedPlugin: Sendable {
             guard let type = reply.text("type").flatMap(ValueType.init(rawValue:)), let value = try? type.value(fromJSON: reply["value"] ?? .null)
             else { throw IsolatedCallError(code: "call_failed", message: "plugin \(name)'s worker gave an invalid result") }
             return value
-        case .timedOut, .gone:
+        case .timedOut:
+            throw IsolatedCallError(code: "deadline_exceeded",
+                                    message: "call \(name).\(function) did not return within the deadline of \((deadline ?? self.deadline).secondsText)")
+        case .gone:
             throw IsolatedCallError(code: "call_failed",
                                     message: "plugin \(name)'s worker ended during the call of \(function)\(lastCrashText); it is restarted")
         }
@@ -363,27 +385,31 @@ public final class IsolatedPlugin: Sendable {
 
     /// Sends `message` and waits for its reply up to the event deadline; nil when no worker
     /// runs or it did not answer (it is then killed and restarted).
-    private func request(_ message: JSONValue, what: String) -> JSONValue? {
+    private func request(_ message: JSONValue, what: String, module: String? = nil) -> JSONValue? {
         guard let connection = currentConnection else { return nil }
         let outcome = connection.request(message, deadline: deadline)
-        check(outcome, connection, what: what)
+        check(outcome, connection, what: what, module: module)
         if case .reply(let reply) = outcome { return reply }
         return nil
     }
 
     /// A worker that did not answer in time, or whose module's code overran its deadline
-    /// there, is killed: the supervision restarts it.
-    private func check(_ outcome: WorkerConnection.Outcome, _ connection: WorkerConnection, what: String) {
+    /// there, is killed: the supervision restarts it. The event `module` did not answer is
+    /// recorded first (`PluginWorkers.leftUnanswered`), so that whatever fails with the
+    /// worker's end finds it.
+    private func check(_ outcome: WorkerConnection.Outcome, _ connection: WorkerConnection, what: String, module: String? = nil) {
+        let reason: String
         switch outcome {
         case .timedOut:
-            connection.kill(reason: "it did not answer \(what) within \(deadline.secondsText)")
+            reason = "it did not answer \(what) within \(deadline.secondsText)"
         case .reply(let reply):
-            if let stuck = reply.text("stuck") {
-                connection.kill(reason: "its code did not return from \(stuck) within \(deadline.secondsText)")
-            }
+            guard let stuck = reply.text("stuck") else { return }
+            reason = "its code did not return from \(stuck) within \(deadline.secondsText)"
         case .gone:
-            break
+            return
         }
+        if let module { workers.recordUnanswered(module: module, event: what) }
+        connection.kill(reason: reason)
     }
 
     // MARK: - Supervision
@@ -585,16 +611,34 @@ public final class IsolatedPlugin: Sendable {
 ///
 /// Ordered requests (`request`, synchronous) go over socket 4 one at a time, and the
 /// thread that sent one reads its reply itself, up to the deadline: a round trip wakes no
-/// thread in this process but the caller. Calls by name go over socket 5; their replies,
-/// those of awaited events, log lines and notifications come on the control socket, read
-/// by the worker poller (one thread for every worker).
+/// thread in this process but the caller. Calls by name go over socket 5 and are answered
+/// there, read by a caller while it can (`call`), else by the worker poller. The replies to
+/// awaited events, log lines and notifications come on the control socket, read by the
+/// worker poller (one thread for every worker). Every frame sent has a deadline; on 3 and
+/// 5 no sender waits for room in the socket (`FrameOutbox`: the poller writes the rest).
 final class WorkerConnection: Sendable {
     let pid: pid_t
-    let channel: WorkerChannel
+    /// Socket 3: the load frame, awaited events and the answers to the worker's questions
+    /// go out here; the worker poller reads what comes back.
+    let control: FrameOutbox
     /// Socket 4: ordered requests; replies read by the thread that holds `orderedGate`.
     private let ordered: WorkerChannel
-    /// Socket 5: calls by name.
-    private let calls: WorkerChannel
+    /// Socket 5: calls by name and their replies (`call`).
+    private let calls: FrameOutbox
+    /// The calls waiting for their replies on socket 5, by request id, and the socket's
+    /// reader: nil while a thread holds it to read (a caller for a moment, or the worker
+    /// poller while calls wait and no caller reads; only the holder reads, and it hands
+    /// every reply it reads to its caller); `closed` once the socket ended.
+    private let callReplies = Mutex<CallReplies>(CallReplies())
+    private struct CallReplies {
+        var waiters: [Int: Waiter] = [:]
+        var reader: FrameReader?
+        var closed = false
+    }
+    /// How long a caller reads the calls socket itself, on its own thread, waiting for its
+    /// reply, before it hands the reading to the worker poller and suspends: a quick call's
+    /// round trip is a fraction of this, and no thread of Swift concurrency is held longer.
+    static let callWatch = Duration.milliseconds(2)
     /// One ordered request at a time (a semaphore of 1, so that it can be waited for with
     /// a deadline).
     private let orderedGate = DispatchSemaphore(value: 1)
@@ -673,12 +717,19 @@ final class WorkerConnection: Sendable {
 
     private init(pid: pid_t, fds: [Int32], plugin: IsolatedPlugin) {
         self.pid = pid
-        channel = WorkerChannel(fd: fds[0])
+        control = FrameOutbox(WorkerChannel(fd: fds[0]))
         ordered = WorkerChannel(fd: fds[1])
         orderedReader = Mutex(FrameReader(fd: fds[1]))
-        calls = WorkerChannel(fd: fds[2])
+        calls = FrameOutbox(WorkerChannel(fd: fds[2]))
+        callReplies.withLock { $0.reader = FrameReader(fd: fds[2]) }
         self.plugin = plugin
     }
+
+    /// The sockets the worker poller writes what had no room in (control, calls).
+    var outboxes: [FrameOutbox] { [control, calls] }
+
+    /// Socket 5, which the worker poller polls while it reads the replies there.
+    var callsDescriptor: Int32 { calls.channel.fd }
 
     /// Starts `executable` with one end of each of three new socketpairs as its descriptors
     /// 3, 4 and 5, in a process group of its own, with a clean environment, and has the
@@ -795,30 +846,168 @@ final class WorkerConnection: Sendable {
         }
     }
 
-    /// Sends a call by name (socket 5) or an awaited event (the control socket) and awaits
-    /// its reply, up to `deadline` when given.
-    func requestAsync(_ message: JSONValue, deadline: Duration?) async -> Outcome {
-        let socket = message.text("op") == "call" ? calls : channel
-        guard let (waiter, _) = submit(message, via: socket) else { return .gone }
-        return await waiter.wait(upTo: deadline)
+    /// Sends `message` as one frame on `outbox` (3 or 5), written whole no later than
+    /// `deadline`, without waiting for room in the socket: what it has no room for now the
+    /// worker poller writes, and a worker that has not read the frame by its deadline is
+    /// killed for `overdue`. Suspends, holding no thread, until then.
+    private func send(_ message: JSONValue, on outbox: FrameOutbox, until deadline: ContinuousClock.Instant,
+                      overdue: String) async -> WorkerChannel.Sent {
+        let done = post(message, on: outbox, until: deadline, overdue: overdue)
+        if let sent = done.value { return sent }
+        return await done.wait()
     }
 
-    /// Sends a request whose reply comes on the control socket.
-    private func submit(_ message: JSONValue, via socket: WorkerChannel) -> (Waiter, Int)? {
-        guard case .object(var fields) = message else { return nil }
-        let id = nextID.add(1, ordering: .relaxed).oldValue
-        fields["id"] = .number(Double(id))
+    /// As `send`, without waiting for the outcome (from any thread, the poller's too).
+    @discardableResult
+    private func post(_ message: JSONValue, on outbox: FrameOutbox, until deadline: ContinuousClock.Instant,
+                      overdue: String) -> FirstResult<WorkerChannel.Sent> {
+        let enqueued = outbox.enqueue(message, until: deadline, overdue: overdue)
+        if enqueued.waits { WorkerPoller.shared.flush(self) }
+        return enqueued.done
+    }
+
+    /// Sends the load frame on the control socket, written whole within `deadline` (else
+    /// the worker is killed, as not reading it).
+    func sendLoad(_ message: JSONValue, within deadline: Duration) async -> WorkerChannel.Sent {
+        await send(message, on: control, until: .now + deadline, overdue: "it did not read its load frame within \(deadline.secondsText)")
+    }
+
+    /// Sends an awaited event `what` (the control socket) and awaits its reply, up to
+    /// `deadline` all told: a worker that has not read it by then is killed (`timedOut`).
+    func requestAsync(_ message: JSONValue, what: String, deadline: Duration) async -> Outcome {
+        let until = ContinuousClock.now + deadline
+        guard let (id, numbered) = numbered(message) else { return .gone }
         let waiter = Waiter()
         guard pending.withLock({ pending -> Bool in
             guard !pending.closed else { return false }
             pending.waiters[id] = waiter
             return true
-        }) else { return nil }
-        guard socket.send(.object(fields)) else {
+        }) else { return .gone }
+        let sent = await send(numbered, on: control, until: until, overdue: "it did not answer \(what) within \(deadline.secondsText)")
+        guard sent == .sent else {
             _ = pending.withLock { $0.waiters.removeValue(forKey: id) }
-            return nil
+            return sent == .timedOut ? .timedOut : .gone
         }
-        return (waiter, id)
+        return await waiter.wait(upTo: max(until - .now, .zero))
+    }
+
+    /// Sends a call by name (socket 5) and waits for its reply, up to `deadline` if given:
+    /// `timedOut` then (the function goes on in the worker; its late reply is dropped). Its
+    /// frame must be written whole by `deadline`, or else by the event deadline: a worker
+    /// that has not read it by then is killed (it no longer reads, or the stream is out of
+    /// step), and the call is `timedOut`.
+    ///
+    /// The caller's thread reads the reply itself while no other thread reads the socket,
+    /// for up to `callWatch`: a quick call then wakes no thread in this process but the
+    /// caller's, as a bare socket round trip does. Replies it reads for other calls go to
+    /// their callers; once it stops reading with calls still waiting, the worker poller
+    /// reads on for them.
+    func call(_ message: JSONValue, function: String, deadline: Duration?) async -> Outcome {
+        let start = ContinuousClock.now
+        guard let (id, numbered) = numbered(message) else { return .gone }
+        let waiter = Waiter()
+        guard callReplies.withLock({ replies -> Bool in
+            guard !replies.closed else { return false }
+            replies.waiters[id] = waiter
+            return true
+        }) else { return .gone }
+        let sendLimit = deadline ?? plugin.deadline
+        switch await send(numbered, on: calls, until: start + sendLimit, overdue: "it did not read call \(function) within \(sendLimit.secondsText)") {
+        case .sent:
+            break
+        case .timedOut:
+            forgetCall(id)
+            return .timedOut
+        case .gone:
+            forgetCall(id)
+            return .gone
+        }
+        let until = deadline.map { start + $0 }
+        let watchUntil = ContinuousClock.now + Self.callWatch
+        if let own = readOwnReply(id, waiter, until: until.map { min($0, watchUntil) } ?? watchUntil) { return own }
+        let outcome = await waiter.wait(upTo: until.map { max($0 - .now, .zero) })
+        if case .timedOut = outcome { forgetCall(id) }
+        return outcome
+    }
+
+    /// `message` (an object) with a new request id, and the id.
+    private func numbered(_ message: JSONValue) -> (Int, JSONValue)? {
+        guard case .object(var fields) = message else { return nil }
+        let id = nextID.add(1, ordering: .relaxed).oldValue
+        fields["id"] = .number(Double(id))
+        return (id, .object(fields))
+    }
+
+    /// Call `id` waits no more; once no call waits, the poller gives the socket back.
+    private func forgetCall(_ id: Int) {
+        let released = callReplies.withLock { replies -> Bool in
+            replies.waiters[id] = nil
+            return replies.waiters.isEmpty && replies.reader == nil && !replies.closed
+        }
+        if released { WorkerPoller.shared.releaseCalls(self) }
+    }
+
+    /// Reads socket 5 on this thread until the reply to call `id` arrives or `until`
+    /// passes, if no other thread reads it now; the reply, or nil to wait for it. Hands the
+    /// socket to the worker poller when it stops with other calls (or its own) waiting.
+    private func readOwnReply(_ id: Int, _ waiter: Waiter, until: ContinuousClock.Instant) -> Outcome? {
+        guard var reader = callReplies.withLock({ replies -> FrameReader? in
+            defer { replies.reader = nil }
+            return replies.reader
+        }) else { return nil }
+        var own: Outcome?
+        // The thread that read before may have handed this reply over already.
+        while own == nil && waiter.peek() == nil {
+            do throws(FrameReader.End) {
+                let reply = try reader.next(until: until)
+                if reply.integer("id") == id { own = .reply(reply) } else { callReplied(reply) }
+            } catch .timedOut {
+                break
+            } catch {
+                endCalls(error)
+                return waiter.peek() ?? .gone
+            }
+        }
+        let othersWait = callReplies.withLock { replies -> Bool in
+            if own != nil { replies.waiters[id] = nil }
+            if replies.waiters.isEmpty { replies.reader = reader }
+            return !replies.waiters.isEmpty
+        }
+        if othersWait { WorkerPoller.shared.readCalls(self, reader) }
+        return own ?? waiter.peek()
+    }
+
+    /// A reply read on socket 5 (by a caller, or the worker poller): to its caller (none
+    /// when that call timed out: dropped).
+    func callReplied(_ reply: JSONValue) {
+        guard let id = reply.integer("id") else { return }
+        callReplies.withLock { $0.waiters.removeValue(forKey: id) }?.complete(.reply(reply))
+    }
+
+    /// The worker poller gives the calls socket's reader back once no call waits: true
+    /// when it took it (or the socket has ended), false while calls wait.
+    func returnCallsReader(_ reader: FrameReader) -> Bool {
+        callReplies.withLock { replies in
+            guard !replies.closed else { return true }
+            guard replies.waiters.isEmpty else { return false }
+            replies.reader = reader
+            return true
+        }
+    }
+
+    /// Socket 5 ended (the worker ended) or went out of step: every waiting call is `gone`,
+    /// and so is every later one. A frame that is not a reply gets the worker killed.
+    func endCalls(_ end: FrameReader.End) {
+        if case .invalid(let reason) = end { kill(reason: "it sent an invalid reply to a call (\(reason))") }
+        let waiters = callReplies.withLock { replies in
+            defer {
+                replies.waiters = [:]
+                replies.reader = nil
+                replies.closed = true
+            }
+            return Array(replies.waiters.values)
+        }
+        for waiter in waiters { waiter.complete(.gone) }
     }
 
     /// A frame of the control socket (from the worker poller): a reply to its waiter, a
@@ -832,11 +1021,11 @@ final class WorkerConnection: Sendable {
         case "log": plugin.log(message, pid: pid)
         case "post": plugin.post(message)
         case "locate":
-            // Answered without waiting for room in the socket: this thread reads every
-            // worker's. A worker that asks and does not read its answers has no room left.
-            if channel.send(plugin.locate(message), until: .now) == .timedOut {
-                kill(reason: "it does not read the answers to its questions")
-            }
+            // Answered without waiting for room in the socket (this thread reads every
+            // worker's): what it has no room for now is written once it has.
+            let deadline = plugin.deadline
+            post(plugin.locate(message), on: control, until: .now + deadline,
+                 overdue: "it did not read the answer to its locate within \(deadline.secondsText)")
         case "ready", "failed": readiness.complete(.reply(message))
         default: break
         }
@@ -881,9 +1070,9 @@ final class WorkerConnection: Sendable {
     }
 
     private func shutDown() {
-        channel.shutDown()
+        control.channel.shutDown()
         ordered.shutDown()
-        calls.shutDown()
+        calls.channel.shutDown()
     }
 
     /// How the worker ended, once it has been reaped; nil while it runs.

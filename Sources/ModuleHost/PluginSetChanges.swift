@@ -397,7 +397,7 @@ extension PluginSet {
     func isolate(_ image: PluginFile, replacing: [String: String] = [:]) async throws(LoadFailure) -> LoadedPlugin {
         let isolated = IsolatedPlugin(file: image, preloads: dependencyImages(of: image.manifest, replacing: replacing),
                                       settings: isolationPolicy.plugins[image.name] ?? PluginIsolationSettings(),
-                                      policy: isolationPolicy, host: host, logger: logger)
+                                      policy: isolationPolicy, host: host, workers: workers, logger: logger)
         let modules = try await isolated.start()
         return LoadedPlugin(file: image, library: nil, modules: isolated.factories(modules, defaultOrder: image.manifest.order),
                             functions: nil, isolated: isolated)

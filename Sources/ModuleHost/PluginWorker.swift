@@ -292,6 +292,13 @@ public final class PluginWorkers: Sendable {
         /// By module name, in registration order: the last one is the current instance.
         var modules: [String: [PluginWorker]] = [:]
         var calls: [String: PluginWorker] = [:]
+        /// The last event each isolated module did not answer within the event deadline
+        /// (its worker was killed for it), and when.
+        var unanswered: [String: (event: String, at: ContinuousClock.Instant)] = [:]
+        /// The events isolated modules are given now, waiting for their worker's answer, by
+        /// module and request number: the event and when it was sent.
+        var isolated: [String: [Int: (event: String, at: ContinuousClock.Instant)]] = [:]
+        var lastIsolated = 0
     }
     private let state = Mutex(State())
 
@@ -308,6 +315,40 @@ public final class PluginWorkers: Sendable {
         state.withLock { state in
             state.modules[name]?.removeAll { $0 === worker }
             if state.modules[name]?.isEmpty == true { state.modules[name] = nil }
+        }
+    }
+
+    /// Records that module `name`, isolated, is given `event` now; its number for
+    /// `endIsolated`.
+    func beginIsolated(module name: String, event: String) -> Int {
+        state.withLock { state in
+            state.lastIsolated += 1
+            state.isolated[name, default: [:]][state.lastIsolated] = (event, .now)
+            return state.lastIsolated
+        }
+    }
+
+    /// Records that event `number` of module `name` is over: answered, or not.
+    func endIsolated(module name: String, _ number: Int) {
+        state.withLock { state in
+            state.isolated[name]?[number] = nil
+            if state.isolated[name]?.isEmpty == true { state.isolated[name] = nil }
+        }
+    }
+
+    /// Records that module `name`, isolated, did not answer `event` within the event deadline
+    /// (its worker is killed for it).
+    func recordUnanswered(module name: String, event: String) {
+        state.withLock { $0.unanswered[name] = (event, .now) }
+    }
+
+    /// Whether module `name`, isolated, has not answered `event` given at or after `since`:
+    /// its worker was killed for it, or it still waits for the answer (the host stopped
+    /// waiting for it at its deadline).
+    package func leftUnanswered(module name: String, event: String, since: ContinuousClock.Instant) -> Bool {
+        state.withLock { state in
+            if let last = state.unanswered[name], last.event == event, last.at >= since { return true }
+            return state.isolated[name]?.values.contains { $0.event == event && $0.at >= since } ?? false
         }
     }
 

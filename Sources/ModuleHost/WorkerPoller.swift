@@ -1,12 +1,15 @@
 import CDynamicLoader
 import Foundation
 import Glibc
+import ModuleKit
 import Synchronization
 
 /// The one thread that watches every worker of the process (docs/isolation.md): it reads
-/// each worker's control socket (replies, log lines, notifications), reaps each worker when
-/// it ends (its pidfd polls readable), and kills a worker asked to stop that has not ended
-/// in time.
+/// each worker's control socket (replies, log lines, notifications), reads the calls socket
+/// of a worker while calls wait for replies that no caller reads, writes what a worker's
+/// sockets had no room for once they have room (`FrameOutbox`), kills a worker that has not
+/// read a frame by its deadline, reaps each worker when it ends (its pidfd polls readable),
+/// and kills a worker asked to stop that has not ended in time.
 ///
 /// One thread whatever the number of workers and however often they are replaced: a
 /// reader and a reaper thread per worker were started and ended with each worker, and each
@@ -14,7 +17,8 @@ import Synchronization
 /// libdispatch's caches), which showed as RSS and mappings per isolated replace.
 ///
 /// Nothing it calls waits for a worker: a reply completes a waiter, a log line is logged,
-/// a notification is queued, an end is reported to the plugin (which schedules a restart).
+/// a notification is queued, a frame is written as far as the socket takes it now, an end
+/// is reported to the plugin (which schedules a restart).
 final class WorkerPoller: Sendable {
     static let shared = WorkerPoller()
 
@@ -22,6 +26,12 @@ final class WorkerPoller: Sendable {
         case watch(WorkerConnection, pidfd: Int32)
         /// Kill the worker at that time unless it has ended by then.
         case kill(WorkerConnection, at: ContinuousClock.Instant)
+        /// Its outboxes hold frames the sockets had no room for.
+        case flush(WorkerConnection)
+        /// Read its calls socket for the calls waiting (no caller reads it any more).
+        case readCalls(WorkerConnection, FrameReader)
+        /// No call may wait any more: give the calls socket back if none does.
+        case releaseCalls(WorkerConnection)
     }
 
     /// A watched worker, owned by the poller thread.
@@ -30,7 +40,21 @@ final class WorkerPoller: Sendable {
         let pidfd: Int32
         /// Its control socket's frames; nil once that stream has ended.
         var reader: FrameReader?
+        /// Its calls socket's frames while this thread reads them for waiting calls.
+        var calls: FrameReader?
         var killAt: ContinuousClock.Instant?
+        /// For each of `connection.outboxes`: the earliest deadline of the frames it holds,
+        /// nil when it holds none.
+        var flushBy: [ContinuousClock.Instant?]
+    }
+
+    /// What a descriptor polled stands for.
+    private enum Slot {
+        case wake
+        case control(Int)
+        case process(Int)
+        case calls(Int)
+        case outbox(Int, Int)
     }
 
     private let requests = Mutex<[Request]>([])
@@ -62,6 +86,23 @@ final class WorkerPoller: Sendable {
         submit(.kill(connection, at: ContinuousClock.now + delay))
     }
 
+    /// Writes the frames `connection`'s outboxes queued as the sockets take them, each by
+    /// its deadline (else the worker is killed for it).
+    func flush(_ connection: WorkerConnection) {
+        submit(.flush(connection))
+    }
+
+    /// Reads `connection`'s calls socket with `reader` for the calls that wait, until none
+    /// waits (then the reader is given back: `WorkerConnection.returnCallsReader`).
+    func readCalls(_ connection: WorkerConnection, _ reader: FrameReader) {
+        submit(.readCalls(connection, reader))
+    }
+
+    /// Gives `connection`'s calls socket back if no call waits any more.
+    func releaseCalls(_ connection: WorkerConnection) {
+        submit(.releaseCalls(connection))
+    }
+
     private func submit(_ request: Request) {
         requests.withLock { $0.append(request) }
         var one: UInt8 = 1
@@ -71,16 +112,36 @@ final class WorkerPoller: Sendable {
     private func run() {
         var entries: [Entry] = []
         var fds: [pollfd] = []
+        var slots: [Slot] = []
         var drain = [UInt8](repeating: 0, count: 64)
         while true {
             for request in requests.withLock({ pending in defer { pending = [] }; return pending }) {
+                let index: Int?
                 switch request {
                 case .watch(let connection, let pidfd):
-                    entries.append(Entry(connection: connection, pidfd: pidfd, reader: FrameReader(fd: connection.channel.fd)))
-                case .kill(let connection, let at):
-                    if let index = entries.firstIndex(where: { $0.connection === connection }) {
-                        entries[index].killAt = min(at, entries[index].killAt ?? at)
-                    }
+                    entries.append(Entry(connection: connection, pidfd: pidfd, reader: FrameReader(fd: connection.control.channel.fd),
+                                         flushBy: connection.outboxes.map { _ in nil }))
+                    continue
+                case .kill(let connection, _), .flush(let connection), .readCalls(let connection, _), .releaseCalls(let connection):
+                    index = entries.firstIndex { $0.connection === connection }
+                }
+                switch (request, index) {
+                case (.kill(_, let at), let index?):
+                    entries[index].killAt = min(at, entries[index].killAt ?? at)
+                case (.flush, let index?):
+                    for outbox in entries[index].flushBy.indices { flush(&entries[index], outbox, now: .now) }
+                case (.flush(let connection), nil):
+                    // Reaped already: nothing more is written.
+                    for outbox in connection.outboxes { outbox.abandon() }
+                case (.readCalls(_, let reader), let index?):
+                    entries[index].calls = reader
+                    readCalls(&entries[index], budget: 16)
+                case (.readCalls(let connection, _), nil):
+                    connection.endCalls(.closed)
+                case (.releaseCalls, let index?):
+                    if let reader = entries[index].calls, entries[index].connection.returnCallsReader(reader) { entries[index].calls = nil }
+                default:
+                    break
                 }
             }
             let now = ContinuousClock.now
@@ -89,38 +150,68 @@ final class WorkerPoller: Sendable {
                     entries[index].killAt = nil
                     entries[index].connection.killUnlessEnded()
                 }
+                for outbox in entries[index].flushBy.indices {
+                    if let by = entries[index].flushBy[outbox], by <= now { flush(&entries[index], outbox, now: now) }
+                }
             }
             fds.removeAll(keepingCapacity: true)
+            slots.removeAll(keepingCapacity: true)
             fds.append(pollfd(fd: wakeRead, events: Int16(POLLIN), revents: 0))
-            for entry in entries {
-                fds.append(pollfd(fd: entry.reader == nil ? -1 : entry.connection.channel.fd, events: Int16(POLLIN), revents: 0))
+            slots.append(.wake)
+            var next: ContinuousClock.Instant?
+            for (index, entry) in entries.enumerated() {
+                fds.append(pollfd(fd: entry.reader == nil ? -1 : entry.connection.control.channel.fd, events: Int16(POLLIN), revents: 0))
+                slots.append(.control(index))
                 fds.append(pollfd(fd: entry.pidfd, events: Int16(POLLIN), revents: 0))
+                slots.append(.process(index))
+                if entry.calls != nil {
+                    fds.append(pollfd(fd: entry.connection.callsDescriptor, events: Int16(POLLIN), revents: 0))
+                    slots.append(.calls(index))
+                }
+                for (outbox, by) in entry.flushBy.enumerated() {
+                    guard let by else { continue }
+                    fds.append(pollfd(fd: entry.connection.outboxes[outbox].channel.fd, events: Int16(POLLOUT), revents: 0))
+                    slots.append(.outbox(index, outbox))
+                    next = min(by, next ?? by)
+                }
+                if let at = entry.killAt { next = min(at, next ?? at) }
             }
-            let timeout = Self.timeout(until: entries.compactMap(\.killAt).min())
-            let ready = fds.withUnsafeMutableBufferPointer { poll($0.baseAddress, nfds_t($0.count), timeout) }
+            let ready = fds.withUnsafeMutableBufferPointer { poll($0.baseAddress, nfds_t($0.count), Self.timeout(until: next)) }
             guard ready > 0 else { continue }  // timed out, or EINTR
-            if fds[0].revents != 0 {
-                while drain.withUnsafeMutableBytes({ Glibc.read(wakeRead, $0.baseAddress!, 64) }) > 0 {}
-            }
             var reaped: [Int] = []
-            for index in entries.indices {
-                let socket = fds[1 + 2 * index]
-                let process = fds[2 + 2 * index]
-                if socket.revents != 0 { read(&entries[index], budget: 16) }
-                if process.revents != 0 {
-                    // The worker has ended: what it wrote is all there, read before its end
-                    // is reported, which shuts the sockets, so that the stream ends too.
-                    read(&entries[index], budget: 256)
-                    entries[index].connection.reap()
-                    read(&entries[index], budget: 256)
-                    if entries[index].reader != nil {
-                        entries[index].reader = nil
-                        entries[index].connection.streamEnded()
-                    }
+            for (slot, fd) in zip(slots, fds) where fd.revents != 0 {
+                switch slot {
+                case .wake:
+                    while drain.withUnsafeMutableBytes({ Glibc.read(wakeRead, $0.baseAddress!, 64) }) > 0 {}
+                case .control(let index):
+                    read(&entries[index], budget: 16)
+                case .calls(let index):
+                    readCalls(&entries[index], budget: 16)
+                case .outbox(let index, let outbox):
+                    flush(&entries[index], outbox, now: .now)
+                case .process(let index):
                     reaped.append(index)
                 }
             }
-            for index in reaped.reversed() {
+            for index in reaped {
+                // The worker has ended: what it wrote is all there, read before its end is
+                // reported, which shuts the sockets, so that the streams end too.
+                read(&entries[index], budget: 256)
+                readCalls(&entries[index], budget: 256)
+                entries[index].connection.reap()
+                read(&entries[index], budget: 256)
+                readCalls(&entries[index], budget: 256)
+                if entries[index].reader != nil {
+                    entries[index].reader = nil
+                    entries[index].connection.streamEnded()
+                }
+                if entries[index].calls != nil {
+                    entries[index].calls = nil
+                    entries[index].connection.endCalls(.closed)
+                }
+                for outbox in entries[index].connection.outboxes { outbox.abandon() }
+            }
+            for index in reaped.sorted().reversed() {
                 close(entries[index].pidfd)
                 entries.remove(at: index)
             }
@@ -133,17 +224,51 @@ final class WorkerPoller: Sendable {
     private func read(_ entry: inout Entry, budget: Int) {
         guard entry.reader != nil else { return }
         do throws(FrameReader.End) {
-            var reads = 0
-            while true {
-                while let message = try entry.reader!.buffered() { entry.connection.received(message) }
-                guard reads < budget, try entry.reader!.receiveAvailable() else { return }
-                reads += 1
-            }
+            try Self.drain(&entry.reader!, budget: budget, to: entry.connection.received)
         } catch {
             entry.reader = nil
             // A frame too large or not a JSON object ends the connection, and so the worker.
             if case .invalid(let reason) = error { entry.connection.kill(reason: "it sent an invalid frame (\(reason))") }
             entry.connection.streamEnded()
+        }
+    }
+
+    /// Reads up to `budget` times what `entry`'s calls socket holds, if this thread reads
+    /// it, and hands each reply to its caller; gives the socket back once no call waits.
+    private func readCalls(_ entry: inout Entry, budget: Int) {
+        guard entry.calls != nil else { return }
+        do throws(FrameReader.End) {
+            try Self.drain(&entry.calls!, budget: budget, to: entry.connection.callReplied)
+        } catch {
+            entry.calls = nil
+            entry.connection.endCalls(error)
+            return
+        }
+        if entry.connection.returnCallsReader(entry.calls!) { entry.calls = nil }
+    }
+
+    /// Hands every whole frame `reader` holds to `deliver`, reading what its socket holds
+    /// (without waiting) up to `budget` times; throws at the end of the stream or a bad frame.
+    private static func drain(_ reader: inout FrameReader, budget: Int, to deliver: (JSONValue) -> Void) throws(FrameReader.End) {
+        var reads = 0
+        while true {
+            while let message = try reader.buffered() { deliver(message) }
+            guard reads < budget, try reader.receiveAvailable() else { return }
+            reads += 1
+        }
+    }
+
+    /// Writes what outbox `outbox` of `entry` holds as far as its socket takes it; kills
+    /// the worker once a frame is overdue.
+    private func flush(_ entry: inout Entry, _ outbox: Int, now: ContinuousClock.Instant) {
+        switch entry.connection.outboxes[outbox].flush(now: now) {
+        case .empty:
+            entry.flushBy[outbox] = nil
+        case .waiting(let until):
+            entry.flushBy[outbox] = until
+        case .overdue(let reason):
+            entry.flushBy[outbox] = nil
+            entry.connection.kill(reason: reason)
         }
     }
 
@@ -153,6 +278,7 @@ final class WorkerPoller: Sendable {
         let left = deadline - ContinuousClock.now
         guard left > .zero else { return 0 }
         let (seconds, attoseconds) = left.components
-        return Int32(clamping: seconds * 1000 + attoseconds / 1_000_000_000_000_000 + 1)
+        guard seconds < Int64(Int32.max / 1000) else { return Int32.max }
+        return Int32(seconds * 1000 + attoseconds / 1_000_000_000_000_000 + 1)
     }
 }

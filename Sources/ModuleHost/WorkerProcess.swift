@@ -14,9 +14,10 @@ import Synchronization
 ///
 /// Three sockets, each read by a thread of its own, so that a request is handled on the
 /// thread that read it whenever it can be: 3 (control: the load frame, awaited events, log
-/// lines and notifications, call replies), 4 (ordered requests, one at a time: a custom
-/// event or notification for a C module is delivered right there, on the reading thread,
-/// without waking another) and 5 (calls by name, run on its reading thread one at a time).
+/// lines and notifications), 4 (ordered requests, one at a time: a custom event or
+/// notification for a C module is delivered right there, on the reading thread, without
+/// waking another) and 5 (calls by name, run on its reading thread one at a time, and
+/// answered there).
 ///
 /// In order, before any plugin code runs: it asks for SIGKILL when its parent ends
 /// (PR_SET_PDEATHSIG), checks who started it, closes every other descriptor but 0-2, reads
@@ -345,11 +346,11 @@ final class WorkerService: Sendable {
     }
 
     /// The calls thread: runs the calls by name of socket 5 one at a time, on this thread,
-    /// and answers each on the control socket.
+    /// and answers each on the same socket (where the daemon's caller reads it).
     func serveCalls(_ channel: WorkerChannel) {
         var reader = FrameReader(fd: channel.fd)
         while let message = try? reader.next() {
-            reply(message["id"] ?? .null, call(message), on: self.channel)
+            reply(message["id"] ?? .null, call(message), on: channel)
         }
     }
 

@@ -53,7 +53,7 @@ final class WorkerChannel: Sendable {
     }
 
     /// What became of a frame `send(_:until:)` was given.
-    enum Sent: Equatable {
+    enum Sent: Equatable, Sendable {
         case sent
         /// The other end is gone (or the message is larger than a frame).
         case gone
@@ -91,6 +91,149 @@ final class WorkerChannel: Sendable {
     deinit { close(fd) }
 }
 
+/// The daemon's sending end of a worker socket whose senders must never wait for room in it
+/// (calls by name, awaited events, the worker poller's answers): a frame the socket takes
+/// whole at once is written by the sender's thread; the rest of a frame it has no room for,
+/// and the frames queued behind it, by the worker poller when the socket has room again
+/// (`flush`), each by its deadline. No thread of its own, and no thread waits.
+///
+/// A frame not written whole by its deadline leaves the stream out of step: that frame is
+/// `timedOut`, every other one `gone`, and the poller kills the worker for the reason the
+/// frame was given.
+final class FrameOutbox: Sendable {
+    let channel: WorkerChannel
+
+    private struct Queued {
+        let frame: [UInt8]
+        var written: Int
+        let deadline: ContinuousClock.Instant
+        /// Why the worker is killed when this frame is not written whole by `deadline`.
+        let overdue: String
+        let done: FirstResult<WorkerChannel.Sent>
+    }
+
+    private struct State {
+        /// In order; the first may be partly written.
+        var queue: [Queued] = []
+        /// A frame could not be written whole (the other end is gone, or a deadline
+        /// passed): nothing more is written.
+        var broken = false
+    }
+    private let state = Mutex(State())
+
+    init(_ channel: WorkerChannel) { self.channel = channel }
+
+    /// What `enqueue` decided now: the frame's fate, and whether it waits for room (then
+    /// the poller must be asked to `flush`).
+    struct Enqueued {
+        let done: FirstResult<WorkerChannel.Sent>
+        let waits: Bool
+    }
+
+    /// Queues `message` as one frame, in the order `enqueue` was called, to be written whole
+    /// no later than `deadline`, without waiting: what the socket takes now is written now.
+    /// `overdue`: why the worker is killed if the frame is not written whole in time.
+    func enqueue(_ message: JSONValue, until deadline: ContinuousClock.Instant, overdue: String) -> Enqueued {
+        let done = FirstResult<WorkerChannel.Sent>()
+        guard let frame = WorkerFrame.encode(message) else {
+            done.finish(.gone)
+            return Enqueued(done: done, waits: false)
+        }
+        let outcome = state.withLock { state -> WorkerChannel.Sent? in
+            guard !state.broken else { return .gone }
+            var queued = Queued(frame: frame, written: 0, deadline: deadline, overdue: overdue, done: done)
+            if state.queue.isEmpty {
+                switch Self.write(channel.fd, &queued) {
+                case .whole: return .sent
+                case .noRoom: break
+                case .failed:
+                    state.broken = true
+                    return .gone
+                }
+            }
+            state.queue.append(queued)
+            return nil
+        }
+        if let outcome { done.finish(outcome) }
+        return Enqueued(done: done, waits: outcome == nil)
+    }
+
+    /// What `flush` left.
+    enum Flushed {
+        /// Nothing is queued.
+        case empty
+        /// Frames wait for room in the socket; the earliest of their deadlines.
+        case waiting(until: ContinuousClock.Instant)
+        /// A frame was not written whole by its deadline: the worker is to be killed for
+        /// this reason (the frames were failed).
+        case overdue(String)
+    }
+
+    /// From the worker poller, when the socket has room or a deadline has come: writes what
+    /// the socket takes now, in order, without waiting; fails the frames once one is overdue
+    /// or the other end is gone.
+    func flush(now: ContinuousClock.Instant) -> Flushed {
+        var finished: [(FirstResult<WorkerChannel.Sent>, WorkerChannel.Sent)] = []
+        let left = state.withLock { state -> Flushed in
+            func failAll(timedOut late: Int?) {
+                for (index, queued) in state.queue.enumerated() { finished.append((queued.done, index == late ? .timedOut : .gone)) }
+                state.queue = []
+                state.broken = true
+            }
+            if state.broken {
+                failAll(timedOut: nil)
+                return .empty
+            }
+            while !state.queue.isEmpty {
+                switch Self.write(channel.fd, &state.queue[0]) {
+                case .whole:
+                    finished.append((state.queue.removeFirst().done, .sent))
+                case .noRoom:
+                    if let late = state.queue.indices.min(by: { state.queue[$0].deadline < state.queue[$1].deadline }),
+                       state.queue[late].deadline <= now {
+                        let reason = state.queue[late].overdue
+                        failAll(timedOut: late)
+                        return .overdue(reason)
+                    }
+                    return .waiting(until: state.queue.map(\.deadline).min()!)
+                case .failed:
+                    failAll(timedOut: nil)
+                    return .empty
+                }
+            }
+            return .empty
+        }
+        for (done, sent) in finished { done.finish(sent) }
+        return left
+    }
+
+    /// Fails every frame still queued (their worker is gone) and writes nothing more.
+    func abandon() {
+        let dropped = state.withLock { state -> [Queued] in
+            state.broken = true
+            defer { state.queue = [] }
+            return state.queue
+        }
+        for queued in dropped { queued.done.finish(.gone) }
+    }
+
+    private enum Written { case whole, noRoom, failed }
+
+    /// Writes what the socket takes of `queued` now, without waiting.
+    private static func write(_ fd: Int32, _ queued: inout Queued) -> Written {
+        queued.frame.withUnsafeBytes { bytes in
+            while queued.written < bytes.count {
+                let n = Glibc.send(fd, bytes.baseAddress! + queued.written, bytes.count - queued.written, Int32(MSG_NOSIGNAL | MSG_DONTWAIT))
+                if n < 0 && errno == EINTR { continue }
+                if n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) { return .noRoom }
+                guard n > 0 else { return .failed }
+                queued.written += n
+            }
+            return .whole
+        }
+    }
+}
+
 /// Reads frames from a worker socket, buffered; used by one thread only.
 struct FrameReader {
     let fd: Int32
@@ -122,9 +265,14 @@ struct FrameReader {
     }
 
     /// The next message, blocking until it has arrived whole, or (`deadline`) until then.
+    /// A read that timed out took nothing: the next one goes on where it stopped.
     mutating func next(until deadline: ContinuousClock.Instant? = nil) throws(End) -> JSONValue {
-        let length = try Self.length(of: try take(4, until: deadline))
-        return try Self.message(try take(length, until: deadline))
+        try fill(4, until: deadline)
+        let length = try Self.length(of: buffer[start..<(start + 4)])
+        try fill(4 + length, until: deadline)
+        let body = Array(buffer[(start + 4)..<(start + 4 + length)])
+        start += 4 + length
+        return try Self.message(body)
     }
 
     /// The next message if it is whole in the buffer, nil when more must be read first
@@ -190,7 +338,8 @@ struct FrameReader {
         start = 0
     }
 
-    private mutating func take(_ count: Int, until deadline: ContinuousClock.Instant?) throws(End) -> [UInt8] {
+    /// Reads, blocking (or until `deadline`), until `count` bytes not yet taken are buffered.
+    private mutating func fill(_ count: Int, until deadline: ContinuousClock.Instant?) throws(End) {
         while end - start < count {
             if let deadline, !WorkerFrame.wait(fd, for: Int16(POLLIN), until: deadline) { throw .timedOut }
             // What is left of the last read moves to the front (usually nothing).
@@ -205,9 +354,6 @@ struct FrameReader {
             if got == 0 { throw .closed }
             end += got
         }
-        let bytes = Array(buffer[start..<(start + count)])
-        start += count
-        return bytes
     }
 }
 

@@ -523,6 +523,39 @@ struct IsolationTests {
         await blocked.value
     }
 
+    /// Calls by name from many tasks at once each get their own result (a caller that reads
+    /// another call's reply hands it over); a call to a worker that answers nothing fails
+    /// with deadline_exceeded at its deadline, and its late reply is taken for no other call.
+    @Test func concurrentCallsGetTheirOwnResultsAndACallEndsAtItsDeadline() async throws {
+        let f = try await Fixture.running("Many")
+        let isolated = try #require(await f.set.plugin(named: "Many")?.isolated)
+        let results = try await withThrowingTaskGroup(of: (Int32, CallValue).self) { group in
+            for b in Int32(0)..<200 {
+                group.addTask { (b, try await isolated.call("faulty_add", texts: ["1000", "\(b)"])) }
+            }
+            var results: [Int32: CallValue] = [:]
+            for try await (b, value) in group { results[b] = value }
+            return results
+        }
+        #expect(results.count == 200)
+        #expect(results.filter { $0.value != .int32(1000 + $0.key) }.isEmpty)
+
+        let pid = try #require(await f.worker("Many")?.pid)
+        kill(pid, SIGSTOP)
+        #expect(await f.until { Self.isStopped(pid) })
+        do {
+            _ = try await isolated.call("faulty_add", texts: ["1", "2"], deadline: .milliseconds(300))
+            Issue.record("a call to a stopped worker returned")
+        } catch {
+            #expect(error.code == "deadline_exceeded", "\(error)")
+        }
+        kill(pid, SIGCONT)
+        #expect(try await isolated.call("faulty_add", texts: ["20", "22"]) == .int32(42))
+        // It read the call it did not answer in time: not killed for it.
+        #expect(await f.worker("Many")?.pid == pid)
+        await f.set.shutdown()
+    }
+
     /// A C module's destroy runs before its worker ends, even one that takes a while (within
     /// the event deadline), as in process: the worker answers the module's deinit once its
     /// destroy has returned, and only then may the daemon end the worker.
@@ -1174,6 +1207,62 @@ struct IsolatedDaemonTests {
             try await Task.sleep(for: .milliseconds(50))
         }
         #expect(left.isEmpty, "processes of the worker's group left after kill -9 of the daemon: \(left)")
+    }
+
+    /// A worker that stops reading (here: stopped) while calls, or awaited events, larger
+    /// together than its socket's buffer are sent to it blocks no thread of the daemon:
+    /// `list` answers within 100 ms throughout, every caller gets an error by its deadline,
+    /// and the worker is killed as unanswering, logged with the plugin's name, and restarted.
+    @Test(arguments: ["call", "send"])
+    func aWorkerThatStopsReadingBlocksNoThreadOfTheDaemon(request: String) async throws {
+        let (h, pid) = try await Self.stoppedWorker(TemporaryDirectory("isolated-unread"), requestDeadline: "2")
+        // Eight requests of 60 KB: more than the socket's buffer holds.
+        let bulk = String(repeating: "7", count: 60_000)
+        let arguments = request == "call" ? ["call", "Faulty", "faulty_add", bulk, "1"]
+                                          : ["send", "--await", "--to", "faulty", "--payload", "\"\(bulk)\"", "bulk"]
+        let callers = try (0..<8).map { _ in try RunningProcess(BuildProducts.modhostctl, ["--socket", h.socket] + arguments) }
+        let answers = try await StuckModuleTests.listUntil(h.socket) { rows in
+            rows["faulty"]?["restarts"] as? Int == 1 && rows["faulty"]?["state"] as? String == "running"
+        }
+        #expect(answers.met, "the worker was not restarted: \(h.daemon.text)")
+        #expect(answers.fast, "list answers took \(answers.times) while the worker read nothing")
+        for caller in callers {
+            #expect(await caller.wait(timeout: .seconds(60)) != 0, "\(caller.text)")
+            #expect(caller.text.contains("deadline_exceeded") || caller.text.contains("call_failed"), "\(caller.text)")
+        }
+        let unread = request == "call" ? "did not read call faulty_add within 2 s" : "did not answer bulk within 1 s"
+        #expect(h.daemon.text.contains("plugin Faulty's worker (pid \(pid)) was killed by signal 9 (Killed): killed because it \(unread)"),
+                "\(h.daemon.text)")
+        #expect(try h.ctl("call", "Faulty", "faulty_add", "2", "3").standardOutput == "5\n")
+    }
+
+    /// `send` to an isolated module whose worker does not answer the event within the event
+    /// deadline (here: stopped) fails with deadline_exceeded, as for a module stuck in it in
+    /// process, saying its worker was killed for it; it reported success.
+    @Test(arguments: [false, true])
+    func aSendTheWorkerDidNotAnswerFailsWithDeadlineExceeded(awaited: Bool) async throws {
+        let (h, _) = try await Self.stoppedWorker(TemporaryDirectory("isolated-unanswered"), requestDeadline: "30")
+        let sent = try run(BuildProducts.modhostctl, ["--socket", h.socket, "send"] + (awaited ? ["--await"] : []) + ["--to", "faulty", "unheard"])
+        #expect(sent.status != 0, "\(sent.standardOutput)")
+        #expect(sent.standardError.contains("deadline_exceeded") && sent.standardError.contains("its worker was killed for it"),
+                "\(sent.standardError)")
+        _ = try await StuckModuleTests.listUntil(h.socket) { rows in
+            rows["faulty"]?["restarts"] as? Int == 1 && rows["faulty"]?["state"] as? String == "running"
+        }
+        #expect(try h.ctl("send", "--to", "faulty", "heard").status == 0)
+    }
+
+    /// A daemon in `scratch` running the faulty C plugin isolated, with an event deadline of
+    /// 1 s and the request deadline given, once its worker is stopped (SIGSTOP); its pid.
+    static func stoppedWorker(_ scratch: TemporaryDirectory, requestDeadline: String) async throws -> (Harness, Int32) {
+        let faulty = try IsolationTests.faultyPlugin("Faulty", in: scratch.directory("faulty"), events: scratch.file("events.log"))
+        let h = try Harness([], files: [faulty], arguments: ["--event-deadline", "1", "--request-deadline", requestDeadline],
+                            config: #"{"plugins": {"Faulty": {"isolation": "process"}}}"#)
+        #expect(await h.waitFor("control socket ready"), "\(h.daemon.text)")
+        let pid = Int32(try await workerPid(h))
+        kill(pid, SIGSTOP)
+        for _ in 0..<1200 where !IsolationTests.isStopped(pid) { try await Task.sleep(for: .milliseconds(50)) }
+        return (h, pid)
     }
 
     /// The worker pid once a worker runs again.
