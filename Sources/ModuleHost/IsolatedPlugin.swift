@@ -651,7 +651,10 @@ final class WorkerConnection: Sendable {
     private let pending = Mutex((waiters: [Int: Waiter](), closed: false))
     private let nextID = Atomic<Int>(1)
     /// Set once the poller has seen the end (then the pid may be reused: never signal it).
-    private let life = Mutex((ended: false, killReason: String?.none))
+    /// `laterReason`: why the poller kills the worker if it has not ended by the time a
+    /// `killLater` gave (a socket of it no longer works, but it still runs); `stopping`
+    /// once `stop` has been called (its sockets are then closed on purpose).
+    private let life = Mutex((ended: false, killReason: String?.none, laterReason: String?.none, stopping: false))
     private let readiness = Waiter()
     /// Completed by `reap` with `{"ending": TEXT}` once the worker has been reaped.
     private let finished = Waiter()
@@ -837,9 +840,15 @@ final class WorkerConnection: Sendable {
                     kill(reason: "it answered request \(id) with the reply to another")
                 } catch .timedOut {
                     outcome = .timedOut
-                } catch {}
+                } catch .invalid(let problem) {
+                    kill(reason: "it wrote what is no frame on its socket of ordered requests (4): \(problem)")
+                } catch {
+                    // Its end is closed: a worker that is ending, or one that closed it and
+                    // would never answer again.
+                    killLater(reason: "its socket of ordered requests (4) was closed (\(error)) and it did not end")
+                }
             case .timedOut: outcome = .timedOut
-            case .gone: break
+            case .gone: killLater(reason: "its socket of ordered requests (4) was closed and it did not end")
             }
             reader = nil
             return outcome
@@ -1034,6 +1043,7 @@ final class WorkerConnection: Sendable {
     /// The control socket's stream ended (from the worker poller): every waiter learns the
     /// worker is gone.
     func streamEnded() {
+        killLater(reason: "its control socket (3) was closed and it did not end")
         readiness.complete(.gone)
         let waiters = pending.withLock { pending in
             defer { pending = ([:], true) }
@@ -1091,9 +1101,22 @@ final class WorkerConnection: Sendable {
         }
     }
 
+    /// Kills the worker for `reason` unless it ends within a second: a socket of it was
+    /// closed, as when it is ending (crashed, exited), when it is then reported as it
+    /// ended, or when its plugin closed it, when it would never answer again.
+    func killLater(reason: String) {
+        let first = life.withLock { life -> Bool in
+            guard !life.ended, !life.stopping, life.laterReason == nil else { return false }
+            life.laterReason = reason
+            return true
+        }
+        if first { WorkerPoller.shared.kill(self, after: .seconds(1)) }
+    }
+
     /// Ends the worker on purpose: closing the socket makes it kill its process group; one
     /// that has not ended after a second is killed.
     func stop() {
+        life.withLock { $0.stopping = true }
         shutDown()
         WorkerPoller.shared.kill(self, after: .seconds(1))
     }
@@ -1103,6 +1126,7 @@ final class WorkerConnection: Sendable {
     func killUnlessEnded() {
         life.withLock { life in
             guard !life.ended else { return }
+            if life.killReason == nil, let reason = life.laterReason { life.killReason = "killed because \(reason)" }
             Glibc.kill(-pid, SIGKILL)
         }
     }

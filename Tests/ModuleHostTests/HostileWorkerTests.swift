@@ -3,18 +3,23 @@ import Glibc
 import Testing
 import TestSupport
 
-/// The daemon logs what an isolated plugin's worker logs with the plugin's name and the
-/// worker's pid (docs/isolation.md). The worker's frames are the plugin's to write: what
-/// they say about where a line comes from is not believed.
+/// An isolated plugin's worker runs the plugin's code, which can write anything on the
+/// worker's sockets (docs/isolation.md, "The worker protocol"): what it writes is not
+/// believed, and a worker whose sockets no longer work is ended and restarted.
 @Suite(.serialized)
-struct IsolatedLogTests {
-    /// A C plugin `Liar` whose module, on event `lie`, writes a log frame of its own on the
-    /// worker's control socket (descriptor 3) that claims to come from plugin Honest's
-    /// module, worker 1; on event `say`, logs through the host as it should.
-    static func liar(in directory: String) throws -> String {
+struct HostileWorkerTests {
+    /// A C plugin `Liar` whose module notes `EVENT PID` in `events` for every event and:
+    /// on event `lie`, writes a log frame of its own on the worker's control socket
+    /// (descriptor 3) that claims to come from plugin Honest's module, worker 1; on `say`,
+    /// logs through the host as it should; on `garbage`, writes bytes that are no frame on
+    /// the socket of ordered requests (4); on `close`, closes descriptors 3, 4 and 5.
+    static func liar(in directory: String, events: String = "/dev/null") throws -> String {
         let frame = #"{"op":"log","level":1,"label":"modhostd","message":"claimed line","metadata":[["plugin","Honest"],["module","honest"],["worker","1"],["request","7"]]}"#
         let source = """
+            #define _GNU_SOURCE
             #include <modulehost.h>
+            #include <fcntl.h>
+            #include <stdio.h>
             #include <string.h>
             #include <unistd.h>
             static const char frame[] = "\(frame.replacingOccurrences(of: "\"", with: "\\\""))";
@@ -22,6 +27,12 @@ struct IsolatedLogTests {
             static void handle(void *instance, const char *event, const char *payload) {
                 const modhost_host_api *host = instance;
                 (void)payload;
+                char line[256];
+                int length = snprintf(line, sizeof line, "%s %d\\n", event, (int)getpid());
+                int fd = open("\(events)", O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+                if (fd >= 0) { if (write(fd, line, (size_t)length) < 0) {} close(fd); }
+                if (strcmp(event, "garbage") == 0) { if (write(4, "garbage!garbage!", 16) < 0) {} }
+                if (strcmp(event, "close") == 0) { close(3); close(4); close(5); }
                 if (strcmp(event, "lie") == 0) {
                     unsigned long n = sizeof frame - 1;
                     unsigned char header[4] = {(unsigned char)(n >> 24), (unsigned char)(n >> 16), (unsigned char)(n >> 8), (unsigned char)n};
@@ -63,6 +74,36 @@ struct IsolatedLogTests {
         for lie in ["plugin=Honest", "module=honest", "worker=1 "] {
             #expect(!(claimed + " ").contains(lie), "\(claimed)")
         }
+        h.daemon.send(SIGTERM)
+        #expect(await h.daemon.wait() == 0, "\(h.daemon.text)")
+    }
+
+    @Test("a worker that writes what is no frame, or closes its sockets, is ended, named and restarted",
+          .timeLimit(.minutes(3)), arguments: ["garbage", "close"])
+    func aWorkerWhoseSocketsNoLongerWorkIsRestarted(fault: String) async throws {
+        let scratch = TemporaryDirectory("hostile-worker")
+        let events = scratch.file("events.log")
+        let liar = try Self.liar(in: scratch.directory("liar"), events: events)
+        let h = try DaemonLifecycleTests.Harness(["Counter"], files: [liar], arguments: ["--event-deadline", "1"],
+                                                 config: #"{"plugins": {"Liar": {"isolation": "process"}}}"#)
+        #expect(await h.waitFor("control socket ready"), "\(h.daemon.text)")
+        let pid = try #require(try h.modules()["liar"]?["workerPid"] as? Int)
+        _ = try h.ctl("send", fault, "--to", "liar")
+        // The daemon sees it at once (garbage) or when the worker neither answers nor ends.
+        #expect(await h.waitFor("plugin Liar's worker (pid \(pid))"), "\(h.daemon.text)")
+        let restarted = try await StuckModuleTests.listUntil(h.socket) { rows in
+            rows["liar"]?["restarts"] as? Int == 1 && rows["liar"]?["state"] as? String == "running"
+        }
+        #expect(restarted.met, "the worker was not restarted: \(h.daemon.text)")
+        #expect(restarted.fast, "list answers took \(restarted.times)")
+        let ended = h.daemon.text.split(separator: "\n").first { $0.contains("plugin Liar's worker (pid \(pid))") } ?? ""
+        #expect(ended.contains(fault == "garbage" ? "no frame" : "closed"), "\(ended)")
+        // The new worker gets events again.
+        let now = try #require(try h.modules()["liar"]?["workerPid"] as? Int)
+        #expect(now != pid)
+        #expect(try h.ctl("send", "after", "--to", "liar").status == 0)
+        let lines = ((try? String(contentsOfFile: events, encoding: .utf8)) ?? "").split(separator: "\n")
+        #expect(lines.contains("after \(now)"), "\(lines)")
         h.daemon.send(SIGTERM)
         #expect(await h.daemon.wait() == 0, "\(h.daemon.text)")
     }
