@@ -205,7 +205,8 @@ public struct ReloadSummary: Codable, Sendable, Equatable {
 public struct DaemonError: Error, Sendable, Equatable, CustomStringConvertible {
     /// e.g. "unknown_module", "unknown_plugin", "unknown_function", "invalid_arguments",
     /// "call_failed", "invalid_configuration", "reserved_event",
-    /// "module_stuck", "plugin_busy", "plugin_not_running", "deadline_exceeded".
+    /// "module_stuck", "plugin_busy", "plugin_not_running", "deadline_exceeded",
+    /// "worker_ended".
     public var code: String
     public var message: String
 

@@ -56,11 +56,23 @@ extension Daemon {
             throw DaemonError(code: "deadline_exceeded",
                               message: "module \(stuck.joined(separator: ", ")) did not finish event \(event) within the event deadline of \(configuration.eventDeadline.secondsText); it is shown as stuck and gets no more events until it returns")
         }
-        // An isolated module's worker that did not answer it in time was killed for it.
-        let unanswered = names.filter { workers.leftUnanswered(module: $0, event: event, since: started) }
-        if !unanswered.isEmpty {
+        // An isolated module's worker that did not answer it in time was killed for it; one
+        // that ended during it, or was down, did not handle it.
+        // (A module that was down before the event, like one stuck in an earlier one, fails
+        // only a send to it alone.)
+        let unanswered = names.compactMap { name in workers.leftUnanswered(module: name, event: event, since: started).map { (name, $0) } }
+            .filter { $0.1 != .workerDown || module != nil }
+        let overran = unanswered.filter { $0.1 == .overran }.map(\.0)
+        if !overran.isEmpty {
             throw DaemonError(code: "deadline_exceeded",
-                              message: "module \(unanswered.joined(separator: ", ")) did not finish event \(event) within the event deadline of \(configuration.eventDeadline.secondsText); its worker was killed for it and is restarted")
+                              message: "module \(overran.joined(separator: ", ")) did not finish event \(event) within the event deadline of \(configuration.eventDeadline.secondsText); its worker was killed for it and is restarted")
+        }
+        if !unanswered.isEmpty {
+            let why = unanswered.map { name, why in
+                why == .workerEnded ? "\(name)'s worker ended while it handled it" : "\(name)'s worker is not running (crashed, restarting or quarantined: see modhostctl list)"
+            }
+            throw DaemonError(code: "worker_ended",
+                              message: "event \(event) was not handled: module \(why.joined(separator: "; module ")); a crashed worker is restarted")
         }
     }
 

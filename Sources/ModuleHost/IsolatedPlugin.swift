@@ -386,7 +386,10 @@ public final class IsolatedPlugin: Sendable {
     /// Sends `message` and waits for its reply up to the event deadline; nil when no worker
     /// runs or it did not answer (it is then killed and restarted).
     private func request(_ message: JSONValue, what: String, module: String? = nil) -> JSONValue? {
-        guard let connection = currentConnection else { return nil }
+        guard let connection = currentConnection else {
+            if let module { workers.recordUnanswered(module: module, event: what, why: .workerDown) }
+            return nil
+        }
         let outcome = connection.request(message, deadline: deadline)
         check(outcome, connection, what: what, module: module)
         if case .reply(let reply) = outcome { return reply }
@@ -406,6 +409,7 @@ public final class IsolatedPlugin: Sendable {
             guard let stuck = reply.text("stuck") else { return }
             reason = "its code did not return from \(stuck) within \(deadline.secondsText)"
         case .gone:
+            if let module { workers.recordUnanswered(module: module, event: what, why: .workerEnded) }
             return
         }
         if let module { workers.recordUnanswered(module: module, event: what) }

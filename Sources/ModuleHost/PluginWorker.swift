@@ -292,9 +292,8 @@ public final class PluginWorkers: Sendable {
         /// By module name, in registration order: the last one is the current instance.
         var modules: [String: [PluginWorker]] = [:]
         var calls: [String: PluginWorker] = [:]
-        /// The last event each isolated module did not answer within the event deadline
-        /// (its worker was killed for it), and when.
-        var unanswered: [String: (event: String, at: ContinuousClock.Instant)] = [:]
+        /// The last event each isolated module did not answer, when, and why.
+        var unanswered: [String: (event: String, at: ContinuousClock.Instant, why: Unanswered)] = [:]
         /// The events isolated modules are given now, waiting for their worker's answer, by
         /// module and request number: the event and when it was sent.
         var isolated: [String: [Int: (event: String, at: ContinuousClock.Instant)]] = [:]
@@ -336,19 +335,29 @@ public final class PluginWorkers: Sendable {
         }
     }
 
-    /// Records that module `name`, isolated, did not answer `event` within the event deadline
-    /// (its worker is killed for it).
-    func recordUnanswered(module name: String, event: String) {
-        state.withLock { $0.unanswered[name] = (event, .now) }
+    /// Why an isolated module did not answer an event.
+    package enum Unanswered: Sendable {
+        /// Not within the event deadline: its worker is killed for it (or the answer is
+        /// still awaited).
+        case overran
+        /// Its worker ended while the module had it.
+        case workerEnded
+        /// No worker ran to give it to (crashed, restarting, quarantined).
+        case workerDown
     }
 
-    /// Whether module `name`, isolated, has not answered `event` given at or after `since`:
-    /// its worker was killed for it, or it still waits for the answer (the host stopped
-    /// waiting for it at its deadline).
-    package func leftUnanswered(module name: String, event: String, since: ContinuousClock.Instant) -> Bool {
+    /// Records that module `name`, isolated, did not answer `event`, and why.
+    func recordUnanswered(module name: String, event: String, why: Unanswered = .overran) {
+        state.withLock { $0.unanswered[name] = (event, .now, why) }
+    }
+
+    /// Why module `name`, isolated, has not answered `event` given at or after `since`, nil
+    /// when it has: its worker was killed for it, or it still waits for the answer (the
+    /// host stopped waiting for it at its deadline), or its worker ended or was down.
+    package func leftUnanswered(module name: String, event: String, since: ContinuousClock.Instant) -> Unanswered? {
         state.withLock { state in
-            if let last = state.unanswered[name], last.event == event, last.at >= since { return true }
-            return state.isolated[name]?.values.contains { $0.event == event && $0.at >= since } ?? false
+            if let last = state.unanswered[name], last.event == event, last.at >= since { return last.why }
+            return state.isolated[name]?.values.contains { $0.event == event && $0.at >= since } == true ? .overran : nil
         }
     }
 

@@ -12,7 +12,8 @@ struct HostileWorkerTests {
     /// on event `lie`, writes a log frame of its own on the worker's control socket
     /// (descriptor 3) that claims to come from plugin Honest's module, worker 1; on `say`,
     /// logs through the host as it should; on `garbage`, writes bytes that are no frame on
-    /// the socket of ordered requests (4); on `close`, closes descriptors 3, 4 and 5.
+    /// the socket of ordered requests (4); on `close`, closes descriptors 3, 4 and 5; on
+    /// `segv`, crashes.
     static func liar(in directory: String, events: String = "/dev/null") throws -> String {
         let frame = #"{"op":"log","level":1,"label":"modhostd","message":"claimed line","metadata":[["plugin","Honest"],["module","honest"],["worker","1"],["request","7"]]}"#
         let source = """
@@ -33,6 +34,7 @@ struct HostileWorkerTests {
                 if (fd >= 0) { if (write(fd, line, (size_t)length) < 0) {} close(fd); }
                 if (strcmp(event, "garbage") == 0) { if (write(4, "garbage!garbage!", 16) < 0) {} }
                 if (strcmp(event, "close") == 0) { close(3); close(4); close(5); }
+                if (strcmp(event, "segv") == 0) { volatile int *nowhere = 0; *nowhere = 1; }
                 if (strcmp(event, "lie") == 0) {
                     unsigned long n = sizeof frame - 1;
                     unsigned char header[4] = {(unsigned char)(n >> 24), (unsigned char)(n >> 16), (unsigned char)(n >> 8), (unsigned char)n};
@@ -104,6 +106,34 @@ struct HostileWorkerTests {
         #expect(try h.ctl("send", "after", "--to", "liar").status == 0)
         let lines = ((try? String(contentsOfFile: events, encoding: .utf8)) ?? "").split(separator: "\n")
         #expect(lines.contains("after \(now)"), "\(lines)")
+        h.daemon.send(SIGTERM)
+        #expect(await h.daemon.wait() == 0, "\(h.daemon.text)")
+    }
+
+    @Test("a send to an isolated module whose worker ends during the event, or is down, says so", .timeLimit(.minutes(3)))
+    func aSendThatNoWorkerHandledFails() async throws {
+        let scratch = TemporaryDirectory("hostile-worker")
+        let events = scratch.file("events.log")
+        let liar = try Self.liar(in: scratch.directory("liar"), events: events)
+        let h = try DaemonLifecycleTests.Harness(["Counter"], files: [liar],
+                                                 config: #"{"plugins": {"Liar": {"isolation": "process"}}}"#)
+        #expect(await h.waitFor("control socket ready"), "\(h.daemon.text)")
+        // Five crashes within ten seconds: each send fails, naming the worker's end; then
+        // the plugin is quarantined and a send to it says its worker is not running.
+        for crash in 1...5 {
+            let running = try await StuckModuleTests.listUntil(h.socket) { $0["liar"]?["state"] as? String == "running" }
+            #expect(running.met, "crash \(crash): \(h.daemon.text)")
+            let sent = try h.ctl("send", "segv", "--to", "liar")
+            #expect(sent.status != 0 && sent.standardError.contains("worker_ended"), "\(sent.standardOutput)\(sent.standardError)")
+            #expect(sent.standardError.contains("ended while it handled it"), "\(sent.standardError)")
+        }
+        let quarantined = try await StuckModuleTests.listUntil(h.socket) { $0["liar"]?["state"] as? String == "quarantined" }
+        #expect(quarantined.met, "\(h.daemon.text)")
+        let refused = try h.ctl("send", "hello", "--to", "liar")
+        #expect(refused.status != 0 && refused.standardError.contains("worker_ended"), "\(refused.standardOutput)\(refused.standardError)")
+        #expect(refused.standardError.contains("not running"), "\(refused.standardError)")
+        // A send to every module still reaches the others, and succeeds.
+        #expect(try h.ctl("send", "hello").status == 0, "\(h.daemon.text)")
         h.daemon.send(SIGTERM)
         #expect(await h.daemon.wait() == 0, "\(h.daemon.text)")
     }
