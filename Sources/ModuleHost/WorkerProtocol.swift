@@ -341,7 +341,15 @@ struct FrameReader {
     /// Reads, blocking (or until `deadline`), until `count` bytes not yet taken are buffered.
     private mutating func fill(_ count: Int, until deadline: ContinuousClock.Instant?) throws(End) {
         while end - start < count {
-            if let deadline, !WorkerFrame.wait(fd, for: Int16(POLLIN), until: deadline) { throw .timedOut }
+            if let deadline {
+                if !WorkerFrame.wait(fd, for: Int16(POLLIN), until: deadline) { throw .timedOut }
+            } else {
+                // Waits in poll, not in read: a thread blocked in read on a stream socket is
+                // also woken each time the other end reads what this end wrote (room to
+                // write), which is one wake-up for nothing per request this end answers.
+                var entry = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+                while poll(&entry, 1, -1) < 0 && errno == EINTR {}
+            }
             // What is left of the last read moves to the front (usually nothing).
             if start > 0 { compact() }
             if buffer.count < count { buffer.append(contentsOf: repeatElement(0, count: count - buffer.count)) }
