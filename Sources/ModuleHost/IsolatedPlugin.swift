@@ -354,6 +354,10 @@ public final class IsolatedPlugin: Sendable {
         guard let connection = currentConnection else {
             throw IsolatedCallError(code: "call_failed", message: "plugin \(name)'s worker is not running (\(status.phase.rawValue)); try again once it is restarted")
         }
+        if let busy = connection.overrunCall {
+            throw IsolatedCallError(code: "plugin_busy",
+                                    message: "plugin \(name) is busy: \(busy.function) has been running for \((ContinuousClock.now - busy.since).secondsText) in its worker; it gets no new call until that returns")
+        }
         var message: [String: JSONValue] = ["op": "call", "function": .string(function)]
         if let texts { message["texts"] = .array(texts.map { .string($0) }) }
         if let json { message["json"] = .array(json) }
@@ -636,6 +640,10 @@ final class WorkerConnection: Sendable {
     private let callReplies = Mutex<CallReplies>(CallReplies())
     private struct CallReplies {
         var waiters: [Int: Waiter] = [:]
+        /// Calls that did not return by their deadline and whose replies have not come:
+        /// the worker runs calls one at a time, so no new call is made until they have
+        /// (`plugin_busy`, as in process), and the socket is read on for their replies.
+        var overrun: [Int: (function: String, since: ContinuousClock.Instant)] = [:]
         var reader: FrameReader?
         var closed = false
     }
@@ -939,8 +947,13 @@ final class WorkerConnection: Sendable {
         let watchUntil = ContinuousClock.now + Self.callWatch
         if let own = readOwnReply(id, waiter, until: until.map { min($0, watchUntil) } ?? watchUntil) { return own }
         let outcome = await waiter.wait(upTo: until.map { max($0 - .now, .zero) })
-        if case .timedOut = outcome { forgetCall(id) }
+        if case .timedOut = outcome { forgetCall(id, overran: (function, start)) }
         return outcome
+    }
+
+    /// The oldest call that overran its deadline and is still running in the worker.
+    var overrunCall: (function: String, since: ContinuousClock.Instant)? {
+        callReplies.withLock { $0.overrun.values.min { $0.since < $1.since } }
     }
 
     /// `message` (an object) with a new request id, and the id.
@@ -951,12 +964,20 @@ final class WorkerConnection: Sendable {
         return (id, .object(fields))
     }
 
-    /// Call `id` waits no more; once no call waits, the poller gives the socket back.
-    private func forgetCall(_ id: Int) {
-        let released = callReplies.withLock { replies -> Bool in
+    /// Call `id` waits no more (`overran`: it did not return by its deadline, and its reply
+    /// is still to come); once no call waits or overruns, the poller gives the socket back.
+    private func forgetCall(_ id: Int, overran: (function: String, since: ContinuousClock.Instant)? = nil) {
+        let (released, idle) = callReplies.withLock { replies -> (Bool, FrameReader?) in
             replies.waiters[id] = nil
-            return replies.waiters.isEmpty && replies.reader == nil && !replies.closed
+            if let overran, !replies.closed {
+                replies.overrun[id] = overran
+                // Its reply must still be read: by the poller, if no thread reads now.
+                defer { replies.reader = nil }
+                return (false, replies.reader)
+            }
+            return (replies.waiters.isEmpty && replies.overrun.isEmpty && replies.reader == nil && !replies.closed, nil)
         }
+        if let idle { WorkerPoller.shared.readCalls(self, idle) }
         if released { WorkerPoller.shared.releaseCalls(self) }
     }
 
@@ -983,8 +1004,9 @@ final class WorkerConnection: Sendable {
         }
         let othersWait = callReplies.withLock { replies -> Bool in
             if own != nil { replies.waiters[id] = nil }
-            if replies.waiters.isEmpty { replies.reader = reader }
-            return !replies.waiters.isEmpty
+            let idle = replies.waiters.isEmpty && replies.overrun.isEmpty
+            if idle { replies.reader = reader }
+            return !idle
         }
         if othersWait { WorkerPoller.shared.readCalls(self, reader) }
         return own ?? waiter.peek()
@@ -994,7 +1016,10 @@ final class WorkerConnection: Sendable {
     /// when that call timed out: dropped).
     func callReplied(_ reply: JSONValue) {
         guard let id = reply.integer("id") else { return }
-        callReplies.withLock { $0.waiters.removeValue(forKey: id) }?.complete(.reply(reply))
+        callReplies.withLock { replies in
+            replies.overrun[id] = nil
+            return replies.waiters.removeValue(forKey: id)
+        }?.complete(.reply(reply))
     }
 
     /// The worker poller gives the calls socket's reader back once no call waits: true
@@ -1002,7 +1027,7 @@ final class WorkerConnection: Sendable {
     func returnCallsReader(_ reader: FrameReader) -> Bool {
         callReplies.withLock { replies in
             guard !replies.closed else { return true }
-            guard replies.waiters.isEmpty else { return false }
+            guard replies.waiters.isEmpty, replies.overrun.isEmpty else { return false }
             replies.reader = reader
             return true
         }
@@ -1015,6 +1040,7 @@ final class WorkerConnection: Sendable {
         let waiters = callReplies.withLock { replies in
             defer {
                 replies.waiters = [:]
+                replies.overrun = [:]
                 replies.reader = nil
                 replies.closed = true
             }

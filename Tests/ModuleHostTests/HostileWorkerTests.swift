@@ -13,7 +13,8 @@ struct HostileWorkerTests {
     /// (descriptor 3) that claims to come from plugin Honest's module, worker 1; on `say`,
     /// logs through the host as it should; on `garbage`, writes bytes that are no frame on
     /// the socket of ordered requests (4); on `close`, closes descriptors 3, 4 and 5; on
-    /// `segv`, crashes.
+    /// `segv`, crashes. It exports `liar_add(a, b)` and `liar_slow(ms)`, which returns after
+    /// `ms` milliseconds.
     static func liar(in directory: String, events: String = "/dev/null") throws -> String {
         let frame = #"{"op":"log","level":1,"label":"modhostd","message":"claimed line","metadata":[["plugin","Honest"],["module","honest"],["worker","1"],["request","7"]]}"#
         let source = """
@@ -43,13 +44,16 @@ struct HostileWorkerTests {
                 if (strcmp(event, "say") == 0) host->log(MODHOST_LOG_INFO, "honest line");
             }
             static void destroy(void *instance) { (void)instance; }
+            MODHOST_EXPORT int32_t liar_add(int32_t a, int32_t b) { return a + b; }
+            MODHOST_EXPORT int32_t liar_slow(int32_t ms) { usleep((useconds_t)ms * 1000); return ms; }
             static const modhost_module modules[] = {{ sizeof(modhost_module), MODHOST_MODULE_C, "liar", "1.0",
                 0, create, handle, destroy, 0 }};
             static const modhost_plugin plugin = MODHOST_PLUGIN_INIT("Liar", modules);
             MODHOST_PLUGIN_ENTRY { return &plugin; }
             """
         return try PluginFactory(directory: directory).buildC("Liar", source: source,
-                                                              manifest: PluginFactory.manifest(plugin: "Liar", modules: ["liar"]))
+                                                              manifest: PluginFactory.manifest(plugin: "Liar", modules: ["liar"],
+                                                                                               exports: [("liar_add", "i32(i32,i32)"), ("liar_slow", "i32(i32)")]))
     }
 
     @Test("an isolated plugin cannot make its log lines another plugin's or another worker's", .timeLimit(.minutes(3)))
@@ -134,6 +138,33 @@ struct HostileWorkerTests {
         #expect(refused.standardError.contains("not running"), "\(refused.standardError)")
         // A send to every module still reaches the others, and succeeds.
         #expect(try h.ctl("send", "hello").status == 0, "\(h.daemon.text)")
+        h.daemon.send(SIGTERM)
+        #expect(await h.daemon.wait() == 0, "\(h.daemon.text)")
+    }
+
+    @Test("a call that overruns its deadline in a worker makes the plugin busy until it returns, as in process",
+          .timeLimit(.minutes(3)))
+    func aCallThatOverrunsMakesThePluginBusyUntilItReturns() async throws {
+        let scratch = TemporaryDirectory("hostile-worker")
+        let liar = try Self.liar(in: scratch.directory("liar"))
+        let h = try DaemonLifecycleTests.Harness(["Counter"], files: [liar], arguments: ["--request-deadline", "1"],
+                                                 config: #"{"plugins": {"Liar": {"isolation": "process"}}}"#)
+        #expect(await h.waitFor("control socket ready"), "\(h.daemon.text)")
+        let pid = try #require(try h.modules()["liar"]?["workerPid"] as? Int)
+        let slow = try h.ctl("call", "Liar", "liar_slow", "4000")
+        #expect(slow.status != 0 && slow.standardError.contains("deadline_exceeded"), "\(slow.standardOutput)\(slow.standardError)")
+        // Refused at once while it runs, naming what runs; not made to wait behind it.
+        let busy = try h.ctl("call", "Liar", "liar_add", "2", "3")
+        #expect(busy.status != 0 && busy.standardError.contains("plugin_busy"), "\(busy.standardOutput)\(busy.standardError)")
+        #expect(busy.standardError.contains("liar_slow"), "\(busy.standardError)")
+        // Once it has returned, calls work again, in the same worker.
+        var answer = ""
+        for _ in 0..<300 where answer != "5\n" {
+            answer = try h.ctl("call", "Liar", "liar_add", "2", "3").standardOutput
+            if answer != "5\n" { try await Task.sleep(for: .milliseconds(100)) }
+        }
+        #expect(answer == "5\n", "\(h.daemon.text)")
+        #expect(try h.modules()["liar"]?["workerPid"] as? Int == pid)
         h.daemon.send(SIGTERM)
         #expect(await h.daemon.wait() == 0, "\(h.daemon.text)")
     }
