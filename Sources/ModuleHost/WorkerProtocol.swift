@@ -20,9 +20,14 @@ enum WorkerFrame {
         return [UInt8(count >> 24), UInt8((count >> 16) & 0xff), UInt8((count >> 8) & 0xff), UInt8(count & 0xff)] + body
     }
 
-    /// Waits until `fd` is ready for `events` (or has hung up) or `deadline` has passed;
-    /// false when the deadline passed first.
-    static func wait(_ fd: Int32, for events: Int16, until deadline: ContinuousClock.Instant) -> Bool {
+    /// Waits until `fd` is ready for `events` (or has hung up) or `deadline` (nil: none)
+    /// has passed; false when the deadline passed first.
+    static func wait(_ fd: Int32, for events: Int16, until deadline: ContinuousClock.Instant?) -> Bool {
+        guard let deadline else {
+            var entry = pollfd(fd: fd, events: events, revents: 0)
+            while poll(&entry, 1, -1) < 0 && errno == EINTR {}
+            return true
+        }
         while true {
             let left = deadline - ContinuousClock.now
             guard left > .zero else { return false }
@@ -341,15 +346,10 @@ struct FrameReader {
     /// Reads, blocking (or until `deadline`), until `count` bytes not yet taken are buffered.
     private mutating func fill(_ count: Int, until deadline: ContinuousClock.Instant?) throws(End) {
         while end - start < count {
-            if let deadline {
-                if !WorkerFrame.wait(fd, for: Int16(POLLIN), until: deadline) { throw .timedOut }
-            } else {
-                // Waits in poll, not in read: a thread blocked in read on a stream socket is
-                // also woken each time the other end reads what this end wrote (room to
-                // write), which is one wake-up for nothing per request this end answers.
-                var entry = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
-                while poll(&entry, 1, -1) < 0 && errno == EINTR {}
-            }
+            // Waits in poll, not in read, even without a deadline: a thread blocked in read
+            // on a stream socket is also woken each time the other end reads what this end
+            // wrote (room to write), one wake-up for nothing per request this end answers.
+            if !WorkerFrame.wait(fd, for: Int16(POLLIN), until: deadline) { throw .timedOut }
             // What is left of the last read moves to the front (usually nothing).
             if start > 0 { compact() }
             if buffer.count < count { buffer.append(contentsOf: repeatElement(0, count: count - buffer.count)) }
