@@ -274,7 +274,7 @@ public final class IsolatedPlugin: Sendable {
             state.modules.append((module, ModuleRecord(configuration: configuration)))
         }
         let reply = request(["op": "create", "module": .string(module), "configuration": configuration,
-                             "running": .array(running.map { .string($0) })], what: "create of \(module)")
+                             "running": .array(running.map { .string($0) })], what: "create of \(module)", module: module)
         guard let reply else { return (nil, []) }
         if reply["created"]?.boolValue != true {
             state.withLock { $0.modules.removeAll { $0.name == module } }
@@ -306,7 +306,8 @@ public final class IsolatedPlugin: Sendable {
         let given = workers.beginIsolated(module: module, event: event)
         let outcome = await connection.requestAsync(["op": "awaited", "module": .string(module), "event": .string(event), "payload": payload],
                                                     what: event, deadline: deadline)
-        check(outcome, connection, what: event, module: module)
+        // The host instance counts an awaited event it stopped waiting for as an overrun.
+        check(outcome, connection, what: event, module: module, countsOverrun: false)
         workers.endIsolated(module: module, given)
     }
 
@@ -403,8 +404,10 @@ public final class IsolatedPlugin: Sendable {
     /// A worker that did not answer in time, or whose module's code overran its deadline
     /// there, is killed: the supervision restarts it. The event `module` did not answer is
     /// recorded first (`PluginWorkers.leftUnanswered`), so that whatever fails with the
-    /// worker's end finds it.
-    private func check(_ outcome: WorkerConnection.Outcome, _ connection: WorkerConnection, what: String, module: String? = nil) {
+    /// worker's end finds it, and counted as the module's deadline overrun (as a C module's
+    /// in process) unless `countsOverrun` is false.
+    private func check(_ outcome: WorkerConnection.Outcome, _ connection: WorkerConnection, what: String, module: String? = nil,
+                       countsOverrun: Bool = true) {
         let reason: String
         switch outcome {
         case .timedOut:
@@ -416,7 +419,10 @@ public final class IsolatedPlugin: Sendable {
             if let module { workers.recordUnanswered(module: module, event: what, why: .workerEnded) }
             return
         }
-        if let module { workers.recordUnanswered(module: module, event: what) }
+        if let module {
+            workers.recordUnanswered(module: module, event: what)
+            if countsOverrun { host.metrics.module(named: module).recordDeadlineOverrun() }
+        }
         connection.kill(reason: reason)
     }
 

@@ -445,6 +445,9 @@ struct IsolationTests {
         #expect(status.lastCrash?.contains(fault.cause) == true, "\(status)")
         #expect(status.crashes == 1)
         #expect(status.pid != first)
+        // A handler that did not return by its deadline is counted as an overrun, as in process.
+        let overruns = f.host.metrics.snapshot().modules.first { $0.module == "faulty" }?.deadlineOverruns
+        #expect(overruns == (fault.cause.hasPrefix("did not answer") ? 1 : 0))
         // Nothing of the old worker's process group is left (the fork bomb's children).
         #expect(await f.until { Self.processes(inGroup: first).isEmpty }, "left: \(Self.processes(inGroup: first))")
 
