@@ -55,7 +55,7 @@ struct PluginBuildFlags: Sendable {
     /// (`PREFIX/bin/modhostctl`), when that prefix holds the SDK library.
     static func defaultSDK() -> String? {
         guard let executable = try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe") else { return nil }
-        let prefix = ((executable as NSString).deletingLastPathComponent as NSString).deletingLastPathComponent
+        let prefix = PathText.parent(of: PathText.parent(of: executable))
         return FileManager.default.fileExists(atPath: prefix + "/lib/libModuleKit.so") ? prefix : nil
     }
 }

@@ -272,7 +272,7 @@ private final class WatcherCore: Sendable {
             guard error.code == ENOENT || error.code == ENOTDIR else { return .failure(error) }
             // The nearest ancestor that exists, and the component below it we wait for.
             var child = directory
-            var ancestor = parent(of: directory)
+            var ancestor = PathText.parent(of: directory)
             while true {
                 let wd = inotify_add_watch(watches.fd, ancestor, mask)
                 if wd >= 0 {
@@ -282,19 +282,13 @@ private final class WatcherCore: Sendable {
                 let code = Glibc.errno
                 guard code == ENOENT || code == ENOTDIR, ancestor != child else { return .failure(error) }
                 child = ancestor
-                ancestor = parent(of: ancestor)
+                ancestor = PathText.parent(of: ancestor)
             }
             // Created between our two calls? Then go round again; else its event will come.
             var info = stat()
             if lstat(child, &info) != 0 { return .success(false) }
         }
         return .success(false)
-    }
-
-    /// `/a/b` -> `/a`, `/a` -> `/`, `a` -> `.`; `/` and `.` are their own parents.
-    private static func parent(of path: String) -> String {
-        guard let slash = path.lastIndex(of: "/") else { return "." }
-        return slash == path.startIndex ? "/" : String(path[..<slash])
     }
 
     /// Removes a watch that serves neither a watched directory nor a waiting one.

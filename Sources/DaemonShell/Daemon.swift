@@ -236,7 +236,7 @@ public actor Daemon: DaemonControl {
             }
         }
         stateLock = try lock(stateDirectory + "/modhostd.lock", "the state directory \(stateDirectory)", code: "state_directory")
-        let directory = (socketPath as NSString).deletingLastPathComponent
+        let directory = PathText.parent(of: socketPath)
         if !socketPath.hasPrefix("@") {
             if directory == paths.privateRuntimeDirectory {
                 do {

@@ -95,7 +95,7 @@ public struct IsolationPolicy: Sendable, Equatable {
     /// `modhost-worker` next to the running executable.
     public static var besideExecutable: String {
         let executable = (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0]
-        return (executable as NSString).deletingLastPathComponent + "/modhost-worker"
+        return PathText.parent(of: executable) + "/modhost-worker"
     }
 
     /// Where `manifest`'s plugin runs.

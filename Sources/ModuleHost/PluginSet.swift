@@ -192,7 +192,7 @@ public actor PluginSet {
     /// directory, what is wrong and the fix (`alternative`: how to use another directory).
     public static func checkStateDirectory(_ directory: String, alternative: String = "use another state directory")
         throws(PluginSetError) {
-        try? FileManager.default.createDirectory(atPath: (directory as NSString).deletingLastPathComponent, withIntermediateDirectories: true)
+        try? FileManager.default.createDirectory(atPath: PathText.parent(of: directory), withIntermediateDirectories: true)
         let checked = [
             (directory, "the state directory \(directory)"),
             (directory + "/images", "the private copies' directory \(directory)/images in the state directory"),

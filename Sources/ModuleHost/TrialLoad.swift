@@ -1,5 +1,6 @@
 import CDynamicLoader
 import Dispatch
+import DaemonKit
 import Foundation
 import Glibc
 import ModuleKit
@@ -45,7 +46,7 @@ public struct ProcessTrialLoader: TrialLoader {
     /// `modhost-trial` next to the running executable.
     public static var besideExecutable: String {
         let executable = (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0]
-        return (executable as NSString).deletingLastPathComponent + "/modhost-trial"
+        return PathText.parent(of: executable) + "/modhost-trial"
     }
 
     public func trialLoad(_ file: PluginFile, preloading preloads: [String]) async throws(LoadFailure) {
@@ -56,7 +57,7 @@ public struct ProcessTrialLoader: TrialLoader {
         // nothing, and its trial starts in about a millisecond.
         var environment = ProcessInfo.processInfo.environment
         if file.manifest.language == .swift, !HostSDK.current.libraryPath.isEmpty {
-            let directory = (HostSDK.current.libraryPath as NSString).deletingLastPathComponent
+            let directory = PathText.parent(of: HostSDK.current.libraryPath)
             environment["LD_LIBRARY_PATH"] = [directory, environment["LD_LIBRARY_PATH"]].compactMap { $0 }.joined(separator: ":")
         }
         var arguments: [String] = []

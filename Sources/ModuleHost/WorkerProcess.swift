@@ -1,4 +1,5 @@
 import CDynamicLoader
+import DaemonKit
 import Foundation
 import Dispatch
 import Glibc
@@ -123,7 +124,7 @@ public enum WorkerProcess {
     static func imagesInMemory(_ load: JSONValue) -> Result<JSONValue, Problem> {
         guard case .object(var fields) = load, let image = load.text("image") else { return .success(load) }
         func copy(_ path: String) -> Result<JSONValue, Problem> {
-            let name = "modhost-" + (path.split(separator: "/").last.map(String.init) ?? "plugin")
+            let name = "modhost-" + PathText.lastComponent(of: path)
             let fd = modhost_worker_memory_copy(path, name)
             guard fd >= 0 else { return .failure(Problem(text: "cannot copy \(path) into memory: \(String(cString: strerror(errno)))")) }
             return .success(.string("/proc/self/fd/\(fd)"))

@@ -9,11 +9,13 @@ public final class RunningProcess: Sendable {
     private let output = Mutex("")
     public var pid: Int32 { process.processIdentifier }
 
-    /// Starts `executable`; standard output and standard error are merged.
-    public init(_ executable: String, _ arguments: [String], environment: [String: String] = [:]) throws {
+    /// Starts `executable` (in `directory`, when given); standard output and standard error
+    /// are merged.
+    public init(_ executable: String, _ arguments: [String], environment: [String: String] = [:], directory: String? = nil) throws {
         let process = Process()
         process.executableURL = URL(fileURLWithPath: executable)
         process.arguments = arguments
+        if let directory { process.currentDirectoryURL = URL(fileURLWithPath: directory) }
         process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }
         let pipe = Pipe()
         process.standardOutput = pipe

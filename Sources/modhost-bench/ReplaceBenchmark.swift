@@ -1,3 +1,4 @@
+import DaemonKit
 import Foundation
 import Glibc
 import ModuleKit
@@ -98,7 +99,7 @@ struct ReplaceBenchmark {
         let daemon = try DaemonProcess(sdk: sdk, root: root, pluginDirectory: root + "/plugins", arguments: arguments)
         defer { daemon.stop() }
         guard await daemon.waitForLine(containing: "control socket ready", after: 0) != nil else { throw failure("daemon did not start") }
-        let target = root + "/plugins/" + (file as NSString).lastPathComponent
+        let target = root + "/plugins/" + PathText.lastComponent(of: file)
         var start = try drop(file, as: target)
         guard await daemon.waitForLine(containing: "loaded plugin \(plugin) ", after: start) != nil else {
             throw failure("\(plugin) was not loaded:\n\(daemon.tail)")
@@ -146,7 +147,7 @@ struct ReplaceBenchmark {
     /// Copies `source` next to `target` under a dot name, then renames it in, as an
     /// installer does; returns when the rename happened.
     func drop(_ source: String, as target: String) throws -> UInt64 {
-        let temporary = (target as NSString).deletingLastPathComponent + "/." + (target as NSString).lastPathComponent + ".tmp"
+        let temporary = PathText.parent(of: target) + "/." + PathText.lastComponent(of: target) + ".tmp"
         unlink(temporary)
         try FileManager.default.copyItem(atPath: source, toPath: temporary)
         let start = monotonicNanoseconds()
@@ -163,7 +164,7 @@ struct ReplaceBenchmark {
         object["version"] = .string(version)
         let manifestFile = directory + "/manifest-\(version).json"
         try JSONValue.object(object).jsonText.write(toFile: manifestFile, atomically: true, encoding: .utf8)
-        let output = directory + "/" + version + "-" + (file as NSString).lastPathComponent
+        let output = directory + "/" + version + "-" + PathText.lastComponent(of: file)
         try shell("objcopy --update-section .modhost.manifest='\(manifestFile)' '\(file)' '\(output)'")
         return output
     }

@@ -107,3 +107,15 @@ struct RuntimePathsTests {
         }
     }
 }
+
+/// Paths split as text, whatever their shape (Foundation's splitting traps on `s` and `s/`).
+struct PathTextTests {
+    @Test(arguments: [
+        ("/a/b", "/a", "b"), ("/a", "/", "a"), ("a", ".", "a"), ("s", ".", "s"), ("s/", ".", "s"), ("a/b/", "a", "b"),
+        ("a//b", "a", "b"), ("/", "/", "/"), ("//a", "/", "a"), ("", ".", ""), (".", ".", "."), ("./s", ".", "s"),
+    ])
+    func parentAndLastComponent(path: String, parent: String, last: String) {
+        #expect(PathText.parent(of: path) == parent)
+        #expect(PathText.lastComponent(of: path) == last)
+    }
+}

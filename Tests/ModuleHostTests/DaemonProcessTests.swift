@@ -36,6 +36,22 @@ import TestSupport
         #expect(log.hasSuffix("stopped\n") || log.contains("stopped"))
     }
 
+    /// Paths from the command line of any shape: one-character relative paths (on which
+    /// Foundation's path splitting traps) for the plugins, the state and the socket.
+    @Test func theDaemonTakesOneCharacterRelativePaths() async throws {
+        let dir = try pluginDirectory()
+        try FileManager.default.removeItem(atPath: dir.file("libBroken.so"))
+        _ = dir.directory("p")
+        try FileManager.default.moveItem(atPath: dir.file("libCounter.so"), toPath: dir.file("p/libCounter.so"))
+        let daemon = try RunningProcess(BuildProducts.modhostd, ["--plugins", "p/", "--state-dir", "s", "--socket", "k"],
+                                        directory: dir.path)
+        #expect(await daemon.waitFor("control socket ready"), "\(daemon.text)")
+        let list = try run(BuildProducts.modhostctl, ["--socket", "k", "list"], directory: dir.path)
+        #expect(list.status == 0 && list.standardOutput.contains("counter"), "\(list.standardOutput)\(list.standardError)")
+        daemon.send(SIGTERM)
+        #expect(await daemon.wait() == 0, "\(daemon.text)")
+    }
+
     @Test func helpExitsZeroAndUsageErrorsExit64() throws {
         let help = try run(BuildProducts.modhostd, ["--help"])
         #expect(help.status == 0)

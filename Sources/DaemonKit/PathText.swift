@@ -1,0 +1,30 @@
+/// A path's parent and last component, read as text, for paths of any shape from outside
+/// (the command line, the configuration): Foundation's `NSString.deletingLastPathComponent`
+/// and `lastPathComponent` trap on a one-character relative path such as `s` or `s/`
+/// (swift-corelibs-foundation, Swift 6.3), so ModuleHost splits paths only here.
+///
+/// Nothing is resolved: no symlink, `.` or `..` is looked at, and the file system is not read.
+public enum PathText {
+    /// `/a/b` -> `/a`, `/a` -> `/`, `a` -> `.`, `a/b/` -> `a`, `a//b` -> `a`; `/` and `.`
+    /// are their own parents.
+    public static func parent(of path: String) -> String {
+        let trimmed = withoutTrailingSlashes(path)
+        guard let slash = trimmed.lastIndex(of: "/") else { return trimmed.isEmpty && path.hasPrefix("/") ? "/" : "." }
+        let parent = withoutTrailingSlashes(String(trimmed[..<slash]))
+        return parent.isEmpty ? "/" : parent
+    }
+
+    /// `/a/b.so` -> `b.so`, `a/` -> `a`, `a` -> `a`, `/` -> `/`, `` -> ``.
+    public static func lastComponent(of path: String) -> String {
+        let trimmed = withoutTrailingSlashes(path)
+        if trimmed.isEmpty { return path.hasPrefix("/") ? "/" : "" }
+        guard let slash = trimmed.lastIndex(of: "/") else { return trimmed }
+        return String(trimmed[trimmed.index(after: slash)...])
+    }
+
+    private static func withoutTrailingSlashes(_ path: String) -> String {
+        var text = Substring(path)
+        while text.hasSuffix("/") { text = text.dropLast() }
+        return String(text)
+    }
+}
