@@ -4,6 +4,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <malloc.h>
 #include <stdlib.h>
 #include <sys/prctl.h>
 #include <sys/mman.h>
@@ -14,6 +15,8 @@
 #include <unistd.h>
 
 int modhost_worker_set_parent_death_signal(int signal) { return prctl(PR_SET_PDEATHSIG, signal, 0, 0, 0); }
+
+int modhost_worker_use_one_malloc_arena(void) { return mallopt(M_ARENA_MAX, 1); }
 
 int modhost_worker_set_no_new_privileges(void) { return prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); }
 

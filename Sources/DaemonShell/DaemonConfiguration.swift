@@ -180,8 +180,13 @@ public struct DaemonConfiguration: Sendable, Equatable {
         return isolation
     }
 
-    /// The largest value of a worker limit.
-    static let limitRange = 1...(1 << 53)
+    /// The values each worker limit takes. The smallest are what a worker itself needs
+    /// before any plugin code runs (docs/isolation.md, "Limits"): under them it could not
+    /// even start its threads, and would stall rather than fail.
+    static var limitRanges: [(key: String, range: ClosedRange<Int>, target: WritableKeyPath<WorkerLimits, Int?>)] {
+        [("addressSpaceBytes", (128 << 20)...(1 << 53), \.addressSpaceBytes), ("openFiles", 16...(1 << 30), \.openFiles),
+         ("cpuSeconds", 1...(1 << 53), \.cpuSeconds), ("processes", 1...(1 << 30), \.processes)]
+    }
 
     private static func pluginSettings(_ name: String, _ entry: JSONValue, _ path: String) throws(DaemonError) -> PluginIsolationSettings {
         if let problem = PluginName.problem(name) {
@@ -208,17 +213,14 @@ public struct DaemonConfiguration: Sendable, Equatable {
             guard case .object(let values) = limits else {
                 throw invalid(path, "field \"plugins.\(name).limits\" is not an object", "e.g. {\"addressSpaceBytes\": 536870912, \"openFiles\": 256}")
             }
-            let keys: [(String, WritableKeyPath<WorkerLimits, Int?>)] = [
-                ("addressSpaceBytes", \.addressSpaceBytes), ("openFiles", \.openFiles), ("cpuSeconds", \.cpuSeconds), ("processes", \.processes),
-            ]
-            if let extra = values.keys.sorted().first(where: { key in !keys.contains { $0.0 == key } }) {
-                throw invalid(path, "field \"plugins.\(name).limits.\(extra)\" is unknown", "use \(keys.map(\.0).joined(separator: ", "))")
+            if let extra = values.keys.sorted().first(where: { key in !limitRanges.contains { $0.key == key } }) {
+                throw invalid(path, "field \"plugins.\(name).limits.\(extra)\" is unknown", "use \(limitRanges.map(\.key).joined(separator: ", "))")
             }
-            for (key, target) in keys {
+            for (key, range, target) in limitRanges {
                 guard let value = values[key] else { continue }
-                guard let number = value.numberValue, let integer = CheckedNumber.integer(number, in: limitRange) else {
-                    throw invalid(path, "field \"plugins.\(name).limits.\(key)\" is \(value.jsonText), not a whole number \(CheckedNumber.describe(limitRange))",
-                                  "use a positive whole number")
+                guard let number = value.numberValue, let integer = CheckedNumber.integer(number, in: range) else {
+                    throw invalid(path, "field \"plugins.\(name).limits.\(key)\" is \(value.jsonText), not a whole number \(CheckedNumber.describe(range))",
+                                  "use a whole number \(CheckedNumber.describe(range)), or leave \(key) out to keep the daemon's")
                 }
                 settings.limits[keyPath: target] = integer
             }

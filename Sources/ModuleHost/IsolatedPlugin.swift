@@ -42,6 +42,14 @@ public struct WorkerLimits: Sendable, Equatable {
         self.processes = processes
     }
 
+    /// The limits set, as in the configuration (`addressSpaceBytes 104857600, openFiles 16`);
+    /// nil when none is.
+    var summary: String? {
+        let set = [("addressSpaceBytes", addressSpaceBytes), ("openFiles", openFiles), ("cpuSeconds", cpuSeconds), ("processes", processes)]
+            .compactMap { name, value in value.map { "\(name) \($0)" } }
+        return set.isEmpty ? nil : set.joined(separator: ", ")
+    }
+
     var json: JSONValue {
         var fields: [String: JSONValue] = [:]
         if let addressSpaceBytes { fields["addressSpaceBytes"] = .number(Double(addressSpaceBytes)) }
@@ -411,7 +419,7 @@ public final class IsolatedPlugin: Sendable {
         let reason: String
         switch outcome {
         case .timedOut:
-            reason = "it did not answer \(what) within \(deadline.secondsText)"
+            reason = "it did not answer \(what) within \(deadline.secondsText)\(limitsHint)"
         case .reply(let reply):
             guard let stuck = reply.text("stuck") else { return }
             reason = "its code did not return from \(stuck) within \(deadline.secondsText)"
@@ -424,6 +432,12 @@ public final class IsolatedPlugin: Sendable {
             if countsOverrun { host.metrics.module(named: module).recordDeadlineOverrun() }
         }
         connection.kill(reason: reason)
+    }
+
+    /// Said of a worker that stalled while it has limits: one too low makes a worker stall
+    /// (its threads cannot start), not fail.
+    var limitsHint: String {
+        settings.limits.summary.map { " (it runs with the limits \($0): a limit too low stalls a worker)" } ?? ""
     }
 
     // MARK: - Supervision
@@ -825,8 +839,10 @@ final class WorkerConnection: Sendable {
             return .failure(LoadFailure(file: plugin.file.path, check: check, problem: "in its worker: \(message.text("problem") ?? "it failed")",
                                         fix: message.text("fix") ?? "see the log"))
         case .timedOut:
-            kill(reason: "it was not ready within \(deadline.secondsText)")
-            return .failure(failure("its worker was not ready within \(deadline.secondsText)", "fix the plugin's load-time code"))
+            kill(reason: "it was not ready within \(deadline.secondsText)\(plugin.limitsHint)")
+            return .failure(failure("its worker was not ready within \(deadline.secondsText)\(plugin.limitsHint)",
+                                    plugin.settings.limits.summary == nil ? "fix the plugin's load-time code"
+                                        : "raise plugins.\(plugin.name).limits in modhostd's configuration, or fix the plugin's load-time code"))
         case .gone:
             // The poller says how it ended, once it has reaped it.
             let ending = await finished.wait()

@@ -89,6 +89,10 @@ extension LoadFailure {
     static func dlopenFailed(_ file: String, message: String) -> LoadFailure {
         let fix = message.contains("undefined symbol")
             ? "link the library that defines the symbol (or define it in the plugin), or rebuild the plugin against this host's SDK"
+            : message.contains("Too many open files")
+            ? "raise the open-files limit (for an isolated plugin, its limits.openFiles in modhostd's configuration; else modhostd's LimitNOFILE)"
+            : message.contains("Cannot allocate memory") || message.contains("failed to map")
+            ? "raise the address-space limit (for an isolated plugin, its limits.addressSpaceBytes in modhostd's configuration)"
             : message.contains("cannot open shared object") ? "install the missing library or the plugin it depends on"
             : "rebuild the plugin with plugin.mk"
         return LoadFailure(file: file, check: .dlopen, problem: "dlopen failed: \(message)", fix: fix)

@@ -39,6 +39,8 @@ public enum WorkerProcess {
     /// Runs the worker; never returns.
     public static func main() -> Never {
         _ = modhost_worker_set_parent_death_signal(SIGKILL)
+        // So that an address-space limit counts what the worker uses, not glibc's reserves.
+        _ = modhost_worker_use_one_malloc_arena()
         let parent = getppid()
         let descriptors = [socketDescriptor, orderedDescriptor, callsDescriptor]
         guard parent > 1, descriptors.allSatisfy({ modhost_worker_peer_pid($0) == parent }) else {
@@ -153,7 +155,8 @@ public enum WorkerProcess {
         }
         let limits: [(key: String, which: Int32)] = [("addressSpaceBytes", 0), ("openFiles", 1), ("cpuSeconds", 2), ("processes", 3)]
         for (key, which) in limits {
-            guard let value = load["limits"]?.integer(key) else { continue }
+            guard let given = load["limits"]?[key] else { continue }
+            guard let value = load["limits"]?.integer(key) else { return "cannot set limit \(key) to \(given.jsonText): not a whole number" }
             if modhost_worker_set_limit(which, UInt64(max(0, value))) != 0 {
                 return "cannot set limit \(key) to \(value): \(String(cString: strerror(errno)))"
             }

@@ -366,9 +366,10 @@ struct FrameReader {
 }
 
 extension JSONValue {
-    /// Member `key` as an integer (a whole number that fits an Int), nil otherwise.
+    /// Member `key` as an integer (a whole number of at most 2^53 in magnitude, which a
+    /// JSON number holds exactly), nil otherwise.
     func integer(_ key: String) -> Int? {
-        guard let number = self[key]?.numberValue, number == number.rounded(), abs(number) < 9.0e15 else { return nil }
+        guard let number = self[key]?.numberValue, number == number.rounded(), abs(number) <= 9_007_199_254_740_992 else { return nil }
         return Int(number)
     }
 

@@ -649,6 +649,35 @@ struct IsolationTests {
         await f.set.shutdown()
     }
 
+    /// A worker runs its plugin under a small address-space limit (256 MiB: the worker keeps
+    /// one malloc arena, so its threads reserve no 64 MiB each), and every limit is applied
+    /// as given, up to the largest the configuration takes (2^53).
+    @Test(arguments: Language.allCases)
+    func theLimitsAreAppliedAsGivenAndASmallAddressSpaceIsEnough(language: Language) async throws {
+        let f = try Fixture(plugins: [
+            "Small": PluginIsolationSettings(limits: WorkerLimits(addressSpaceBytes: 256 << 20, openFiles: 16)),
+            "Large": PluginIsolationSettings(limits: WorkerLimits(addressSpaceBytes: 1 << 53, cpuSeconds: 1 << 53)),
+        ])
+        try await f.add("Small", language: language)
+        try await f.add("Large")
+        await f.set.reconcile()
+        await f.set.start()
+        #expect(await f.knock("small", "tick"))
+        #expect(try await f.call("Small", 2, 3) == .int32(5))
+        let small = try #require(await f.worker("Small")?.pid), large = try #require(await f.worker("Large")?.pid)
+        func limit(_ pid: Int32, _ name: String) -> String? {
+            let text = (try? String(contentsOfFile: "/proc/\(pid)/limits", encoding: .utf8)) ?? ""
+            return text.split(separator: "\n").first { $0.hasPrefix(name) }?.split(separator: " ", omittingEmptySubsequences: true)
+                .dropFirst(name.split(separator: " ").count).first.map(String.init)
+        }
+        #expect(limit(small, "Max address space") == "268435456")
+        #expect(limit(small, "Max open files") == "16")
+        #expect(limit(large, "Max address space") == "9007199254740992")
+        #expect(limit(large, "Max cpu time") == "9007199254740992")
+        #expect(await f.worker("Small")?.crashes == 0)
+        await f.set.shutdown()
+    }
+
     /// A fork bomb is bounded by the `processes` limit, in C and in Swift: the worker runs as
     /// another user (RLIMIT_NPROC counts a user's processes and binds no root process), so a
     /// module that forks until it cannot stops short of the limit (EAGAIN); the other module
@@ -908,6 +937,10 @@ struct IsolationTests {
             (#"{"plugins": {"Ledger": {"limits": {"memory": 5}}}}"#, #"field "plugins.Ledger.limits.memory" is unknown"#),
             (#"{"plugins": {"Ledger": {"limits": {"openFiles": -1}}}}"#, #"field "plugins.Ledger.limits.openFiles" is -1, not a whole number"#),
             (#"{"plugins": {"Ledger": {"limits": {"cpuSeconds": 1.5}}}}"#, #"field "plugins.Ledger.limits.cpuSeconds" is 1.5"#),
+            // Below what a worker itself needs: it would stall, not fail.
+            (#"{"plugins": {"Ledger": {"limits": {"openFiles": 6}}}}"#, #"limits.openFiles" is 6, not a whole number from 16"#),
+            (#"{"plugins": {"Ledger": {"limits": {"addressSpaceBytes": 1000000}}}}"#, #"is 1000000, not a whole number from 134217728"#),
+            (#"{"plugins": {"Ledger": {"limits": {"addressSpaceBytes": 1e16}}}}"#, #"to 9007199254740992"#),
             (#"{"plugins": {"Ledger": {"sandbox": true}}}"#, #"field "plugins.Ledger.sandbox" is unknown"#),
             (#"{"plugins": {"../x": {}}}"#, #"field "plugins" names"#),
             (#"{"plugins": {"Ledger": {"user": ""}}}"#, #"field "plugins.Ledger.user" is not a user or group name"#),

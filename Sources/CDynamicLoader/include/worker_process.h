@@ -11,6 +11,10 @@
  * started it ends. 0 on success, -1 with errno. */
 int modhost_worker_set_parent_death_signal(int signal);
 
+/* mallopt(M_ARENA_MAX, 1): every thread allocates from the one main arena. glibc reserves
+ * 64 MiB of address space for each further arena, which RLIMIT_AS counts. 1 on success. */
+int modhost_worker_use_one_malloc_arena(void);
+
 /* prctl(PR_SET_NO_NEW_PRIVS, 1): no exec the worker does gains privileges. */
 int modhost_worker_set_no_new_privileges(void);
 
