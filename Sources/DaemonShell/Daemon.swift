@@ -504,6 +504,7 @@ public actor Daemon: DaemonControl {
     public func post(notification: String, payload: JSONValue) async throws(DaemonError) -> [String] {
         try checkSendable(event: notification, to: nil)
         try await untilReadyWithinRequestDeadline()
+        let started = ContinuousClock.now
         let (listeners, stuckBefore) = try await withinRequestDeadline("notification \(notification)") { [host, workers] in
             await host.perform { host -> ([String], [String: PluginWorker.Stuck]) in
                 let listeners = host.moduleManager.modules.filter { $0.notifications.contains(notification) }.map(\.moduleName)
@@ -514,13 +515,14 @@ public actor Daemon: DaemonControl {
             }
         }
         let delivery = PostDelivery(notification: notification, listeners: listeners, stuckBefore: stuckBefore,
-                                    stuckAfter: { [workers] in workers.stuck(module: $0) })
+                                    stuckAfter: { [workers] in workers.stuck(module: $0) },
+                                    unanswered: { [workers] in workers.leftUnanswered(module: $0, event: notification, since: started) })
         if let error = delivery.error(eventDeadline: configuration.eventDeadline) {
             logger.warning("notification \(notification): \(error.message)", [("notification", notification)])
             throw error
         }
-        logger.info("notification \(notification) posted to \(listeners.count) listening modules", [("notification", notification)])
-        return listeners
+        logger.info("notification \(notification) posted to \(delivery.reached.count) listening modules", [("notification", notification)])
+        return delivery.reached
     }
 
     public func call(plugin: String, function: String, arguments: CallArguments) async throws(DaemonError) -> CallValue {

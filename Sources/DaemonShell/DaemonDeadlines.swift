@@ -152,11 +152,24 @@ struct PostDelivery {
     var overran: [String] = []
     /// Those stuck in another callback (or an earlier one of the same name) when it was posted.
     var notDelivered: [(module: String, stuck: PluginWorker.Stuck)] = []
+    /// Isolated listeners whose worker did not answer it within the event deadline (it was
+    /// killed for it), and those whose worker ended while it had it.
+    var killed: [String] = []
+    var workerEnded: [String] = []
 
+    /// `unanswered`: why an isolated listener did not answer the notification, nil when it
+    /// did (or runs in process). One whose worker was not running (crashed, restarting,
+    /// quarantined) did not get it and is not reached, as a `send` to all.
     init(notification: String, listeners: [String], stuckBefore: [String: PluginWorker.Stuck],
-         stuckAfter: (String) -> PluginWorker.Stuck?) {
+         stuckAfter: (String) -> PluginWorker.Stuck?, unanswered: (String) -> PluginWorkers.Unanswered?) {
         self.notification = notification
         for module in listeners {
+            switch unanswered(module) {
+            case .overran?: killed.append(module); continue
+            case .workerEnded?: workerEnded.append(module); continue
+            case .workerDown?: continue
+            case nil: break
+            }
             let after = stuckAfter(module)
             if let before = stuckBefore[module] {
                 // Still in the callback it was in (its time only grew), or returned since:
@@ -174,14 +187,23 @@ struct PostDelivery {
         }
     }
 
-    /// `deadline_exceeded` when a listener overran, `module_stuck` when a listener stuck
-    /// before did not get it; nil when every listener got it and returned in time.
+    /// `deadline_exceeded` when a listener overran, `worker_ended` when an isolated
+    /// listener's worker ended with it, `module_stuck` when a listener stuck before did not
+    /// get it; nil when every listener that runs got it and returned in time.
     func error(eventDeadline: Duration) -> DaemonError? {
-        guard !overran.isEmpty || !notDelivered.isEmpty else { return nil }
+        guard !overran.isEmpty || !notDelivered.isEmpty || !killed.isEmpty || !workerEnded.isEmpty else { return nil }
         var parts: [String] = []
         if !overran.isEmpty {
             parts.append("\(Self.modules(overran)) did not finish notification \(notification) within the event deadline of \(eventDeadline.secondsText); "
                          + (overran.count == 1 ? "it is shown as stuck and gets no more events until it returns" : "they are shown as stuck and get no more events until they return"))
+        }
+        if !killed.isEmpty {
+            parts.append("\(Self.modules(killed)) did not finish notification \(notification) within the event deadline of \(eventDeadline.secondsText); "
+                         + (killed.count == 1 ? "its worker was" : "their workers were") + " killed for it and restarted")
+        }
+        if !workerEnded.isEmpty {
+            parts.append("notification \(notification) was not handled by \(Self.modules(workerEnded)): "
+                         + (workerEnded.count == 1 ? "its worker" : "their workers") + " ended while handling it; a crashed worker is restarted")
         }
         if !notDelivered.isEmpty {
             let each = notDelivered.map { "\($0.module) (stuck in \($0.stuck.what) for \($0.stuck.elapsed.secondsText))" }
@@ -189,7 +211,8 @@ struct PostDelivery {
                          + "stuck in a callback that has not returned")
         }
         parts.append(reached.isEmpty ? "no listener got it" : "it reached \(reached.joined(separator: ", "))")
-        return DaemonError(code: overran.isEmpty ? "module_stuck" : "deadline_exceeded", message: parts.joined(separator: "; "))
+        let code = !overran.isEmpty || !killed.isEmpty ? "deadline_exceeded" : !workerEnded.isEmpty ? "worker_ended" : "module_stuck"
+        return DaemonError(code: code, message: parts.joined(separator: "; "))
     }
 
     private static func modules(_ names: [String]) -> String {

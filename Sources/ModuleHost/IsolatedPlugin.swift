@@ -310,7 +310,10 @@ public final class IsolatedPlugin: Sendable {
 
     /// Delivers an awaited event and waits for it (up to the deadline).
     func deliverAwaited(_ module: String, event: String, payload: JSONValue) async {
-        guard let connection = currentConnection else { return }
+        guard let connection = currentConnection else {
+            notDelivered(module, event)
+            return
+        }
         let given = workers.beginIsolated(module: module, event: event)
         let outcome = await connection.requestAsync(["op": "awaited", "module": .string(module), "event": .string(event), "payload": payload],
                                                     what: event, deadline: deadline)
@@ -400,13 +403,21 @@ public final class IsolatedPlugin: Sendable {
     /// runs or it did not answer (it is then killed and restarted).
     private func request(_ message: JSONValue, what: String, module: String? = nil) -> JSONValue? {
         guard let connection = currentConnection else {
-            if let module { workers.recordUnanswered(module: module, event: what, why: .workerDown) }
+            if let module { notDelivered(module, what) }
             return nil
         }
         let outcome = connection.request(message, deadline: deadline)
         check(outcome, connection, what: what, module: module)
         if case .reply(let reply) = outcome { return reply }
         return nil
+    }
+
+    /// Records that `event` was not given to `module`: no worker runs it now (crashed,
+    /// restarting, quarantined). A `send` of it then fails with `worker_ended`, and the
+    /// module's `not_delivered` errors count it.
+    private func notDelivered(_ module: String, _ event: String) {
+        workers.recordUnanswered(module: module, event: event, why: .workerDown)
+        host.metrics.module(named: module).recordError(.notDelivered)
     }
 
     /// A worker that did not answer in time, or whose module's code overran its deadline

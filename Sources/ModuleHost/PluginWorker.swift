@@ -292,8 +292,10 @@ public final class PluginWorkers: Sendable {
         /// By module name, in registration order: the last one is the current instance.
         var modules: [String: [PluginWorker]] = [:]
         var calls: [String: PluginWorker] = [:]
-        /// The last event each isolated module did not answer, when, and why.
-        var unanswered: [String: (event: String, at: ContinuousClock.Instant, why: Unanswered)] = [:]
+        /// The events each isolated module did not answer, by name: when last, and why (at
+        /// most `unansweredNames` names per module, the latest). By name, so that a flood of
+        /// one name (a notification the module posts to itself) cannot hide another's.
+        var unanswered: [String: [String: (at: ContinuousClock.Instant, why: Unanswered)]] = [:]
         /// The events isolated modules are given now, waiting for their worker's answer, by
         /// module and request number: the event and when it was sent.
         var isolated: [String: [Int: (event: String, at: ContinuousClock.Instant)]] = [:]
@@ -348,15 +350,25 @@ public final class PluginWorkers: Sendable {
 
     /// Records that module `name`, isolated, did not answer `event`, and why.
     func recordUnanswered(module name: String, event: String, why: Unanswered = .overran) {
-        state.withLock { $0.unanswered[name] = (event, .now, why) }
+        state.withLock { state in
+            var events = state.unanswered[name, default: [:]]
+            events[event] = (.now, why)
+            if events.count > Self.unansweredNames, let oldest = events.min(by: { $0.value.at < $1.value.at })?.key {
+                events[oldest] = nil
+            }
+            state.unanswered[name] = events
+        }
     }
+
+    /// How many event names `recordUnanswered` keeps per module.
+    static let unansweredNames = 64
 
     /// Why module `name`, isolated, has not answered `event` given at or after `since`, nil
     /// when it has: its worker was killed for it, or it still waits for the answer (the
     /// host stopped waiting for it at its deadline), or its worker ended or was down.
     package func leftUnanswered(module name: String, event: String, since: ContinuousClock.Instant) -> Unanswered? {
         state.withLock { state in
-            if let last = state.unanswered[name], last.event == event, last.at >= since { return last.why }
+            if let last = state.unanswered[name]?[event], last.at >= since { return last.why }
             return state.isolated[name]?.values.contains { $0.event == event && $0.at >= since } == true ? .overran : nil
         }
     }

@@ -35,7 +35,8 @@ struct HostileWorkerTests {
                 if (fd >= 0) { if (write(fd, line, (size_t)length) < 0) {} close(fd); }
                 if (strcmp(event, "garbage") == 0) { if (write(4, "garbage!garbage!", 16) < 0) {} }
                 if (strcmp(event, "close") == 0) { close(3); close(4); close(5); }
-                if (strcmp(event, "segv") == 0) { volatile int *nowhere = 0; *nowhere = 1; }
+                if (strcmp(event, "segv") == 0 || strcmp(event, "crashnote") == 0) { volatile int *nowhere = 0; *nowhere = 1; }
+                if (strcmp(event, "hangnote") == 0) pause();
                 if (strcmp(event, "lie") == 0) {
                     unsigned long n = sizeof frame - 1;
                     unsigned char header[4] = {(unsigned char)(n >> 24), (unsigned char)(n >> 16), (unsigned char)(n >> 8), (unsigned char)n};
@@ -46,8 +47,9 @@ struct HostileWorkerTests {
             static void destroy(void *instance) { (void)instance; }
             MODHOST_EXPORT int32_t liar_add(int32_t a, int32_t b) { return a + b; }
             MODHOST_EXPORT int32_t liar_slow(int32_t ms) { usleep((useconds_t)ms * 1000); return ms; }
+            static const char *const notes[] = {"hangnote", "crashnote", NULL};
             static const modhost_module modules[] = {{ sizeof(modhost_module), MODHOST_MODULE_C, "liar", "1.0",
-                0, create, handle, destroy, 0 }};
+                notes, create, handle, destroy, 0 }};
             static const modhost_plugin plugin = MODHOST_PLUGIN_INIT("Liar", modules);
             MODHOST_PLUGIN_ENTRY { return &plugin; }
             """
@@ -136,8 +138,35 @@ struct HostileWorkerTests {
         let refused = try h.ctl("send", "hello", "--to", "liar")
         #expect(refused.status != 0 && refused.standardError.contains("worker_ended"), "\(refused.standardOutput)\(refused.standardError)")
         #expect(refused.standardError.contains("not running"), "\(refused.standardError)")
+        let awaited = try h.ctl("send", "--await", "hello", "--to", "liar")
+        #expect(awaited.status != 0 && awaited.standardError.contains("worker_ended"), "\(awaited.standardOutput)\(awaited.standardError)")
         // A send to every module still reaches the others, and succeeds.
         #expect(try h.ctl("send", "hello").status == 0, "\(h.daemon.text)")
+        h.daemon.send(SIGTERM)
+        #expect(await h.daemon.wait() == 0, "\(h.daemon.text)")
+    }
+
+    /// A post is reported as reaching only the listeners that handled it: an isolated
+    /// listener whose worker hangs in it (killed at the event deadline) or crashes in it
+    /// makes the post fail, naming it; one whose worker is down is not named as reached.
+    @Test("a post an isolated listener did not handle is not reported as reached", .timeLimit(.minutes(3)))
+    func aPostThatNoWorkerHandledFails() async throws {
+        let scratch = TemporaryDirectory("hostile-worker")
+        let liar = try Self.liar(in: scratch.directory("liar"))
+        let h = try DaemonLifecycleTests.Harness(["Counter"], files: [liar], arguments: ["--event-deadline", "1"],
+                                                 config: #"{"plugins": {"Liar": {"isolation": "process"}}}"#)
+        #expect(await h.waitFor("control socket ready"), "\(h.daemon.text)")
+        func running() async throws -> Bool {
+            try await StuckModuleTests.listUntil(h.socket) { $0["liar"]?["state"] as? String == "running" }.met
+        }
+        let hung = try h.ctl("post", "hangnote")
+        #expect(hung.status != 0 && hung.standardError.contains("deadline_exceeded"), "\(hung.standardOutput)\(hung.standardError)")
+        #expect(hung.standardError.contains("module liar did not finish notification hangnote") && hung.standardError.contains("killed"),
+                "\(hung.standardError)")
+        #expect(try await running(), "\(h.daemon.text)")
+        let crashed = try h.ctl("post", "crashnote")
+        #expect(crashed.status != 0 && crashed.standardError.contains("worker_ended"), "\(crashed.standardOutput)\(crashed.standardError)")
+        #expect(crashed.standardError.contains("not handled by module liar"), "\(crashed.standardError)")
         h.daemon.send(SIGTERM)
         #expect(await h.daemon.wait() == 0, "\(h.daemon.text)")
     }

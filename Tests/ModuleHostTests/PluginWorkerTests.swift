@@ -112,6 +112,23 @@ import Testing
         worker.run(what, deadline: deadline, job)
     }
 
+    /// An event an isolated module did not answer stays known however many events of
+    /// another name fail after it (a notification the module floods itself with), while a
+    /// send waits for its answer.
+    @Test func anUnansweredEventIsNotHiddenByAFloodOfAnother() {
+        let workers = PluginWorkers()
+        let since = ContinuousClock.now
+        workers.recordUnanswered(module: "evil", event: "crash", why: .workerEnded)
+        for _ in 0..<1000 { workers.recordUnanswered(module: "evil", event: "ping", why: .workerDown) }
+        #expect(workers.leftUnanswered(module: "evil", event: "crash", since: since) == .workerEnded)
+        #expect(workers.leftUnanswered(module: "evil", event: "ping", since: since) == .workerDown)
+        #expect(workers.leftUnanswered(module: "other", event: "crash", since: since) == nil)
+        // Only the latest names are kept, per module.
+        for index in 0...PluginWorkers.unansweredNames { workers.recordUnanswered(module: "evil", event: "e\(index)", why: .workerDown) }
+        #expect(workers.leftUnanswered(module: "evil", event: "crash", since: since) == nil)
+        #expect(workers.leftUnanswered(module: "evil", event: "e\(PluginWorkers.unansweredNames)", since: since) == .workerDown)
+    }
+
     /// Waits, without a fixed sleep, until `condition` holds.
     private func until(_ condition: () -> Bool) async {
         while !condition() { try? await Task.sleep(for: .milliseconds(1)) }
