@@ -531,6 +531,15 @@ public actor Daemon: DaemonControl {
             let names = await plugins.snapshot().plugins.map(\.name)
             throw DaemonError(code: "unknown_plugin", message: "no plugin named \(plugin) is loaded; loaded: \(names.joined(separator: ", "))")
         }
+        // A plugin whose modules all stopped is not called (its functions may need them),
+        // isolated or not.
+        let modules = host.registeredModulesSnapshot.filter { $0.plugin == plugin }
+        let states = modules.map { ($0.name, Self.state(of: $0, stuck: $0.running && workers.stuck(module: $0.name) != nil)) }
+        if !configuration.allowCallsWithoutRunningModule, !states.isEmpty, !states.contains(where: { $0.1 == .running || $0.1 == .stuck }) {
+            let list = states.map { "\($0.0): \($0.1.rawValue)" }.joined(separator: ", ")
+            throw DaemonError(code: "plugin_not_running",
+                              message: "plugin \(plugin) has no running module (\(list)). Fix: enable one (modhostctl enable \(states[0].0)), or set allowCallsWithoutRunningModule in the configuration to call it anyway")
+        }
         if let isolated = loaded.isolated {
             // Counted like an in-process call: under its name when the manifest declares it.
             let counters = plugins.metrics.calls(plugin: plugin).function(
@@ -569,14 +578,6 @@ public actor Daemon: DaemonControl {
         }
         guard let table = loaded.functions else {
             throw DaemonError(code: "unknown_function", message: "plugin \(plugin) exports no functions for calling by name")
-        }
-        // A plugin whose modules all stopped is not called (its functions may need them).
-        let modules = host.registeredModulesSnapshot.filter { $0.plugin == plugin }
-        let states = modules.map { ($0.name, Self.state(of: $0, stuck: $0.running && workers.stuck(module: $0.name) != nil)) }
-        if !configuration.allowCallsWithoutRunningModule, !states.isEmpty, !states.contains(where: { $0.1 == .running || $0.1 == .stuck }) {
-            let list = states.map { "\($0.0): \($0.1.rawValue)" }.joined(separator: ", ")
-            throw DaemonError(code: "plugin_not_running",
-                              message: "plugin \(plugin) has no running module (\(list)). Fix: enable one (modhostctl enable \(states[0].0)), or set allowCallsWithoutRunningModule in the configuration to call it anyway")
         }
         // Off this actor, on the plugin's call worker, within the request deadline.
         let outcome = try await callOffActor(plugin: plugin, function: function, counters: table.callMetrics(for: function)) {

@@ -72,7 +72,7 @@ extension Daemon {
                 why == .workerEnded ? "\(name)'s worker ended while it handled it" : "\(name)'s worker is not running (crashed, restarting or quarantined: see modhostctl list)"
             }
             throw DaemonError(code: "worker_ended",
-                              message: "event \(event) was not handled: module \(why.joined(separator: "; module ")); a crashed worker is restarted")
+                              message: "event \(event) was not handled: module \(why.joined(separator: "; module ")); a crashed worker is restarted, unless quarantined")
         }
     }
 

@@ -364,7 +364,10 @@ public final class IsolatedPlugin: Sendable {
     public func call(_ function: String, texts: [String]? = nil, json: [JSONValue]? = nil,
                      deadline: Duration? = nil) async throws(IsolatedCallError) -> CallValue {
         guard let connection = currentConnection else {
-            throw IsolatedCallError(code: "call_failed", message: "plugin \(name)'s worker is not running (\(status.phase.rawValue)); try again once it is restarted")
+            let phase = status.phase
+            throw IsolatedCallError(code: "call_failed", message: "plugin \(name)'s worker is not running (\(phase.rawValue)); "
+                                    + (phase == .quarantined ? "it stays down until its file changes or modhostctl enable names one of its modules"
+                                                             : "try again once it is restarted"))
         }
         if let busy = connection.overrunCall {
             throw IsolatedCallError(code: "plugin_busy",
@@ -385,14 +388,12 @@ public final class IsolatedPlugin: Sendable {
             throw IsolatedCallError(code: "deadline_exceeded",
                                     message: "call \(name).\(function) did not return within the deadline of \((deadline ?? self.deadline).secondsText)")
         case .gone:
+            // How this worker ended (not the one before it): the poller may see its sockets
+            // close before it reaps it.
+            let ending = await connection.ending(within: .seconds(2))
             throw IsolatedCallError(code: "call_failed",
-                                    message: "plugin \(name)'s worker ended during the call of \(function)\(lastCrashText); it is restarted")
+                                    message: "plugin \(name)'s worker ended during the call of \(function)\(ending.map { " (\($0))" } ?? ""); it is restarted")
         }
-    }
-
-    private var lastCrashText: String {
-        // The poller may see the socket's end before the worker's: then none is named.
-        status.lastCrash.map { " (\($0))" } ?? ""
     }
 
     private var currentConnection: WorkerConnection? {
@@ -1151,6 +1152,13 @@ final class WorkerConnection: Sendable {
     /// How the worker ended, once it has been reaped; nil while it runs.
     var ending: String? {
         guard case .reply(let message) = finished.peek() else { return nil }
+        return message.text("ending")
+    }
+
+    /// How the worker ended, waiting up to `deadline` for it to be reaped (its sockets may
+    /// close first); nil if it was not by then.
+    func ending(within deadline: Duration) async -> String? {
+        guard case .reply(let message) = await finished.wait(upTo: deadline) else { return nil }
         return message.text("ending")
     }
 

@@ -32,7 +32,7 @@ struct IsolationTests {
     /// forkmany (forks children that sleep until fork fails, then notes `forked COUNT
     /// ERRNO`); and halfframe, which writes the start of a frame on the worker's control
     /// socket and blocks. It exports `faulty_add(a, b)` (i32(i32,i32)), which segfaults when a is
-    /// 13, and posts notification `pong` when it gets notification `ping`. With `crashInCreate`,
+    /// 13 and exits with status 3 when a is 14, and posts notification `pong` when it gets notification `ping`. With `crashInCreate`,
     /// its create segfaults; configured with `"slowDestroy": true`, its destroy takes 1.5 s.
     static func faultyPlugin(_ name: String, in directory: String, events: String, crashInCreate: Bool = false) throws -> String {
         let module = name.lowercased()
@@ -114,6 +114,7 @@ struct IsolationTests {
             }
             __attribute__((visibility("default"))) int32_t faulty_add(int32_t a, int32_t b) {
                 if (a == 13) crash();
+                if (a == 14) _exit(3);
                 return a + b;
             }
             static const char *const notes[] = {"ping", NULL};
@@ -239,6 +240,7 @@ struct IsolationTests {
             @_cdecl("faulty_add")
             public func faultyAdd(_ a: Int32, _ b: Int32) -> Int32 {
                 if a == 13 { crash() }
+                if a == 14 { _exit(3) }
                 return a &+ b
             }
 
@@ -475,9 +477,24 @@ struct IsolationTests {
         } catch let error as IsolatedCallError {
             #expect(error.code == "call_failed")
             #expect(error.message.contains("Caller") && error.message.contains("faulty_add"), "\(error.message)")
+            // It names how this worker ended.
+            #expect(error.message.contains("signal 11"), "\(error.message)")
         }
         #expect(await f.runsAgain("Caller"))
         #expect(await f.worker("Caller")?.lastCrash?.contains("signal 11") == true)
+        #expect(try await f.call("Caller", 1, 2) == .int32(3))
+        // The next worker's end is its own, not the one before it.
+        do {
+            _ = try await f.call("Caller", 14, 1)
+            Issue.record("a call that ended its worker returned")
+        } catch let error as IsolatedCallError {
+            #expect(error.code == "call_failed")
+            #expect(error.message.contains("status 3") && !error.message.contains("signal 11"), "\(error.message)")
+        }
+        #expect(await f.until {
+            let worker = await f.worker("Caller")
+            return worker?.restarts == 2 && worker?.phase == .running
+        })
         #expect(try await f.call("Caller", 1, 2) == .int32(3))
         // The same argument errors as in process.
         let isolated = try #require(await f.set.plugin(named: "Caller")?.isolated)
@@ -603,6 +620,13 @@ struct IsolationTests {
         // The host still counts the module (it is crashed, not removed), and the rest runs.
         #expect(f.host.registeredModulesSnapshot.contains { $0.name == "doomed" })
         #expect(await f.knock("calm", "still"))
+        // A call says how it comes back: not by waiting.
+        do {
+            _ = try await f.call("Doomed", 1, 2)
+            Issue.record("a call to a quarantined plugin returned")
+        } catch let error as IsolatedCallError {
+            #expect(error.message.contains("(quarantined)") && error.message.contains("modhostctl enable"), "\(error.message)")
+        }
         try await f.set.setEnabled(true, module: "doomed")
         #expect(await f.until { (await f.worker("Doomed")?.crashes ?? 0) > 5 })
         await f.set.shutdown()

@@ -78,8 +78,11 @@ import TestSupport
         #expect(reload["refused"] as? [String] == [plugins + "/libBroken.so", plugins + "/libNoEntry.so"], "\(reload)")
     }
 
-    @Test func callingAPluginWithNoRunningModuleIsRefusedUnlessConfigured() async throws {
-        let (daemon, _, socket) = try await startDaemon()
+    /// In process and isolated alike.
+    @Test(arguments: [false, true])
+    func callingAPluginWithNoRunningModuleIsRefusedUnlessConfigured(isolated: Bool) async throws {
+        let isolation = isolated ? #""plugins": {"Calculator": {"isolation": "process"}}"# : ""
+        let (daemon, _, socket) = try await startDaemon(isolated ? "i" : "a", configuration: "{\(isolation)}")
         #expect(try control(socket, ["call", "Calculator", "calc_add", "2", "3"]).standardOutput == "5\n")
         #expect(try control(socket, ["disable", "calculator"]).status == 0)
         let refused = try control(socket, ["call", "Calculator", "calc_add", "2", "3"])
@@ -89,7 +92,8 @@ import TestSupport
         daemon.send(SIGTERM)
         _ = await daemon.wait()
 
-        let (allowing, _, allowingSocket) = try await startDaemon("b", configuration: #"{"allowCallsWithoutRunningModule": true}"#)
+        let (allowing, _, allowingSocket) = try await startDaemon(isolated ? "j" : "b",
+                                                                  configuration: #"{"allowCallsWithoutRunningModule": true"# + (isolated ? ", " + isolation : "") + "}")
         defer { allowing.send(SIGTERM) }
         #expect(try control(allowingSocket, ["disable", "calculator"]).status == 0)
         #expect(try control(allowingSocket, ["call", "Calculator", "calc_add", "2", "3"]).standardOutput == "5\n")
