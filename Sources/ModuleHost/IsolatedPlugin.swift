@@ -217,6 +217,12 @@ public final class IsolatedPlugin: Sendable {
         return connection.modules
     }
 
+    /// The event deadline the worker keeps itself: shorter than the daemon's by a tenth (at
+    /// most 250 ms), so that an awaited handler the worker's host gives up on at its deadline
+    /// (cancelled, as in process) is answered before the daemon's deadline passes, and the
+    /// worker is not killed for it. A C callback that does not return by then still is.
+    var workerDeadline: Duration { deadline - min(deadline / 10, .milliseconds(250)) }
+
     /// Spawns a worker, sends it the load frame and waits (up to the trial deadline) for it
     /// to be ready.
     private func launch() async throws(LoadFailure) -> WorkerConnection {
@@ -226,7 +232,7 @@ public final class IsolatedPlugin: Sendable {
         var load: [String: JSONValue] = [
             "op": "load", "plugin": .string(name), "file": .string(file.path), "image": .string(file.resolvedPath),
             "preload": .array(preloads.map { .string($0) }), "logLevel": .string(policy.logLevel.description),
-            "eventDeadlineSeconds": .number(Double(deadline.components.seconds) + Double(deadline.components.attoseconds) / 1e18),
+            "eventDeadlineSeconds": .number(Double(workerDeadline.components.seconds) + Double(workerDeadline.components.attoseconds) / 1e18),
             "limits": settings.limits.json,
         ]
         if let manifest = try? JSONValue(encoding: file.manifest) { load["manifest"] = manifest }
@@ -308,7 +314,11 @@ public final class IsolatedPlugin: Sendable {
         if kind == "deinit" { state.withLock { $0.modules.removeAll { $0.name == module } } }
     }
 
-    /// Delivers an awaited event and waits for it (up to the deadline).
+    /// Delivers an awaited event and waits for it: the host instance goes on at the event
+    /// deadline, as for any module; the worker, whose own host gives up on the handler a
+    /// little earlier (`workerDeadline`), is killed only if it has not answered a grace
+    /// period later (the deadline again, at most 1 s), so a slow machine does not cost a
+    /// module that was merely late its worker.
     func deliverAwaited(_ module: String, event: String, payload: JSONValue) async {
         guard let connection = currentConnection else {
             notDelivered(module, event)
@@ -316,8 +326,12 @@ public final class IsolatedPlugin: Sendable {
         }
         let given = workers.beginIsolated(module: module, event: event)
         let outcome = await connection.requestAsync(["op": "awaited", "module": .string(module), "event": .string(event), "payload": payload],
-                                                    what: event, deadline: deadline)
-        // The host instance counts an awaited event it stopped waiting for as an overrun.
+                                                    what: event, deadline: deadline + min(deadline, .seconds(1)))
+        // The host instance counts an awaited event it stopped waiting for as an overrun; the
+        // worker's host, which gives up a little earlier (`workerDeadline`), says when it did.
+        if case .reply(let reply) = outcome, reply["overran"]?.boolValue == true {
+            host.metrics.module(named: module).recordDeadlineOverrun()
+        }
         check(outcome, connection, what: event, module: module, countsOverrun: false)
         workers.endIsolated(module: module, given)
     }

@@ -411,8 +411,16 @@ final class WorkerService: Sendable {
                 case let name: event = .custom(name: name, payload: message["payload"] ?? .null)
                 }
                 Task {
+                    // Whether this host gave up on it at its deadline: the daemon counts the overrun.
+                    let metrics = self.host.metrics.module(named: module)
+                    let overruns = metrics.snapshot().deadlineOverruns
                     await self.host.send(event, to: module)
-                    self.reply(id, self.stuckReply(module), on: channel)
+                    var answer = self.stuckReply(module)
+                    if metrics.snapshot().deadlineOverruns != overruns, case .object(var fields) = answer {
+                        fields["overran"] = true
+                        answer = .object(fields)
+                    }
+                    self.reply(id, answer, on: channel)
                 }
             case "configure":
                 settings[module] = ModuleSettings(configuration: message["configuration"] ?? [:])

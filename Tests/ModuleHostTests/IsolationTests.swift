@@ -230,6 +230,15 @@ struct IsolationTests {
                 }
 
                 public func handle(_ event: AsyncModuleEvent, host: isolated HostInstance) async {
+                    if event.name == "slow" {
+                        do {
+                            try await Task.sleep(for: .seconds(30))
+                            note(events, "\(module) slow finished\\n")
+                        } catch {
+                            note(events, "\(module) slow cancelled\\n")
+                        }
+                        return
+                    }
                     note(events, "\(module) \\(event.name) -\\n")
                 }
 
@@ -1002,6 +1011,32 @@ struct IsolationTests {
 
     /// One suite, two modes: the same file gives the same events, notifications, calls and
     /// errors in process and in a worker.
+    /// An awaited handler still running at the event deadline is cancelled and its module
+    /// runs on with its state, isolated as in process (the worker's own deadline ends it
+    /// first, so its answer reaches the daemon in time); the overrun is counted.
+    @Test(arguments: [Isolation.inProcess, Isolation.process])
+    func anAwaitedHandlerPastItsDeadlineIsCancelledAndItsModuleRunsOn(isolation: Isolation) async throws {
+        let f = try Fixture(isolation: isolation, deadline: .seconds(1))
+        let name = isolation == .process ? "PatientIsolated" : "PatientInProcess"
+        try await f.add(name, language: .swift)
+        let module = name.lowercased()
+        await f.set.reconcile()
+        await f.set.start()
+        await f.host.send(ModuleEvent.custom(name: "tick", payload: .null), to: module)
+        let pid = await f.worker(name)?.pid
+        await f.host.send(AsyncModuleEvent.custom(name: "slow", payload: .null), to: module)
+        #expect(await f.until { f.lines().contains("\(module) slow cancelled") }, "\(f.lines())")
+        await f.host.send(ModuleEvent.custom(name: "report", payload: .null), to: module)
+        #expect(await f.until { f.lines().contains { $0.hasPrefix("\(module) count 1 ") } }, "\(f.lines())")
+        let worker = await f.worker(name)
+        #expect(worker?.pid == pid && (worker?.restarts ?? 0) == 0, "\(String(describing: worker))")
+        // Counted once (by the worker's answer, isolated); a daemon too slow to read that
+        // answer before its own deadline counts it as well.
+        let overruns = f.host.metrics.snapshot().modules.first { $0.module == module }?.deadlineOverruns ?? 0
+        #expect((1...2).contains(overruns), "\(overruns)")
+        await f.set.shutdown()
+    }
+
     @Test(arguments: [Isolation.inProcess, Isolation.process])
     func theSamePluginBehavesTheSameInProcessAndIsolated(isolation: Isolation) async throws {
         let f = try Fixture(isolation: isolation)
