@@ -202,10 +202,15 @@ public actor Daemon: DaemonControl {
         readyWaiters = []
         // A SIGTERM/SIGINT came first: the shutdown (`run()`) takes over from here.
         if plugins.isStopping { return }
-        let running = await host.moduleNames
         let snapshot = await plugins.snapshot()
+        let down = downModules(snapshot)
+        let running = await host.moduleNames.filter { down[$0] == nil }
         logger.info("started \(running.count) modules: \(running.joined(separator: ", "))",
                     [("plugins", "\(snapshot.plugins.count)"), ("refused", "\(snapshot.filesRefused)")])
+        for (module, worker) in down.sorted(by: { $0.key < $1.key }) {
+            logger.warning("module \(module) is not running: its worker is \(worker.phase.rawValue)\(worker.lastCrash.map { " (last: \($0))" } ?? "")",
+                           [("module", module)])
+        }
         logger.info("control socket ready", [("socket", socketPath)])
         notify { try $0.ready(status: "\(running.count) modules running") }
     }
@@ -366,6 +371,22 @@ public actor Daemon: DaemonControl {
         return rows
     }
 
+    /// The modules running, as `list` counts them: not those of an isolated plugin whose
+    /// worker is down (crashed, restarting, quarantined).
+    private func modulesRunning(_ snapshot: PluginSetSnapshot) -> Int {
+        let down = downModules(snapshot)
+        return host.registeredModulesSnapshot.count { $0.running && down[$0.name] == nil }
+    }
+
+    /// The modules of isolated plugins whose worker is down, with that worker's status.
+    private func downModules(_ snapshot: PluginSetSnapshot) -> [String: WorkerStatus] {
+        let down = Dictionary(snapshot.plugins.compactMap { plugin in plugin.worker.flatMap { $0.phase != .running ? (plugin.name, $0) : nil } },
+                              uniquingKeysWith: { first, _ in first })
+        guard !down.isEmpty else { return [:] }
+        return Dictionary(host.registeredModulesSnapshot.compactMap { module in down[module.plugin].map { (module.name, $0) } },
+                          uniquingKeysWith: { first, _ in first })
+    }
+
     /// A module's state in the one vocabulary (`ModuleRow.State`).
     static func state(of status: ModuleStatus, stuck: Bool) -> ModuleRow.State {
         stuck ? .stuck : status.running ? .running : status.enabled ? .stopped : .disabled
@@ -376,7 +397,7 @@ public actor Daemon: DaemonControl {
         return DaemonStatus(
             pid: getpid(), uptimeSeconds: Double((ContinuousClock.now - startTime).components.seconds), ready: ready,
             socketPath: socketPath, stateDirectory: stateDirectory, configPath: options.configPath,
-            pluginDirectories: directories, pluginsLoaded: snapshot.plugins.count, modulesRunning: host.runningModuleNames.count,
+            pluginDirectories: directories, pluginsLoaded: snapshot.plugins.count, modulesRunning: modulesRunning(snapshot),
             filesRefused: snapshot.filesRefused, retiredGenerations: snapshot.retiredGenerations, retiredBytes: snapshot.retiredBytes,
             crashGuarded: crashGuard.count, reloads: reloads)
     }
@@ -388,7 +409,7 @@ public actor Daemon: DaemonControl {
         let changes = plugins.metrics.changeTotals
         let privateImages = plugins.privateImages()
         let daemon = MetricsReport.Daemon(
-            pluginsLoaded: snapshot.plugins.count, modulesRunning: host.runningModuleNames.count,
+            pluginsLoaded: snapshot.plugins.count, modulesRunning: modulesRunning(snapshot),
             filesRefused: snapshot.filesRefused, pluginsAdded: changes.added, pluginsReplaced: changes.replaced,
             pluginsRemoved: changes.removed, refusals: changes.refused, reloads: reloads,
             imagesMapped: snapshot.plugins.count(where: { $0.worker == nil }) + snapshot.retiredGenerations,

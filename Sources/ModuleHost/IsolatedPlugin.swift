@@ -351,8 +351,14 @@ public final class IsolatedPlugin: Sendable {
     /// last info it had).
     func info(_ module: String) -> ModuleInfo? {
         let phase = state.withLock { $0.phase }
-        guard let reply = request(["op": "info", "module": .string(module)], what: "info of \(module)") else {
-            logger.warning("the info of module \(module) is the last its worker gave: its worker \(phase == .running ? "did not answer within \(deadline.secondsText)" : "is \(phase.rawValue)")",
+        let outcome = requestOutcome(["op": "info", "module": .string(module)], what: "info of \(module)")
+        guard case .reply(let reply)? = outcome else {
+            let why = switch outcome {
+            case .timedOut?: "did not answer within \(deadline.secondsText)"
+            case .gone?: "ended"
+            default: "is \(phase.rawValue)"
+            }
+            logger.warning("the info of module \(module) is the last known (from its worker, or its name and version): its worker \(why)",
                            [("module", module)])
             return nil
         }
@@ -417,14 +423,19 @@ public final class IsolatedPlugin: Sendable {
     /// Sends `message` and waits for its reply up to the event deadline; nil when no worker
     /// runs or it did not answer (it is then killed and restarted).
     private func request(_ message: JSONValue, what: String, module: String? = nil) -> JSONValue? {
+        if case .reply(let reply)? = requestOutcome(message, what: what, module: module) { return reply }
+        return nil
+    }
+
+    /// `request`, saying what became of it; nil when no worker ran to send it to.
+    private func requestOutcome(_ message: JSONValue, what: String, module: String? = nil) -> WorkerConnection.Outcome? {
         guard let connection = currentConnection else {
             if let module { notDelivered(module, what) }
             return nil
         }
         let outcome = connection.request(message, deadline: deadline)
         check(outcome, connection, what: what, module: module)
-        if case .reply(let reply) = outcome { return reply }
-        return nil
+        return outcome
     }
 
     /// Records that `event` was not given to `module`: no worker runs it now (crashed,

@@ -326,9 +326,16 @@ extension PluginSet {
         crashGuard.begin(file: file.path, plugin: file.name, hash: hash, phase: "init")
         await host.add(loaded.modules.map(\.factory))
         crashGuard.end()
-        logger.info("loaded plugin \(file.name) \(file.manifest.version)\(generation > 1 ? " (generation \(generation))" : "")\(loaded.isolated.map { " in worker process \($0.status.pid.map(String.init) ?? "-")" } ?? "")",
+        logger.info("loaded plugin \(file.name) \(file.manifest.version)\(generation > 1 ? " (generation \(generation))" : "")\(loaded.isolated.map { Self.workerText($0.status) } ?? "")",
                     [("plugin", file.name), ("file", file.path), ("modules", loaded.modules.map(\.factory.name).joined(separator: ","))])
         return true
+    }
+
+    /// Where an isolated plugin runs, for the log: ` in worker process PID`, or what became
+    /// of its worker (its modules' create may have crashed it already).
+    private static func workerText(_ status: WorkerStatus) -> String {
+        if let pid = status.pid { return " in worker process \(pid)" }
+        return " in a worker process, now \(status.phase.rawValue)\(status.lastCrash.map { " (\($0))" } ?? "")"
     }
 
     // MARK: - Remove

@@ -138,10 +138,35 @@ struct HostileWorkerTests {
         let refused = try h.ctl("send", "hello", "--to", "liar")
         #expect(refused.status != 0 && refused.standardError.contains("worker_ended"), "\(refused.standardOutput)\(refused.standardError)")
         #expect(refused.standardError.contains("not running"), "\(refused.standardError)")
+        // Counted as list shows it: not running.
+        let status = try h.ctl("status").standardOutput
+        #expect(status.contains("modules running:     1\n"), "\(status)")
+        let metrics = try h.ctl("metrics").standardOutput
+        #expect(metrics.contains("\nmodhost_modules_running 1\n"), "\(metrics)")
         let awaited = try h.ctl("send", "--await", "hello", "--to", "liar")
         #expect(awaited.status != 0 && awaited.standardError.contains("worker_ended"), "\(awaited.standardOutput)\(awaited.standardError)")
         // A send to every module still reaches the others, and succeeds.
         #expect(try h.ctl("send", "hello").status == 0, "\(h.daemon.text)")
+        h.daemon.send(SIGTERM)
+        #expect(await h.daemon.wait() == 0, "\(h.daemon.text)")
+    }
+
+    /// A plugin whose module crashes its worker in create: the startup log does not say
+    /// it was loaded in a worker "-", nor blame a timeout for what was a crash, and does not
+    /// count its module as started.
+    @Test("the startup log tells a worker that crashed in create from one that runs", .timeLimit(.minutes(3)))
+    func theStartupLogTellsACrashedWorkerFromARunningOne() async throws {
+        let scratch = TemporaryDirectory("hostile-worker")
+        let doomed = try IsolationTests.faultyPlugin("Doomed", in: scratch.directory("doomed"), events: "/dev/null", crashInCreate: true)
+        let h = try DaemonLifecycleTests.Harness(["Counter"], files: [doomed],
+                                                 config: #"{"plugins": {"Doomed": {"isolation": "process"}}}"#)
+        #expect(await h.waitFor("control socket ready"), "\(h.daemon.text)")
+        let log = h.daemon.text
+        #expect(!log.contains("in worker process -"), "\(log)")
+        #expect(!log.contains("did not answer within"), "\(log)")
+        let started = try #require(log.split(separator: "\n").first { $0.contains("started ") && $0.contains(" modules: ") })
+        #expect(started.contains("started 1 modules: counter"), "\(log)")
+        #expect(log.contains("module doomed is not running: its worker is"), "\(log)")
         h.daemon.send(SIGTERM)
         #expect(await h.daemon.wait() == 0, "\(h.daemon.text)")
     }
