@@ -569,7 +569,9 @@ public actor Daemon: DaemonControl {
             let deadline = configuration.requestDeadline
             let outcome: Result<CallValue, IsolatedCallError>
             do throws(DaemonError) {
-                outcome = try await withinRequestDeadline("call \(plugin).\(function)") { () async -> Result<CallValue, IsolatedCallError> in
+                outcome = try await withinRequestDeadline("call \(plugin).\(function)",
+                                                          meanwhile: "in its worker; the plugin gets no new call until it returns") {
+                    () async -> Result<CallValue, IsolatedCallError> in
                     let clock = ContinuousClock()
                     let started = clock.now
                     do throws(IsolatedCallError) {

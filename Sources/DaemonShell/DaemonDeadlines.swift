@@ -17,14 +17,16 @@ import PluginCall
 /// - Lifecycle event names are refused by `send` (`reserved_event`).
 /// - A shutdown takes at most the shutdown budget; what still runs then is logged by name.
 extension Daemon {
-    /// Runs `operation` (which may wait on plugin code) for at most the request deadline.
-    func withinRequestDeadline<T: Sendable>(_ what: String, _ operation: @escaping @Sendable () async -> T)
+    /// Runs `operation` (which may wait on plugin code) for at most the request deadline;
+    /// `meanwhile` says what an operator sees of it once the deadline has passed.
+    func withinRequestDeadline<T: Sendable>(_ what: String, meanwhile: String = "see modhostctl list for stuck modules",
+                                            _ operation: @escaping @Sendable () async -> T)
         async throws(DaemonError) -> T
     {
         let deadline = configuration.requestDeadline
         guard let result = await withDeadline(deadline, operation) else {
             throw DaemonError(code: "deadline_exceeded",
-                              message: "\(what) did not finish within the request deadline of \(deadline.secondsText); it goes on in the background (see modhostctl list for stuck modules)")
+                              message: "\(what) did not finish within the request deadline of \(deadline.secondsText); it goes on in the background (\(meanwhile))")
         }
         return result
     }

@@ -406,7 +406,7 @@ public final class IsolatedPlugin: Sendable {
             return value
         case .timedOut:
             throw IsolatedCallError(code: "deadline_exceeded",
-                                    message: "call \(name).\(function) did not return within the deadline of \((deadline ?? self.deadline).secondsText)")
+                                    message: "call \(name).\(function) did not return within the deadline of \((deadline ?? self.deadline).secondsText); it goes on in its worker, and the plugin gets no new call until it returns")
         case .gone:
             // How this worker ended (not the one before it): the poller may see its sockets
             // close before it reaps it.
