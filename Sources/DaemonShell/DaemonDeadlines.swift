@@ -131,7 +131,11 @@ extension Daemon {
         let busy = workers.busyModules.map { "module \($0.module) (in \($0.busy.what) for \($0.busy.elapsed.secondsText))" }
             + workers.busyCalls.map { "plugin \($0.plugin) (in \($0.busy.what) for \($0.busy.elapsed.secondsText))" }
         let unfinished = stopped == nil ? host.runningModuleNames.map { "module \($0) (not yet deinitialized)" } : []
-        let remaining = busy + unfinished.filter { line in !busy.contains { $0.hasPrefix(line.prefix { $0 != "(" }) } }
+        // A startup or reload still in a plugin's code (its modules' create or init, say,
+        // within the event deadline) holds up the shutdown without a module being busy yet.
+        let loading = stopped == nil ? plugins.workInProgress.map { [$0] } ?? [] : []
+        var remaining = busy + unfinished.filter { line in !busy.contains { $0.hasPrefix(line.prefix { $0 != "(" }) } } + loading
+        if stopped == nil && remaining.isEmpty { remaining = ["the plugin set (still loading or stopping)"] }
         guard remaining.isEmpty else {
             logger.error("the shutdown budget of \(budget.secondsText) ran out; exiting with modules still running: \(remaining.joined(separator: ", "))",
                          [("budget", budget.secondsText)])

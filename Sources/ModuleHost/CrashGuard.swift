@@ -106,6 +106,8 @@ public final class CrashGuard: Sendable {
         var holdsRecord = false
         var length = 0
         var current: Crash?
+        /// The host is exiting by its own decision (`exiting()`): no record is written.
+        var exiting = false
     }
     private let inflight = Mutex(InFlight())
 
@@ -184,6 +186,7 @@ public final class CrashGuard: Sendable {
         let text = JSONValue.object(fields).jsonText
         var bytes = Array(text.utf8)
         inflight.withLock { state in
+            guard !state.exiting else { return }
             if state.fd < 0 { state.fd = open(inflightPath, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600) }
             guard state.fd >= 0 else { return }
             // Over a longer previous record, the rest is blanked in the same write.
@@ -205,13 +208,25 @@ public final class CrashGuard: Sendable {
 
     /// Clears the record `begin` wrote (spaces over it).
     public func end() {
+        inflight.withLock { Self.clear(&$0) }
+    }
+
+    private static func clear(_ state: inout InFlight) {
+        if state.holdsRecord {
+            let blank = [UInt8](repeating: UInt8(ascii: " "), count: state.length)
+            _ = blank.withUnsafeBytes { pwrite(state.fd, $0.baseAddress, $0.count, 0) }
+        }
+        state.holdsRecord = false
+        state.current = nil
+    }
+
+    /// The host is ending itself (a shutdown, also one whose budget ran out with plugin code
+    /// still running): clears the in-flight record and writes none from now on, so the next
+    /// start does not take the exit for a crash of the plugin that was being worked on.
+    func exiting() {
         inflight.withLock { state in
-            if state.holdsRecord {
-                let blank = [UInt8](repeating: UInt8(ascii: " "), count: state.length)
-                _ = blank.withUnsafeBytes { pwrite(state.fd, $0.baseAddress, $0.count, 0) }
-            }
-            state.holdsRecord = false
-            state.current = nil
+            state.exiting = true
+            Self.clear(&state)
         }
     }
 

@@ -62,9 +62,12 @@ public enum ExitGuard {
         if first { on_exit({ status, _ in ExitGuard.unexpectedExit(status) }, nil) }
     }
 
-    /// Ends the process with `status`, as the host's own decision.
+    /// Ends the process with `status`, as the host's own decision: not a crash, so the
+    /// crash guard's in-flight record is cleared first (a plugin still in its init or
+    /// start, say when the shutdown budget ran out, is not quarantined at the next start).
     public static func exit(_ status: Int32) -> Never {
         daemonExiting.store(true, ordering: .sequentiallyConsistent)
+        installed.withLock { $0?.crashGuard }?.exiting()
         Glibc.exit(status)
     }
 

@@ -101,6 +101,30 @@ public actor PluginSet {
     /// Set by `stopChanges()` or `shutdown()`: no further plugin is loaded, replaced or
     /// started. Atomic, so that a signal handler's task sets it without waiting for this
     /// actor (which a plugin's entry point may hold).
+    /// The plugin whose modules are being created and initialized, or started, now (by a
+    /// startup, reload or replace), in which phase and since when.
+    private nonisolated let work = Mutex<(plugin: String, phase: String, since: ContinuousClock.Instant)?>(nil)
+
+    /// "plugin X (in init for N s)" while plugin X's modules are being created and
+    /// initialized ("start": started), nil otherwise: what a startup or reload is waiting
+    /// for when no module is stuck yet (a `create` still within the event deadline). Any thread.
+    package nonisolated var workInProgress: String? {
+        work.withLock { work in work.map { "plugin \($0.plugin) (in \($0.phase) for \((ContinuousClock.now - $0.since).secondsText))" } }
+    }
+
+    /// Marks the `phase` ("init" or "start") of plugin `plugin`'s modules as the work in
+    /// progress until `endWork()`, with the crash guard's in-flight record when its code runs
+    /// in this process (`inThisProcess`; an isolated plugin's runs in its worker).
+    nonisolated func beginWork(plugin: String, file: String, hash: String, phase: String, inThisProcess: Bool) {
+        work.withLock { $0 = (plugin, phase, .now) }
+        if inThisProcess { crashGuard.begin(file: file, plugin: plugin, hash: hash, phase: phase) }
+    }
+
+    nonisolated func endWork() {
+        crashGuard.end()
+        work.withLock { $0 = nil }
+    }
+
     nonisolated let stopFlag = Atomic<Bool>(false)
     nonisolated var stopRequested: Bool { stopFlag.load(ordering: .sequentiallyConsistent) }
 
@@ -306,13 +330,12 @@ public actor PluginSet {
 
     func startModules() async {
         if stopRequested { return }
-        let origins = records.mapValues { (file: $0.source, hash: $0.hash) }
-        let crashGuard = self.crashGuard
-        await host.start { plugin, deliver in
+        let origins = records.mapValues { (file: $0.source, hash: $0.hash, inThisProcess: $0.loaded.isolated == nil) }
+        await host.start { [self] plugin, deliver in
             guard let origin = origins[plugin] else { return deliver() }
-            crashGuard.begin(file: origin.file, plugin: plugin, hash: origin.hash, phase: "start")
+            beginWork(plugin: plugin, file: origin.file, hash: origin.hash, phase: "start", inThisProcess: origin.inThisProcess)
             deliver()
-            crashGuard.end()
+            endWork()
         }
     }
 

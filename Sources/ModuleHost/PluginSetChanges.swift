@@ -323,9 +323,9 @@ extension PluginSet {
         waiting.remove(file.path)
         records[file.name] = Record(source: file.path, identity: identity, hash: hash, loaded: loaded, generation: generation,
                                     soname: image.soname, originalSoname: image.originalSoname, size: image.size)
-        crashGuard.begin(file: file.path, plugin: file.name, hash: hash, phase: "init")
+        beginWork(plugin: file.name, file: file.path, hash: hash, phase: "init", inThisProcess: !isolated)
         await host.add(loaded.modules.map(\.factory))
-        crashGuard.end()
+        endWork()
         logger.info("loaded plugin \(file.name) \(file.manifest.version)\(generation > 1 ? " (generation \(generation))" : "")\(loaded.isolated.map { Self.workerText($0.status) } ?? "")",
                     [("plugin", file.name), ("file", file.path), ("modules", loaded.modules.map(\.factory.name).joined(separator: ","))])
         return true
@@ -521,9 +521,10 @@ extension PluginSet {
         let newFactories = chain.flatMap { loaded[$0]!.modules.map(\.factory) }
         for name in chain { registry.unregister(plugin: name) }
         for name in chain { try? registry.register(loaded[name]!) }
-        crashGuard.begin(file: file.path, plugin: file.name, hash: hash, phase: "init")
+        beginWork(plugin: file.name, file: file.path, hash: hash, phase: "init",
+                  inThisProcess: chain.contains { loaded[$0]?.isolated == nil })
         await host.replace(with: newFactories, replacing: oldModules)
-        crashGuard.end()
+        endWork()
         for name in chain {
             let previous = records[name]!
             previous.loaded.isolated?.stop()

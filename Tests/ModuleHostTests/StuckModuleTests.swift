@@ -11,7 +11,8 @@ import TestSupport
     typealias Harness = DaemonLifecycleTests.Harness
 
     /// A C plugin with one module per name; each logs `event NAME` for every event it gets
-    /// and blocks forever (sleeping) on the events listed in `hangOn`. `exports` adds
+    /// and blocks forever (sleeping) on the events listed in `hangOn`, and in `create` when
+    /// its configuration has a `hangcreate` member. `exports` adds
     /// C functions (source) declared in the manifest as `(name, signature)`.
     @discardableResult
     static func plugin(_ name: String, modules: [String], hangOn: [String], in directory: String,
@@ -32,7 +33,7 @@ import TestSupport
             #include <unistd.h>
             typedef struct { const modhost_host_api *host; char *name; } state;
             static void *create(const modhost_host_api *host, const char *config) {
-                (void)config;
+                if (config && strstr(config, "hangcreate")) { for (;;) sleep(1); }
                 state *self = calloc(1, sizeof *self); self->host = host; self->name = strdup("alive");
                 return self;
             }
@@ -366,5 +367,53 @@ import TestSupport
         #expect(clock.now - started < .seconds(8), "\(h.daemon.text)")
         #expect(exit == 1, "exit status \(exit)")
         #expect(h.daemon.text.contains("received again during shutdown"), "\(h.daemon.text)")
+    }
+
+    /// A module whose create hangs (for longer than the budget, within the event deadline)
+    /// when the SIGTERM comes during startup: the budget message names it, the daemon exits
+    /// 1, and the next start does not take the hang for a crash (nothing is quarantined).
+    @Test(arguments: ["in-process", "process"])
+    func aShutdownDuringAHangingCreateNamesItAndIsNotACrash(isolation: String) async throws {
+        let scratch = TemporaryDirectory("hanging-create")
+        let plugin = try Self.plugin("Evil", modules: ["evil"], hangOn: [], in: scratch.path)
+        let plugins = scratch.directory("plugins")
+        try scratch.copy(plugin, as: "plugins/libEvil.so")
+        func start(_ configuration: String) throws -> RunningProcess {
+            try scratch.write("modhostd.json", text: configuration)
+            return try RunningProcess(BuildProducts.modhostd, ["--plugins", plugins, "--state-dir", scratch.file("state"),
+                                                               "--socket", scratch.file("sock"), "--config", scratch.file("modhostd.json")])
+        }
+        let first = try start("""
+            {"eventDeadlineSeconds":5,"shutdownBudgetSeconds":3,"isolation":"\(isolation)","modules":{"evil":{"configuration":{"hangcreate":1}}}}
+            """)
+        #expect(await first.waitFor("loading plugins", timeout: .seconds(60)), "\(first.text)")
+        try await Task.sleep(for: .milliseconds(700))
+        first.send(SIGTERM)
+        let exit = await first.wait(timeout: .seconds(60))
+        #expect(exit == 1, "exit status \(exit): \(first.text)")
+        let line = first.text.split(separator: "\n").first { $0.contains("shutdown budget of 3 s ran out") } ?? ""
+        #expect(line.contains("Evil (in init for "), "\(first.text)")
+        #expect(!first.text.contains("modhostd: stopped"), "\(first.text)")
+        // The next start runs the plugin: a shutdown is not a crash.
+        let second = try start("{\"isolation\":\"\(isolation)\"}")
+        #expect(await second.waitFor("started 1 modules: evil", timeout: .seconds(60)), "\(second.text)")
+        #expect(!second.text.contains("crashed"), "\(second.text)")
+        second.send(SIGTERM)
+        #expect(await second.wait(timeout: .seconds(60)) == 0)
+        // An isolated plugin's create and init run in its worker: even a daemon killed during
+        // them (SIGKILL) does not blame it (an in-process one is blamed, as documented).
+        guard isolation == "process" else { return }
+        let third = try start("""
+            {"eventDeadlineSeconds":5,"isolation":"process","modules":{"evil":{"configuration":{"hangcreate":1}}}}
+            """)
+        #expect(await third.waitFor("loading plugins", timeout: .seconds(60)), "\(third.text)")
+        try await Task.sleep(for: .milliseconds(700))
+        third.send(SIGKILL)
+        _ = await third.wait(timeout: .seconds(60))
+        let fourth = try start("{\"isolation\":\"process\"}")
+        #expect(await fourth.waitFor("started 1 modules: evil", timeout: .seconds(60)), "\(fourth.text)")
+        #expect(!fourth.text.contains("crashed"), "\(fourth.text)")
+        fourth.send(SIGTERM)
+        #expect(await fourth.wait(timeout: .seconds(60)) == 0)
     }
 }
