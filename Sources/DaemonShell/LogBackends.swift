@@ -33,6 +33,10 @@ public let standardErrorSink: LogLineSink = { line in
 /// - One record is always one line: newlines and other control characters in the message
 ///   and values are escaped (`\n`, `\t`, `\u{1b}`...). Values containing spaces, `"`, `=`,
 ///   or nothing are written as JSON strings.
+/// - A key is written as it is only when it is made of ASCII letters, digits, `_`, `.` and
+///   `-`; every other byte of it is written `%XX` (its UTF-8 bytes in hex, so `%` itself is
+///   `%25`), and an empty key is `%`. A key can therefore never contain a space, `=` or `"`:
+///   it cannot end its pair early and fake other `key=value` pairs (say `plugin=Other`).
 /// - `write` is thread-safe; output goes to `sink` (default standard error).
 public struct TextLogBackend: LogBackend {
     /// Whether each line starts with an ISO 8601 UTC timestamp with milliseconds.
@@ -61,10 +65,26 @@ public struct TextLogBackend: LogBackend {
         if timestamps { line += UTCTimestamp.now(milliseconds: true) + " " }
         line += "\(level) \(Self.escape(label)): \(Self.escape(message))"
         for (key, value) in metadata {
-            line += " \(Self.escape(key))="
+            line += " \(Self.keyText(key))="
             line += Self.needsQuotes(value) ? JSONValue.quote(value) : value
         }
         return line + "\n"
+    }
+
+    private static func keyText(_ key: String) -> String {
+        if key.isEmpty { return "%" }
+        var text = ""
+        for byte in key.utf8 {
+            switch byte {
+            case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "A")...UInt8(ascii: "Z"),
+                 UInt8(ascii: "0")...UInt8(ascii: "9"), UInt8(ascii: "_"), UInt8(ascii: "."), UInt8(ascii: "-"):
+                text.unicodeScalars.append(Unicode.Scalar(byte))
+            default:
+                let hex = String(byte, radix: 16, uppercase: true)
+                text += byte < 0x10 ? "%0" + hex : "%" + hex
+            }
+        }
+        return text
     }
 
     private static func needsQuotes(_ value: String) -> Bool {

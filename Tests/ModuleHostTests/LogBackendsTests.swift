@@ -19,6 +19,19 @@ struct LogBackendsTests {
         #expect(line.filter { $0 == "\n" }.count == 1)
     }
 
+    /// A key (a module's, or one an isolated plugin's worker sends) cannot fake other pairs:
+    /// only letters, digits, `_`, `.` and `-` are written as they are, the rest as `%XX`.
+    @Test func aKeyCannotFakeOtherPairs() {
+        let backend = TextLogBackend()
+        let line = backend.format(
+            level: .error, label: "modhostd", message: "m",
+            metadata: [("plugin=Counter module", "counter"), ("plugin ", "x"), ("a\"b\nc%", "v"), ("", "e"),
+                       ("é", "u"), ("ok_key.v-2", "y"), ("plugin", "Evil")])
+        #expect(line == "error modhostd: m plugin%3DCounter%20module=counter plugin%20=x a%22b%0Ac%25=v %=e %C3%A9=u ok_key.v-2=y plugin=Evil\n")
+        let pairs = line.dropLast().split(separator: " ").dropFirst(3)
+        #expect(pairs.filter { $0.hasPrefix("plugin=") } == ["plugin=Evil"])
+    }
+
     @Test func textTimestampsAreOptional() throws {
         let line = TextLogBackend(timestamps: true).format(level: .warning, label: "l", message: "m", metadata: [])
         let pattern = try Regex(#"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z warning l: m\n$"#)
