@@ -137,6 +137,14 @@ public struct PluginLoader: Sendable {
     }
 
     /// From this many candidates on, `validate` checks files on every core.
+    ///
+    /// The checks are done before the first `dlopen`, not beside the opening of plugins:
+    /// while another thread of the process runs, each `dlopen` costs more. On a 2-vCPU VM
+    /// a spinning thread made a plain dlopen loop about 1.2 times slower on a quiet machine
+    /// and twice as slow on a busy one (`modhost-bench --child load-baseline-busy`), while a
+    /// spinning thread of another process cost it about 5%: the shared address space (most
+    /// likely the cross-CPU TLB flushes of dlopen's mmap, mprotect and munmap). That ate
+    /// what overlapping the checks with `dlopen` saved (issue 8).
     static let parallelValidationThreshold = 16
 
     /// `check(index)` for every index below `count`, returned in index order. With

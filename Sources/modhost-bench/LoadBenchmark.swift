@@ -2,6 +2,7 @@ import Foundation
 import Glibc
 import ModuleHost
 import ModuleKit
+import Synchronization
 
 /// Discover + validate + load + register per plugin, for N generated trivial C plugins,
 /// against a plain loop of dlopen + dlsym over a copy of the same files in the same run.
@@ -73,14 +74,16 @@ struct LoadBenchmark {
     static func measure(_ side: String, _ dir: String) throws -> Double {
         switch side {
         case "load-baseline":
-            let names = try FileManager.default.contentsOfDirectory(atPath: dir).filter { $0.hasSuffix(".so") }.sorted()
-            return try seconds {
-                for name in names {
-                    guard let handle = dlopen(dir + "/" + name, RTLD_NOW | RTLD_LOCAL),
-                          dlsym(handle, "modhost_plugin_entry_v1") != nil
-                    else { throw NSError(domain: "bench", code: 1, userInfo: [NSLocalizedDescriptionKey: String(cString: dlerror())]) }
-                }
-            }
+            return try plainLoop(dir)
+        case "load-baseline-busy":
+            // Diagnosis only: the baseline while another thread of this process runs (spins,
+            // with no system call); a thread that sleeps, or a busy other process, costs the
+            // loop nothing. Why the loader checks files before it opens plugins rather than
+            // beside (PluginLoader.parallelValidationThreshold).
+            let spinner = Spinner()
+            Thread.detachNewThread { spinner.spin() }
+            defer { spinner.stop() }
+            return try plainLoop(dir)
         case "load-host":
             // The host reads its own directory listing: discovery is part of its cost.
             return try seconds {
@@ -135,6 +138,25 @@ struct LoadBenchmark {
         default:
             throw NSError(domain: "bench", code: 4, userInfo: [NSLocalizedDescriptionKey: "unknown child \(side)"])
         }
+    }
+
+    /// The baseline: dlopen(RTLD_NOW) + dlsym of every `.so` of `dir`, in name order.
+    static func plainLoop(_ dir: String) throws -> Double {
+        let names = try FileManager.default.contentsOfDirectory(atPath: dir).filter { $0.hasSuffix(".so") }.sorted()
+        return try seconds {
+            for name in names {
+                guard let handle = dlopen(dir + "/" + name, RTLD_NOW | RTLD_LOCAL),
+                      dlsym(handle, "modhost_plugin_entry_v1") != nil
+                else { throw NSError(domain: "bench", code: 1, userInfo: [NSLocalizedDescriptionKey: String(cString: dlerror())]) }
+            }
+        }
+    }
+
+    /// A thread that busy-waits until stopped (for `load-baseline-busy`).
+    final class Spinner: Sendable {
+        private let stopped = Atomic<Bool>(false)
+        func spin() { while !stopped.load(ordering: .relaxed) {} }
+        func stop() { stopped.store(true, ordering: .relaxed) }
     }
 
     /// Compiles `count` trivial C plugins (one module each, manifest embedded) into

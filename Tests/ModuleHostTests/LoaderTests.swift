@@ -162,6 +162,48 @@ import TestSupport
         #expect(await host.moduleNames == ["multi-one", "multi-three", "multi-two"])
         await host.shutdown()
     }
+
+    /// A directory large enough to be checked on every core (`PluginLoader.parallelValidationThreshold`
+    /// files), with every kind of refusal: the refusals and their order, the registration order,
+    /// and no code run from a refused file (each plugin's constructor appends its name to a log,
+    /// in the order `dlopen` ran it; only PipeBroken, refused by its entry point, runs and is refused).
+    @Test func manyFilesLoadWithTheRefusalsAndTheOrderOfOneAtATime() throws {
+        let log = dir.path + "/constructors.log"
+        func build(_ file: String, _ name: String, manifestName: String? = nil, dependencies: [String] = [], order: Int = 0,
+                   entryBody: String? = nil) throws {
+            let constructor = "__attribute__((constructor)) static void note_load(void) { "
+                + "FILE *log = fopen(\"\(log)\", \"a\"); if (log) { fputs(\"\(name)\\n\", log); fclose(log); } }"
+            try factory.buildC(
+                name, source: PluginFactory.cSource(plugin: name, modules: [name.lowercased()], entryBody: entryBody, extra: constructor),
+                manifest: PluginFactory.manifest(plugin: manifestName ?? name, modules: [name.lowercased()],
+                                                 dependencies: dependencies, order: order),
+                fileName: "lib\(file)-\(name).so")
+        }
+        // Candidates are checked in file name order.
+        try build("00", "PipeTop", dependencies: ["PipeBase"])  // its dependency comes later
+        try build("01", "PipeBroken", entryBody: "return NULL;")  // no dependencies: refused when opened
+        try build("02", "PipeOnBroken", dependencies: ["PipeBroken"])
+        _ = try dir.write("lib03-junk.so", text: "not a plugin")
+        let independent = (4..<16).map { "PipeInd\($0)" }
+        for (index, name) in independent.enumerated() {
+            try build(String(format: "%02d", index + 4), name, order: 20 - index)  // ranked against file order
+        }
+        try build("16", "PipeBase", order: 50)
+        try build("17", "PipeTwin", manifestName: "PipeInd7")  // a name an earlier file holds
+        try build("18", "PipeGhostly", dependencies: ["PipeGhost"])
+        try build("19", "PipeLate", order: -1)
+        #expect(try pluginCandidates(in: dir.path).count >= PluginLoader.parallelValidationThreshold)
+
+        let report = load()
+        #expect(report.loaded.map(\.name) == ["PipeLate"] + independent.reversed() + ["PipeBase", "PipeTop"])
+        let refused = report.refused.map { "\(URL(fileURLWithPath: $0.file).lastPathComponent): \($0.check.rawValue)" }
+        #expect(refused == ["lib03-junk.so: ELF format", "lib17-PipeTwin.so: duplicate name", "lib18-PipeGhostly.so: dependency",
+                            "lib01-PipeBroken.so: descriptor", "lib02-PipeOnBroken.so: dependency"])
+        #expect(failure(report, "02-PipeOnBroken")?.problem.contains("needs PipeBroken, which was refused (descriptor)") == true)
+        let ran = try String(contentsOfFile: log, encoding: .utf8).split(separator: "\n").map(String.init)
+        #expect(Set(ran) == Set(report.loaded.map(\.name) + ["PipeBroken"]), "no refused file's constructor runs but PipeBroken's")
+        #expect(try #require(ran.firstIndex(of: "PipeBase")) < #require(ran.firstIndex(of: "PipeTop")))
+    }
 }
 
 /// The example plugins of Plugins/, as `make` built them: Swift and C side by side, a
