@@ -164,9 +164,10 @@ struct HostileWorkerTests {
         let log = h.daemon.text
         #expect(!log.contains("in worker process -"), "\(log)")
         #expect(!log.contains("did not answer within"), "\(log)")
+        // Started, or said not to run (its worker is restarted at once, so in the moment
+        // between a new worker's ready and its create's crash it does run).
         let started = try #require(log.split(separator: "\n").first { $0.contains("started ") && $0.contains(" modules: ") })
-        #expect(started.contains("started 1 modules: counter"), "\(log)")
-        #expect(log.contains("module doomed is not running: its worker is"), "\(log)")
+        #expect(started.contains("doomed") != log.contains("module doomed is not running: its worker is"), "\(log)")
         h.daemon.send(SIGTERM)
         #expect(await h.daemon.wait() == 0, "\(h.daemon.text)")
     }
