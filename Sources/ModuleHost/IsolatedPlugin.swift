@@ -397,10 +397,11 @@ public final class IsolatedPlugin: Sendable {
             throw IsolatedCallError(code: "plugin_busy",
                                     message: "plugin \(name) is busy: \(busy.function) has been running for \((ContinuousClock.now - busy.since).secondsText) in its worker; it gets no new call until that returns")
         }
-        var message: [String: JSONValue] = ["op": "call", "function": .string(function)]
-        if let texts { message["texts"] = .array(texts.map { .string($0) }) }
-        if let json { message["json"] = .array(json) }
-        switch await connection.call(.object(message), function: function, deadline: deadline) {
+        let message: KeyValuePairs<String, JSONValue> =
+            if let texts { ["op": "call", "function": .string(function), "texts": .array(texts.map { .string($0) })] }
+            else if let json { ["op": "call", "function": .string(function), "json": .array(json)] }
+            else { ["op": "call", "function": .string(function)] }
+        switch await connection.call(message, function: function, deadline: deadline) {
         case .reply(let reply):
             if let error = reply["error"] {
                 throw IsolatedCallError(code: error.text("code") ?? "call_failed", message: error.text("message") ?? "the call failed")
@@ -426,13 +427,13 @@ public final class IsolatedPlugin: Sendable {
 
     /// Sends `message` and waits for its reply up to the event deadline; nil when no worker
     /// runs or it did not answer (it is then killed and restarted).
-    private func request(_ message: JSONValue, what: String, module: String? = nil) -> JSONValue? {
+    private func request(_ message: KeyValuePairs<String, JSONValue>, what: String, module: String? = nil) -> JSONValue? {
         if case .reply(let reply)? = requestOutcome(message, what: what, module: module) { return reply }
         return nil
     }
 
     /// `request`, saying what became of it; nil when no worker ran to send it to.
-    private func requestOutcome(_ message: JSONValue, what: String, module: String? = nil) -> WorkerConnection.Outcome? {
+    private func requestOutcome(_ message: KeyValuePairs<String, JSONValue>, what: String, module: String? = nil) -> WorkerConnection.Outcome? {
         guard let connection = currentConnection else {
             if let module { notDelivered(module, what) }
             return nil
@@ -897,21 +898,19 @@ final class WorkerConnection: Sendable {
     /// all told, for its reply, which this thread reads itself. After a request that timed
     /// out or failed, the socket is out of step: every later one is `gone` (the caller kills
     /// the worker on `timedOut`; `reap` ends the socket when it ends).
-    func request(_ message: JSONValue, deadline: Duration) -> Outcome {
+    func request(_ message: KeyValuePairs<String, JSONValue>, deadline: Duration) -> Outcome {
         let until = ContinuousClock.now + deadline
-        guard case .object(var fields) = message else { return .gone }
         guard orderedGate.wait(timeout: .now() + deadline.dispatchInterval) == .success else { return .timedOut }
         defer { orderedGate.signal() }
         return orderedReader.withLock { reader -> Outcome in
             guard reader != nil else { return .gone }
             let id = nextID.add(1, ordering: .relaxed).oldValue
-            fields["id"] = .number(Double(id))
             var outcome = Outcome.gone
-            switch ordered.send(.object(fields), until: until) {
+            switch ordered.send(frame: WorkerFrame.encode(members: message, id: .number(Double(id))), until: until) {
             case .sent:
                 do throws(FrameReader.End) {
                     let reply = try reader!.next(until: until)
-                    if reply.integer("id") == id { return .reply(reply) }
+                    if reply.integer("id") == id { return .reply(reply.json) }
                     kill(reason: "it answered request \(id) with the reply to another")
                 } catch .timedOut {
                     outcome = .timedOut
@@ -934,18 +933,18 @@ final class WorkerConnection: Sendable {
     /// `deadline`, without waiting for room in the socket: what it has no room for now the
     /// worker poller writes, and a worker that has not read the frame by its deadline is
     /// killed for `overdue`. Suspends, holding no thread, until then.
-    private func send(_ message: JSONValue, on outbox: FrameOutbox, until deadline: ContinuousClock.Instant,
-                      overdue: String) async -> WorkerChannel.Sent {
-        let done = post(message, on: outbox, until: deadline, overdue: overdue)
+    private func send(_ frame: [UInt8]?, on outbox: FrameOutbox, until deadline: ContinuousClock.Instant,
+                      overdue: @escaping @autoclosure @Sendable () -> String) async -> WorkerChannel.Sent {
+        let done = post(frame, on: outbox, until: deadline, overdue: overdue())
         if let sent = done.value { return sent }
         return await done.wait()
     }
 
     /// As `send`, without waiting for the outcome (from any thread, the poller's too).
     @discardableResult
-    private func post(_ message: JSONValue, on outbox: FrameOutbox, until deadline: ContinuousClock.Instant,
-                      overdue: String) -> FirstResult<WorkerChannel.Sent> {
-        let enqueued = outbox.enqueue(message, until: deadline, overdue: overdue)
+    private func post(_ frame: [UInt8]?, on outbox: FrameOutbox, until deadline: ContinuousClock.Instant,
+                      overdue: @escaping @autoclosure @Sendable () -> String) -> FirstResult<WorkerChannel.Sent> {
+        let enqueued = outbox.enqueue(frame, until: deadline, overdue: overdue())
         if enqueued.waits { WorkerPoller.shared.flush(self) }
         return enqueued.done
     }
@@ -953,7 +952,7 @@ final class WorkerConnection: Sendable {
     /// Sends the load frame on the control socket, written whole within `deadline` (else
     /// the worker is killed, as not reading it).
     func sendLoad(_ message: JSONValue, within deadline: Duration) async -> WorkerChannel.Sent {
-        await send(message, on: control, until: .now + deadline, overdue: "it did not read its load frame within \(deadline.secondsText)")
+        await send(WorkerFrame.encode(message), on: control, until: .now + deadline, overdue: "it did not read its load frame within \(deadline.secondsText)")
     }
 
     /// Sends an awaited event `what` (the control socket) and awaits its reply, up to
@@ -986,9 +985,10 @@ final class WorkerConnection: Sendable {
     /// caller's, as a bare socket round trip does. Replies it reads for other calls go to
     /// their callers; once it stops reading with calls still waiting, the worker poller
     /// reads on for them.
-    func call(_ message: JSONValue, function: String, deadline: Duration?) async -> Outcome {
+    func call(_ message: KeyValuePairs<String, JSONValue>, function: String, deadline: Duration?) async -> Outcome {
         let start = ContinuousClock.now
-        guard let (id, numbered) = numbered(message) else { return .gone }
+        let id = nextID.add(1, ordering: .relaxed).oldValue
+        let numbered = WorkerFrame.encode(members: message, id: .number(Double(id)))
         let waiter = Waiter()
         guard callReplies.withLock({ replies -> Bool in
             guard !replies.closed else { return false }
@@ -1019,12 +1019,11 @@ final class WorkerConnection: Sendable {
         callReplies.withLock { $0.overrun.values.min { $0.since < $1.since } }
     }
 
-    /// `message` (an object) with a new request id, and the id.
-    private func numbered(_ message: JSONValue) -> (Int, JSONValue)? {
-        guard case .object(var fields) = message else { return nil }
+    /// A new request id, and the frame of `message` (an object) with it (nil: too large).
+    private func numbered(_ message: JSONValue) -> (Int, [UInt8]?)? {
+        guard case .object = message else { return nil }
         let id = nextID.add(1, ordering: .relaxed).oldValue
-        fields["id"] = .number(Double(id))
-        return (id, .object(fields))
+        return (id, WorkerFrame.encode(message, id: .number(Double(id))))
     }
 
     /// Call `id` waits no more (`overran`: it did not return by its deadline, and its reply
@@ -1057,7 +1056,7 @@ final class WorkerConnection: Sendable {
         while own == nil && waiter.peek() == nil {
             do throws(FrameReader.End) {
                 let reply = try reader.next(until: until)
-                if reply.integer("id") == id { own = .reply(reply) } else { callReplied(reply) }
+                if reply.integer("id") == id { own = .reply(reply.json) } else { callReplied(reply.json) }
             } catch .timedOut {
                 break
             } catch {
@@ -1126,7 +1125,7 @@ final class WorkerConnection: Sendable {
             // Answered without waiting for room in the socket (this thread reads every
             // worker's): what it has no room for now is written once it has.
             let deadline = plugin.deadline
-            post(plugin.locate(message), on: control, until: .now + deadline,
+            post(WorkerFrame.encode(plugin.locate(message)), on: control, until: .now + deadline,
                  overdue: "it did not read the answer to its locate within \(deadline.secondsText)")
         case "ready", "failed": readiness.complete(.reply(message))
         default: break

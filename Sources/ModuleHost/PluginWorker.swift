@@ -297,8 +297,10 @@ public final class PluginWorkers: Sendable {
         /// one name (a notification the module posts to itself) cannot hide another's.
         var unanswered: [String: [String: (at: ContinuousClock.Instant, why: Unanswered)]] = [:]
         /// The events isolated modules are given now, waiting for their worker's answer, by
-        /// module and request number: the event and when it was sent.
-        var isolated: [String: [Int: (event: String, at: ContinuousClock.Instant)]] = [:]
+        /// request number: the module, the event and when it was sent. (Keyed by number
+        /// alone: one event is begun and ended per round trip to a worker, and hashing a
+        /// number costs less than hashing a name.)
+        var isolated: [Int: (module: String, event: String, at: ContinuousClock.Instant)] = [:]
         var lastIsolated = 0
     }
     private let state = Mutex(State())
@@ -324,7 +326,7 @@ public final class PluginWorkers: Sendable {
     func beginIsolated(module name: String, event: String) -> Int {
         state.withLock { state in
             state.lastIsolated += 1
-            state.isolated[name, default: [:]][state.lastIsolated] = (event, .now)
+            state.isolated[state.lastIsolated] = (name, event, .now)
             return state.lastIsolated
         }
     }
@@ -332,8 +334,7 @@ public final class PluginWorkers: Sendable {
     /// Records that event `number` of module `name` is over: answered, or not.
     func endIsolated(module name: String, _ number: Int) {
         state.withLock { state in
-            state.isolated[name]?[number] = nil
-            if state.isolated[name]?.isEmpty == true { state.isolated[name] = nil }
+            _ = state.isolated.removeValue(forKey: number)
         }
     }
 
@@ -369,7 +370,7 @@ public final class PluginWorkers: Sendable {
     package func leftUnanswered(module name: String, event: String, since: ContinuousClock.Instant) -> Unanswered? {
         state.withLock { state in
             if let last = state.unanswered[name]?[event], last.at >= since { return last.why }
-            return state.isolated[name]?.values.contains { $0.event == event && $0.at >= since } == true ? .overran : nil
+            return state.isolated.values.contains { $0.module == name && $0.event == event && $0.at >= since } ? .overran : nil
         }
     }
 

@@ -252,7 +252,7 @@ final class WorkerPoller: Sendable {
     private static func drain(_ reader: inout FrameReader, budget: Int, to deliver: (JSONValue) -> Void) throws(FrameReader.End) {
         var reads = 0
         while true {
-            while let message = try reader.buffered() { deliver(message) }
+            while let message = try reader.buffered() { deliver(message.json) }
             guard reads < budget, try reader.receiveAvailable() else { return }
             reads += 1
         }

@@ -52,7 +52,7 @@ public enum WorkerProcess {
         var reader = FrameReader(fd: socketDescriptor)
         var load: JSONValue
         do {
-            load = try reader.next()
+            load = try reader.next().json
         } catch {
             endGroup()
         }
@@ -94,7 +94,7 @@ public enum WorkerProcess {
             do {
                 let message = try reader.next()
                 if message["answer"] != nil {
-                    service.answers.receive(message)
+                    service.answers.receive(message.json)
                     continue
                 }
                 continuation.yield(WorkerRequest(message: message, replyTo: channel))
@@ -168,7 +168,7 @@ public enum WorkerProcess {
 
 /// A request from the daemon and the socket its reply goes to.
 struct WorkerRequest: Sendable {
-    let message: JSONValue
+    let message: WorkerMessage
     let replyTo: WorkerChannel
 }
 
@@ -478,7 +478,7 @@ final class WorkerService: Sendable {
         return [:]
     }
 
-    private static func event(_ message: JSONValue) -> ModuleEvent? {
+    private static func event(_ message: WorkerMessage) -> ModuleEvent? {
         let payload = message["payload"] ?? .null
         let name = message.text("event") ?? ""
         switch message.text("kind") {
@@ -491,7 +491,7 @@ final class WorkerService: Sendable {
 
     /// Calls a function by name (on the calls thread): its value, or the error the daemon
     /// would give in process.
-    private func call(_ message: JSONValue) -> JSONValue {
+    private func call(_ message: WorkerMessage) -> JSONValue {
         let function = message.text("function") ?? ""
         guard let table = plugin.functions else {
             return ["error": ["code": "unknown_function", "message": .string("plugin \(plugin.name) exports no functions for calling by name")]]
@@ -512,9 +512,8 @@ final class WorkerService: Sendable {
     }
 
     private func reply(_ id: JSONValue, _ body: JSONValue, on channel: WorkerChannel) {
-        guard case .object(var fields) = body else { return }
-        fields["id"] = id
-        if !channel.send(.object(fields)) {
+        guard case .object = body else { return }
+        if channel.send(frame: WorkerFrame.encode(body, id: id), until: nil) != .sent {
             channel.send(["id": id, "error": ["code": "call_failed", "message": "the reply is larger than 16 MiB"]])
         }
     }

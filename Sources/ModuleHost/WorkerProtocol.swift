@@ -1,5 +1,5 @@
 import Glibc
-import ModuleKit
+@_spi(ModuleHost) import ModuleKit
 import Synchronization
 
 /// The wire format between `modhostd` and a `modhost-worker` (docs/isolation.md): over
@@ -12,12 +12,57 @@ enum WorkerFrame {
     /// larger than this is refused, not read.
     static let maximumSize = 16 << 20
 
-    /// The frame carrying `message`, nil when its text is longer than `maximumSize`.
-    static func encode(_ message: JSONValue) -> [UInt8]? {
-        let body = Array(message.jsonText.utf8)
-        guard !body.isEmpty, body.count <= maximumSize else { return nil }
-        let count = UInt32(body.count)
-        return [UInt8(count >> 24), UInt8((count >> 16) & 0xff), UInt8((count >> 8) & 0xff), UInt8(count & 0xff)] + body
+    /// The frame carrying `message`, nil when its text is longer than `maximumSize`. Given
+    /// an `id`, the message (an object without one) gets it as member "id". The text is written right
+    /// after room for the header, in one buffer.
+    static func encode(_ message: JSONValue, id: JSONValue? = nil) -> [UInt8]? {
+        var frame: [UInt8] = [0, 0, 0, 0]
+        frame.reserveCapacity(256)
+        message.appendJSONText(to: &frame)
+        if let id, case .object(let members) = message {
+            frame.removeLast()  // "}"
+            appendID(id, after: !members.isEmpty, to: &frame)
+        }
+        return finish(frame)
+    }
+
+    /// The frame carrying the object of `members` (each name once, none "id"), in their
+    /// order, and, given an `id`, member "id": each name and value as `JSONValue.jsonText`
+    /// writes it, without building a dictionary first. Nil when longer than `maximumSize`.
+    static func encode(members: KeyValuePairs<String, JSONValue>, id: JSONValue? = nil) -> [UInt8]? {
+        var frame: [UInt8] = [0, 0, 0, 0, UInt8(ascii: "{")]
+        frame.reserveCapacity(256)
+        for (index, member) in members.enumerated() {
+            if index > 0 { frame.append(UInt8(ascii: ",")) }
+            JSONValue.string(member.key).appendJSONText(to: &frame)
+            frame.append(UInt8(ascii: ":"))
+            member.value.appendJSONText(to: &frame)
+        }
+        if let id {
+            appendID(id, after: !members.isEmpty, to: &frame)
+        } else {
+            frame.append(UInt8(ascii: "}"))
+        }
+        return finish(frame)
+    }
+
+    /// Appends `"id":ID}` to an object's text whose `}` is not written yet (after a comma
+    /// when it has members).
+    private static func appendID(_ id: JSONValue, after members: Bool, to frame: inout [UInt8]) {
+        if members { frame.append(UInt8(ascii: ",")) }
+        JSONValue.string("id").appendJSONText(to: &frame)
+        frame.append(UInt8(ascii: ":"))
+        id.appendJSONText(to: &frame)
+        frame.append(UInt8(ascii: "}"))
+    }
+
+    /// `frame` with its header filled in: nil when its body is empty or too large.
+    private static func finish(_ frame: [UInt8]) -> [UInt8]? {
+        let count = frame.count - 4
+        guard count >= 1, count <= maximumSize else { return nil }
+        var frame = frame
+        for index in 0..<4 { frame[index] = UInt8(truncatingIfNeeded: count >> (24 - 8 * index)) }
+        return frame
     }
 
     /// Waits until `fd` is ready for `events` (or has hung up) or `deadline` (nil: none)
@@ -70,7 +115,12 @@ final class WorkerChannel: Sendable {
     /// Writes `message` as one frame, waiting for room in the socket no later than
     /// `deadline` (nil: as long as it takes).
     func send(_ message: JSONValue, until deadline: ContinuousClock.Instant?) -> Sent {
-        guard let frame = WorkerFrame.encode(message) else { return .gone }
+        send(frame: WorkerFrame.encode(message), until: deadline)
+    }
+
+    /// Writes `frame` (from `WorkerFrame.encode`; nil: too large), as `send(_:until:)`.
+    func send(frame: [UInt8]?, until deadline: ContinuousClock.Instant?) -> Sent {
+        guard let frame else { return .gone }
         return writing.withLock { _ in
             frame.withUnsafeBytes { bytes in
                 var done = 0
@@ -112,8 +162,9 @@ final class FrameOutbox: Sendable {
         let frame: [UInt8]
         var written: Int
         let deadline: ContinuousClock.Instant
-        /// Why the worker is killed when this frame is not written whole by `deadline`.
-        let overdue: String
+        /// Why the worker is killed when this frame is not written whole by `deadline`
+        /// (written out only then).
+        let overdue: @Sendable () -> String
         let done: FirstResult<WorkerChannel.Sent>
     }
 
@@ -135,12 +186,14 @@ final class FrameOutbox: Sendable {
         let waits: Bool
     }
 
-    /// Queues `message` as one frame, in the order `enqueue` was called, to be written whole
-    /// no later than `deadline`, without waiting: what the socket takes now is written now.
-    /// `overdue`: why the worker is killed if the frame is not written whole in time.
-    func enqueue(_ message: JSONValue, until deadline: ContinuousClock.Instant, overdue: String) -> Enqueued {
+    /// Queues `frame` (from `WorkerFrame.encode`; nil: too large, `gone`), in the order
+    /// `enqueue` was called, to be written whole no later than `deadline`, without waiting:
+    /// what the socket takes now is written now. `overdue`: why the worker is killed if the
+    /// frame is not written whole in time.
+    func enqueue(_ frame: [UInt8]?, until deadline: ContinuousClock.Instant,
+                 overdue: @escaping @autoclosure @Sendable () -> String) -> Enqueued {
         let done = FirstResult<WorkerChannel.Sent>()
-        guard let frame = WorkerFrame.encode(message) else {
+        guard let frame else {
             done.finish(.gone)
             return Enqueued(done: done, waits: false)
         }
@@ -196,7 +249,7 @@ final class FrameOutbox: Sendable {
                 case .noRoom:
                     if let late = state.queue.indices.min(by: { state.queue[$0].deadline < state.queue[$1].deadline }),
                        state.queue[late].deadline <= now {
-                        let reason = state.queue[late].overdue
+                        let reason = state.queue[late].overdue()
                         failAll(timedOut: late)
                         return .overdue(reason)
                     }
@@ -271,7 +324,7 @@ struct FrameReader {
 
     /// The next message, blocking until it has arrived whole, or (`deadline`) until then.
     /// A read that timed out took nothing: the next one goes on where it stopped.
-    mutating func next(until deadline: ContinuousClock.Instant? = nil) throws(End) -> JSONValue {
+    mutating func next(until deadline: ContinuousClock.Instant? = nil) throws(End) -> WorkerMessage {
         try fill(4, until: deadline)
         let length = try Self.length(of: buffer[start..<(start + 4)])
         try fill(4 + length, until: deadline)
@@ -282,7 +335,7 @@ struct FrameReader {
 
     /// The next message if it is whole in the buffer, nil when more must be read first
     /// (`receiveAvailable`); never reads.
-    mutating func buffered() throws(End) -> JSONValue? {
+    mutating func buffered() throws(End) -> WorkerMessage? {
         guard end - start >= 4 else { return nil }
         let length = try Self.length(of: buffer[start..<(start + 4)])
         guard end - start - 4 >= length else { return nil }
@@ -322,15 +375,17 @@ struct FrameReader {
         return length
     }
 
-    private static func message(_ body: [UInt8]) throws(End) -> JSONValue {
-        let value: JSONValue
+    private static func message(_ body: [UInt8]) throws(End) -> WorkerMessage {
+        let document: JSONValue.TopLevel
         do {
-            value = try JSONValue.parse(body)
+            document = try JSONValue.parseKeepingMembers(body)
         } catch {
             throw .invalid("\(error)")
         }
-        guard case .object = value else { throw .invalid("the frame holds \(value.kind), expected an object") }
-        return value
+        switch document {
+        case .members(let keys, let values): return WorkerMessage(keys: keys, values: values)
+        case .other(let value): throw .invalid("the frame holds \(value.kind), expected an object")
+        }
     }
 
     /// Moves what is left of the last read to the front of the buffer.
@@ -365,13 +420,47 @@ struct FrameReader {
     }
 }
 
-extension JSONValue {
+/// The message of one frame: a JSON object, read by ModuleKit's strict parser
+/// (`parseKeepingMembers`, the rules of `JSONValue.parse`: a member given twice, invalid
+/// UTF-8... make the frame invalid), with its members in the order the frame gave them.
+/// A frame has a handful of members, each looked up once or twice: found by comparing
+/// names, they cost less than hashing them all into a dictionary.
+struct WorkerMessage: Sendable {
+    private let keys: [String]
+    private let values: [JSONValue]
+
+    init(keys: [String], values: [JSONValue]) {
+        self.keys = keys
+        self.values = values
+    }
+
+    /// Member `key`, nil when there is none.
+    subscript(key: String) -> JSONValue? {
+        keys.firstIndex(of: key).map { values[$0] }
+    }
+
     /// Member `key` as an integer (a whole number of at most 2^53 in magnitude, which a
     /// JSON number holds exactly), nil otherwise.
-    func integer(_ key: String) -> Int? {
-        guard let number = self[key]?.numberValue, number == number.rounded(), abs(number) <= 9_007_199_254_740_992 else { return nil }
+    func integer(_ key: String) -> Int? { self[key]?.wholeNumber }
+
+    /// Member `key` as text, nil otherwise.
+    func text(_ key: String) -> String? { self[key]?.stringValue }
+
+    /// The message as a JSON object.
+    var json: JSONValue { .object(Dictionary(uniqueKeysWithValues: zip(keys, values))) }
+}
+
+extension JSONValue {
+    /// A whole number of at most 2^53 in magnitude (which a JSON number holds exactly), nil
+    /// otherwise.
+    var wholeNumber: Int? {
+        guard let number = numberValue, number == number.rounded(), abs(number) <= 9_007_199_254_740_992 else { return nil }
         return Int(number)
     }
+
+    /// Member `key` as an integer (a whole number of at most 2^53 in magnitude), nil
+    /// otherwise.
+    func integer(_ key: String) -> Int? { self[key]?.wholeNumber }
 
     /// Member `key` as text, nil otherwise.
     func text(_ key: String) -> String? { self[key]?.stringValue }

@@ -111,6 +111,8 @@ public enum CallValue: Sendable, Hashable, CustomStringConvertible {
 
     /// 2^53: the largest magnitude below which every integer is an exact JSON number.
     static let exactJSONLimit: Int128 = 1 << 53
+    /// `exactJSONLimit` as a Double, converted once (Int128 to Double is a generic conversion).
+    static let exactJSONLimitAsDouble = Double(exactJSONLimit)
 
     static func jsonInteger(_ value: Int128) -> JSONValue {
         value.magnitude <= exactJSONLimit.magnitude ? .number(Double(value)) : .string(String(value))
@@ -221,10 +223,12 @@ extension ValueType {
         case (.i8, .number(let n)), (.i16, .number(let n)), (.i32, .number(let n)), (.i64, .number(let n)),
             (.u8, .number(let n)), (.u16, .number(let n)), (.u32, .number(let n)), (.u64, .number(let n)):
             guard n.isFinite, n == n.rounded() else { throw fail("not a whole number") }
-            guard n.magnitude <= Double(CallValue.exactJSONLimit) else {
+            guard n.magnitude <= CallValue.exactJSONLimitAsDouble else {
                 throw fail("a JSON number holds integers exactly only up to 2^53; pass it as a string")
             }
-            return try integerValue(Int128(n), input: json.jsonText)
+            // As an Int64 (|n| <= 2^53): Double to Int64 is one instruction, Double to
+            // Int128 a generic conversion. The input is written out only for an error.
+            return try integerValue(Int64(n), input: json.jsonText)
         case (.f32, .number(let n)):
             let value = Float(n)
             if value.isInfinite && n.isFinite {
@@ -255,22 +259,26 @@ extension ValueType {
         }
     }
 
-    /// The range-checked integer value of this integer type.
-    private func integerValue(_ value: Int128, input: String) throws(ValueError) -> CallValue {
-        guard let range = integerRange, range.contains(value) else {
-            let range = integerRange.map { "\($0.lowerBound)...\($0.upperBound)" } ?? "?"
-            throw ValueError(type: self, input: input, reason: "out of range for \(self) (\(range))")
-        }
+    /// The range-checked integer value of this integer type. Generic, so that a JSON
+    /// number (an Int64) is checked without the Int128 arithmetic text needs.
+    private func integerValue(_ value: some BinaryInteger, input: @autoclosure () -> String) throws(ValueError) -> CallValue {
+        let result: CallValue?
         switch self {
-        case .i8: return .int8(Int8(value))
-        case .i16: return .int16(Int16(value))
-        case .i32: return .int32(Int32(value))
-        case .i64: return .int64(Int64(value))
-        case .u8: return .uint8(UInt8(value))
-        case .u16: return .uint16(UInt16(value))
-        case .u32: return .uint32(UInt32(value))
-        default: return .uint64(UInt64(value))
+        case .i8: result = Int8(exactly: value).map(CallValue.int8)
+        case .i16: result = Int16(exactly: value).map(CallValue.int16)
+        case .i32: result = Int32(exactly: value).map(CallValue.int32)
+        case .i64: result = Int64(exactly: value).map(CallValue.int64)
+        case .u8: result = UInt8(exactly: value).map(CallValue.uint8)
+        case .u16: result = UInt16(exactly: value).map(CallValue.uint16)
+        case .u32: result = UInt32(exactly: value).map(CallValue.uint32)
+        case .u64: result = UInt64(exactly: value).map(CallValue.uint64)
+        default: result = nil
         }
+        guard let result else {
+            let range = integerRange.map { "\($0.lowerBound)...\($0.upperBound)" } ?? "?"
+            throw ValueError(type: self, input: input(), reason: "out of range for \(self) (\(range))")
+        }
+        return result
     }
 
     private static func parseInteger(_ text: String, type: ValueType) throws(ValueError) -> Int128 {

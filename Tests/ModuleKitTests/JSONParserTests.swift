@@ -86,6 +86,17 @@ import Testing
         Self.refused(Array("".utf8), offset: 0, "unexpected end of input")
     }
 
+    /// The exact text: compact, keys sorted, whole numbers up to 2^53 as integers, other
+    /// numbers as Swift writes a Double.
+    @Test func jsonTextIsCompactWithSortedKeysAndWholeNumbersAsIntegers() {
+        let value: JSONValue = [
+            "b": [0, -0.0, -1, 9_007_199_254_740_992, -9_007_199_254_740_992, 1e16, 0.5, 1e300, -2.5e-7, true, false, nil],
+            "a": ["y": "", "x": [:]], "": [],
+        ]
+        #expect(value.jsonText == #"{"":[],"a":{"x":{},"y":""},"b":[0,0,-1,9007199254740992,-9007199254740992,1e+16,0.5,1e+300,-2.5e-07,true,false,null]}"#)
+        #expect(JSONValue.number(.infinity).jsonText == "null")
+    }
+
     @Test func whatJSONTextWritesParsesBackToTheSameValue() throws {
         let value: JSONValue = [
             "n": [0, -1, 0.5, 1e-5, 1e300, -0x1p53, 123_456.789], "s": "é\u{1B}[2J\"\\\n\u{9B}/😀",

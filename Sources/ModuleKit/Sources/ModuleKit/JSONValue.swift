@@ -93,51 +93,82 @@ public enum JSONValue: Sendable, Hashable, Codable, CustomStringConvertible {
     /// `null`; strings as `quote(_:)` writes them. `parse(_:)` reads the text back to an
     /// equal value (but for NaN and infinities).
     public var jsonText: String {
-        var out = ""
+        var out: [UInt8] = []
+        out.reserveCapacity(64)
         write(into: &out)
-        return out
+        return String(decoding: out, as: UTF8.self)
     }
 
-    /// Appends `jsonText` to `out`: one buffer for the whole value.
-    private func write(into out: inout String) {
+    /// Appends the UTF-8 bytes of `jsonText` to `out`, with no `String` in between: for a
+    /// writer that sends the text at once (the host's frames to its worker processes).
+    @_spi(ModuleHost)
+    public func appendJSONText(to out: inout [UInt8]) { write(into: &out) }
+
+    /// Appends `jsonText` to `out`: one buffer of bytes for the whole value (appending to
+    /// a byte array costs a fraction of appending to a `String`).
+    private func write(into out: inout [UInt8]) {
         switch self {
-        case .null: out += "null"
-        case .bool(let value): out += value ? "true" : "false"
+        case .null: Self.append("null", to: &out)
+        case .bool(let value): Self.append(value ? "true" : "false", to: &out)
         case .number(let value):
             // Whole numbers a double holds exactly (up to 2^53) print as integers, never `1.0`.
             if value.isFinite, value == value.rounded(), abs(value) <= 0x1p53 {
-                out += String(Int64(value))
+                Self.append(Int64(value), to: &out)
             } else {
-                out += value.isFinite ? "\(value)" : "null"
+                out.append(contentsOf: (value.isFinite ? "\(value)" : "null").utf8)
             }
         case .string(let value): Self.appendQuoted(value, to: &out)
         case .array(let values):
-            out += "["
+            out.append(UInt8(ascii: "["))
             for (index, value) in values.enumerated() {
-                if index > 0 { out += "," }
+                if index > 0 { out.append(UInt8(ascii: ",")) }
                 value.write(into: &out)
             }
-            out += "]"
+            out.append(UInt8(ascii: "]"))
         case .object(let members):
-            out += "{"
+            out.append(UInt8(ascii: "{"))
             for (index, member) in members.sorted(by: { $0.key < $1.key }).enumerated() {
-                if index > 0 { out += "," }
+                if index > 0 { out.append(UInt8(ascii: ",")) }
                 Self.appendQuoted(member.key, to: &out)
-                out += ":"
+                out.append(UInt8(ascii: ":"))
                 member.value.write(into: &out)
             }
-            out += "}"
+            out.append(UInt8(ascii: "}"))
+        }
+    }
+
+    private static func append(_ text: StaticString, to out: inout [UInt8]) {
+        out.append(contentsOf: UnsafeBufferPointer(start: text.utf8Start, count: text.utf8CodeUnitCount))
+    }
+
+    /// Appends the decimal digits of `value` (with its sign), as `String(value)` writes them.
+    private static func append(_ value: Int64, to out: inout [UInt8]) {
+        if value < 0 { out.append(UInt8(ascii: "-")) }
+        var magnitude = value.magnitude
+        var digits: (UInt64, UInt64, UInt64) = (0, 0, 0)  // 24 bytes: room for 20 digits
+        var count = 0
+        withUnsafeMutableBytes(of: &digits) { buffer in
+            repeat {
+                buffer[23 - count] = UInt8(ascii: "0") + UInt8(magnitude % 10)
+                magnitude /= 10
+                count += 1
+            } while magnitude > 0
+            out.append(contentsOf: buffer[(24 - count)...])
         }
     }
 
     /// Appends `quote(text)` to `out`; text with nothing to escape (nearly all) is copied
     /// as it is. 0xC2 leads every C1 control in UTF-8, so text holding one takes `quote`.
-    private static func appendQuoted(_ text: String, to out: inout String) {
-        let plain = !text.utf8.contains { $0 < 0x20 || $0 == 0x22 || $0 == 0x5C || $0 == 0x7F || $0 == 0xC2 }
-        guard plain else { return out += quote(text) }
-        out += "\""
-        out += text
-        out += "\""
+    private static func appendQuoted(_ text: String, to out: inout [UInt8]) {
+        var text = text
+        let plain = text.withUTF8 { bytes -> Bool in
+            guard !bytes.contains(where: { $0 < 0x20 || $0 == 0x22 || $0 == 0x5C || $0 == 0x7F || $0 == 0xC2 }) else { return false }
+            out.append(UInt8(ascii: "\""))
+            out.append(contentsOf: bytes)
+            out.append(UInt8(ascii: "\""))
+            return true
+        }
+        if !plain { out.append(contentsOf: quote(text).utf8) }
     }
 
     /// `text` for a terminal or a log line: unchanged when it has no control character,
