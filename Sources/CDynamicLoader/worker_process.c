@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <malloc.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <sys/prctl.h>
 #include <sys/mman.h>
@@ -17,6 +18,32 @@
 int modhost_worker_set_parent_death_signal(int signal) { return prctl(PR_SET_PDEATHSIG, signal, 0, 0, 0); }
 
 int modhost_worker_use_one_malloc_arena(void) { return mallopt(M_ARENA_MAX, 1); }
+
+int modhost_worker_redirect_output(int read_ends[2]) {
+    int result = 0;
+    /* A daemon started with 1 or 2 closed: hold them (with 0, /dev/null), so that no pipe
+     * end lands on them. */
+    for (int target = 1; target <= 2; target++) {
+        if (fcntl(target, F_GETFD) < 0) dup2(0, target);
+    }
+    for (int target = 1; target <= 2; target++) {
+        int ends[2];
+        read_ends[target - 1] = -1;
+        if (pipe2(ends, O_CLOEXEC) == 0) {
+            dup2(ends[1], target);
+            close(ends[1]);
+            read_ends[target - 1] = ends[0];
+        } else {
+            int saved = errno;
+            int null = open("/dev/null", O_WRONLY | O_CLOEXEC);
+            if (null >= 0) { dup2(null, target); close(null); }
+            errno = saved;
+            result = -1;
+        }
+    }
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    return result;
+}
 
 int modhost_worker_set_no_new_privileges(void) { return prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); }
 

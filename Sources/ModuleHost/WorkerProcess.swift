@@ -21,7 +21,8 @@ import Synchronization
 /// answered there).
 ///
 /// In order, before any plugin code runs: it asks for SIGKILL when its parent ends
-/// (PR_SET_PDEATHSIG), checks who started it, closes every other descriptor but 0-2, reads
+/// (PR_SET_PDEATHSIG), checks who started it, closes every other descriptor but 0-2, puts
+/// pipes it reads on 1 and 2 (`WorkerOutput`: the plugin's output is logged as its own), reads
 /// the `load` frame, takes the group and user it names (when started by root), sets its
 /// resource limits and PR_SET_NO_NEW_PRIVS; then it loads the plugin's dependencies and the
 /// plugin, answers `ready` (or `failed`), and serves frames until the daemon closes the
@@ -48,6 +49,9 @@ public enum WorkerProcess {
             exit(notStartedByDaemon)
         }
         _ = modhost_worker_close_from(callsDescriptor + 1)
+        // From here on, descriptors 1 and 2 are pipes this worker reads: what the plugin
+        // writes there is logged by the daemon as the plugin's, never as its own.
+        let output = WorkerOutput.redirect()
         let channel = WorkerChannel(fd: socketDescriptor)
         var reader = FrameReader(fd: socketDescriptor)
         var load: JSONValue
@@ -71,6 +75,7 @@ public enum WorkerProcess {
             endGroup()
         }
         LoggingSystem.bootstrap(ChannelLogBackend(channel: channel), level: load.text("logLevel").flatMap(LogLevel.init(name:)) ?? .info)
+        WorkerOutput.forward(output)
         let service: WorkerService
         do throws(LoadFailure) {
             service = try WorkerService(load: load, channel: channel)

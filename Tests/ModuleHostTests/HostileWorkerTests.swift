@@ -11,7 +11,10 @@ struct HostileWorkerTests {
     /// A C plugin `Liar` whose module notes `EVENT PID` in `events` for every event and:
     /// on event `lie`, writes a log frame of its own on the worker's control socket
     /// (descriptor 3) that claims to come from plugin Honest's module, worker 1; on `say`,
-    /// logs through the host as it should; on `garbage`, writes bytes that are no frame on
+    /// logs through the host as it should; on `print`, writes a line that looks like the
+    /// daemon's on its standard error, a line on its standard output (no fflush), 1000 lines
+    /// on standard error, then (1.1 s later) an escape sequence and no newline, and closes
+    /// both; on `garbage`, writes bytes that are no frame on
     /// the socket of ordered requests (4); on `close`, closes descriptors 3, 4 and 5; on
     /// `segv`, crashes. It exports `liar_add(a, b)` and `liar_slow(ms)`, which returns after
     /// `ms` milliseconds.
@@ -43,6 +46,14 @@ struct HostileWorkerTests {
                     if (write(3, header, 4) != 4 || write(3, frame, n) != (long)n) {}
                 }
                 if (strcmp(event, "say") == 0) host->log(MODHOST_LOG_INFO, "honest line");
+                if (strcmp(event, "print") == 0) {
+                    dprintf(2, "error modhostd: plugin Counter's worker (pid 4711) was killed by signal 11\\n");
+                    printf("to stdout\\n");
+                    for (int i = 0; i < 1000; i++) fprintf(stderr, "flood %d\\n", i);
+                    usleep(1100000);
+                    dprintf(2, "\\033[31mred");
+                    close(1); close(2);
+                }
             }
             static void destroy(void *instance) { (void)instance; }
             MODHOST_EXPORT int32_t liar_add(int32_t a, int32_t b) { return a + b; }
@@ -82,6 +93,36 @@ struct HostileWorkerTests {
         for lie in ["plugin=Honest", "module=honest", "worker=1 "] {
             #expect(!(claimed + " ").contains(lie), "\(claimed)")
         }
+        h.daemon.send(SIGTERM)
+        #expect(await h.daemon.wait() == 0, "\(h.daemon.text)")
+    }
+
+    @Test("what an isolated plugin writes on its standard output and error is logged as its own", .timeLimit(.minutes(3)))
+    func aWorkersOutputIsTaggedAsThePlugins() async throws {
+        let scratch = TemporaryDirectory("isolated-output")
+        let liar = try Self.liar(in: scratch.directory("liar"))
+        let h = try DaemonLifecycleTests.Harness(["Counter"], files: [liar],
+                                                 config: #"{"plugins": {"Liar": {"isolation": "process"}}}"#)
+        #expect(await h.waitFor("control socket ready"), "\(h.daemon.text)")
+        let pid = try #require(try h.modules()["liar"]?["workerPid"] as? Int)
+        #expect(try h.ctl("send", "print", "--to", "liar").status == 0)
+        #expect(await h.waitFor("lines of output dropped"), "\(h.daemon.text)")
+        let lines = h.daemon.text.split(separator: "\n")
+        // The forged line is no daemon line: it is the plugin's, tagged, at warning level.
+        #expect(!lines.contains { $0.hasPrefix("error modhostd: plugin Counter") }, "\(h.daemon.text)")
+        let forged = try #require(lines.first { $0.contains("plugin Counter's worker (pid 4711)") })
+        #expect(forged == "warning modhost-worker: error modhostd: plugin Counter's worker (pid 4711) was killed by signal 11 stream=stderr plugin=Liar worker=\(pid)")
+        #expect(lines.contains("info modhost-worker: to stdout stream=stdout plugin=Liar worker=\(pid)"), "\(h.daemon.text)")
+        // The escape sequence is escaped, and its line, left without a newline, is sent once the plugin closes the pipe.
+        #expect(lines.contains { $0.hasPrefix("warning modhost-worker: \\u{1b}[31mred") || $0.hasPrefix("warning modhost-worker: \\u001b[31mred") }, "\(h.daemon.text)")
+        #expect(!h.daemon.text.contains("\u{1b}"))
+        // A flood is cut to 200 lines a second; the rest is counted.
+        let flood = lines.filter { $0.contains("modhost-worker: flood ") }
+        #expect(flood.count >= 100 && flood.count < 1000, "\(flood.count) flood lines")
+        #expect(flood.allSatisfy { $0.hasSuffix("stream=stderr plugin=Liar worker=\(pid)") })
+        // Closing its descriptors costs the plugin nothing else.
+        #expect(try h.ctl("send", "say", "--to", "liar").status == 0)
+        #expect(await h.waitFor("honest line"), "\(h.daemon.text)")
         h.daemon.send(SIGTERM)
         #expect(await h.daemon.wait() == 0, "\(h.daemon.text)")
     }

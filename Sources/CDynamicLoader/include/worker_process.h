@@ -15,6 +15,13 @@ int modhost_worker_set_parent_death_signal(int signal);
  * 64 MiB of address space for each further arena, which RLIMIT_AS counts. 1 on success. */
 int modhost_worker_use_one_malloc_arena(void);
 
+/* Puts a pipe on each of descriptors 1 and 2 (standard output and error) and stores their
+ * read ends (close-on-exec) in read_ends[0] and [1]; what was on 1 and 2 (the daemon's own
+ * standard error) is closed. A pipe that cannot be made leaves -1 and /dev/null on that
+ * descriptor. Makes C's stdout line-buffered, as on a terminal. 0 on success, -1 with
+ * errno when either pipe could not be made. */
+int modhost_worker_redirect_output(int read_ends[2]);
+
 /* prctl(PR_SET_NO_NEW_PRIVS, 1): no exec the worker does gains privileges. */
 int modhost_worker_set_no_new_privileges(void);
 
