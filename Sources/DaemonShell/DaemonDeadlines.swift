@@ -209,7 +209,7 @@ struct PostDelivery {
         }
         if !workerEnded.isEmpty {
             parts.append("notification \(notification) was not handled by \(Self.modules(workerEnded)): "
-                         + (workerEnded.count == 1 ? "its worker" : "their workers") + " ended while handling it; a crashed worker is restarted")
+                         + (workerEnded.count == 1 ? "its worker" : "their workers") + " ended while handling it; a crashed worker is restarted, unless quarantined")
         }
         if !notDelivered.isEmpty {
             let each = notDelivered.map { "\($0.module) (stuck in \($0.stuck.what) for \($0.stuck.elapsed.secondsText))" }

@@ -42,12 +42,11 @@ public struct WorkerLimits: Sendable, Equatable {
         self.processes = processes
     }
 
-    /// The limits set, as in the configuration (`addressSpaceBytes 104857600, openFiles 16`);
-    /// nil when none is.
+    /// The limits set, as in the configuration, by name (`addressSpaceBytes 104857600,
+    /// openFiles 16`); nil when none is.
     var summary: String? {
-        let set = [("addressSpaceBytes", addressSpaceBytes), ("openFiles", openFiles), ("cpuSeconds", cpuSeconds), ("processes", processes)]
-            .compactMap { name, value in value.map { "\(name) \($0)" } }
-        return set.isEmpty ? nil : set.joined(separator: ", ")
+        guard case .object(let set) = json, !set.isEmpty else { return nil }
+        return set.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value.jsonText)" }.joined(separator: ", ")
     }
 
     var json: JSONValue {

@@ -98,9 +98,6 @@ public actor PluginSet {
     var generations: [String: Int] = [:]
     /// Whether the first scan has deleted what an earlier run left in `imagesDirectory`.
     var imagesSwept = false
-    /// Set by `stopChanges()` or `shutdown()`: no further plugin is loaded, replaced or
-    /// started. Atomic, so that a signal handler's task sets it without waiting for this
-    /// actor (which a plugin's entry point may hold).
     /// The plugin whose modules are being created and initialized, or started, now (by a
     /// startup, reload or replace), in which phase and since when.
     private nonisolated let work = Mutex<(plugin: String, phase: String, since: ContinuousClock.Instant)?>(nil)
@@ -120,11 +117,15 @@ public actor PluginSet {
         if inThisProcess { crashGuard.begin(file: file, plugin: plugin, hash: hash, phase: phase) }
     }
 
+    /// Ends what `beginWork` marked.
     nonisolated func endWork() {
         crashGuard.end()
         work.withLock { $0 = nil }
     }
 
+    /// Set by `stopChanges()` or `shutdown()`: no further plugin is loaded, replaced or
+    /// started. Atomic, so that a signal handler's task sets it without waiting for this
+    /// actor (which a plugin's entry point may hold).
     nonisolated let stopFlag = Atomic<Bool>(false)
     nonisolated var stopRequested: Bool { stopFlag.load(ordering: .sequentiallyConsistent) }
 

@@ -69,13 +69,26 @@ struct HostileWorkerTests {
                                                                                                exports: [("liar_add", "i32(i32,i32)"), ("liar_slow", "i32(i32)")]))
     }
 
+    /// A modhostd running the example Counter in process and `plugin` (built into `file`)
+    /// isolated, once its control socket is ready.
+    static func daemon(isolating plugin: String, file: String, arguments: [String] = []) async throws -> DaemonLifecycleTests.Harness {
+        let h = try DaemonLifecycleTests.Harness(["Counter"], files: [file], arguments: arguments,
+                                                 config: #"{"plugins": {"\#(plugin)": {"isolation": "process"}}}"#)
+        #expect(await h.waitFor("control socket ready"), "\(h.daemon.text)")
+        return h
+    }
+
+    /// Stops it with SIGTERM; it must exit 0.
+    static func stop(_ h: DaemonLifecycleTests.Harness) async {
+        h.daemon.send(SIGTERM)
+        #expect(await h.daemon.wait() == 0, "\(h.daemon.text)")
+    }
+
     @Test("an isolated plugin cannot make its log lines another plugin's or another worker's", .timeLimit(.minutes(3)))
     func aWorkerCannotLogAsAnotherPlugin() async throws {
         let scratch = TemporaryDirectory("isolated-log")
         let liar = try Self.liar(in: scratch.directory("liar"))
-        let h = try DaemonLifecycleTests.Harness(["Counter"], files: [liar],
-                                                 config: #"{"plugins": {"Liar": {"isolation": "process"}}}"#)
-        #expect(await h.waitFor("control socket ready"), "\(h.daemon.text)")
+        let h = try await Self.daemon(isolating: "Liar", file: liar)
         let pid = try #require(try h.modules()["liar"]?["workerPid"] as? Int)
         #expect(try h.ctl("send", "say", "--to", "liar").status == 0)
         #expect(try h.ctl("send", "lie", "--to", "liar").status == 0)
@@ -93,17 +106,14 @@ struct HostileWorkerTests {
         for lie in ["plugin=Honest", "module=honest", "worker=1 "] {
             #expect(!(claimed + " ").contains(lie), "\(claimed)")
         }
-        h.daemon.send(SIGTERM)
-        #expect(await h.daemon.wait() == 0, "\(h.daemon.text)")
+        await Self.stop(h)
     }
 
     @Test("what an isolated plugin writes on its standard output and error is logged as its own", .timeLimit(.minutes(3)))
     func aWorkersOutputIsTaggedAsThePlugins() async throws {
         let scratch = TemporaryDirectory("isolated-output")
         let liar = try Self.liar(in: scratch.directory("liar"))
-        let h = try DaemonLifecycleTests.Harness(["Counter"], files: [liar],
-                                                 config: #"{"plugins": {"Liar": {"isolation": "process"}}}"#)
-        #expect(await h.waitFor("control socket ready"), "\(h.daemon.text)")
+        let h = try await Self.daemon(isolating: "Liar", file: liar)
         let pid = try #require(try h.modules()["liar"]?["workerPid"] as? Int)
         #expect(try h.ctl("send", "print", "--to", "liar").status == 0)
         #expect(await h.waitFor("lines of output dropped"), "\(h.daemon.text)")
@@ -123,8 +133,7 @@ struct HostileWorkerTests {
         // Closing its descriptors costs the plugin nothing else.
         #expect(try h.ctl("send", "say", "--to", "liar").status == 0)
         #expect(await h.waitFor("honest line"), "\(h.daemon.text)")
-        h.daemon.send(SIGTERM)
-        #expect(await h.daemon.wait() == 0, "\(h.daemon.text)")
+        await Self.stop(h)
     }
 
     @Test("a worker that writes what is no frame, or closes its sockets, is ended, named and restarted",
@@ -133,9 +142,7 @@ struct HostileWorkerTests {
         let scratch = TemporaryDirectory("hostile-worker")
         let events = scratch.file("events.log")
         let liar = try Self.liar(in: scratch.directory("liar"), events: events)
-        let h = try DaemonLifecycleTests.Harness(["Counter"], files: [liar], arguments: ["--event-deadline", "1"],
-                                                 config: #"{"plugins": {"Liar": {"isolation": "process"}}}"#)
-        #expect(await h.waitFor("control socket ready"), "\(h.daemon.text)")
+        let h = try await Self.daemon(isolating: "Liar", file: liar, arguments: ["--event-deadline", "1"])
         let pid = try #require(try h.modules()["liar"]?["workerPid"] as? Int)
         _ = try h.ctl("send", fault, "--to", "liar")
         // The daemon sees it at once (garbage) or when the worker neither answers nor ends.
@@ -153,8 +160,7 @@ struct HostileWorkerTests {
         #expect(try h.ctl("send", "after", "--to", "liar").status == 0)
         let lines = ((try? String(contentsOfFile: events, encoding: .utf8)) ?? "").split(separator: "\n")
         #expect(lines.contains("after \(now)"), "\(lines)")
-        h.daemon.send(SIGTERM)
-        #expect(await h.daemon.wait() == 0, "\(h.daemon.text)")
+        await Self.stop(h)
     }
 
     @Test("a send to an isolated module whose worker ends during the event, or is down, says so", .timeLimit(.minutes(3)))
@@ -162,9 +168,7 @@ struct HostileWorkerTests {
         let scratch = TemporaryDirectory("hostile-worker")
         let events = scratch.file("events.log")
         let liar = try Self.liar(in: scratch.directory("liar"), events: events)
-        let h = try DaemonLifecycleTests.Harness(["Counter"], files: [liar],
-                                                 config: #"{"plugins": {"Liar": {"isolation": "process"}}}"#)
-        #expect(await h.waitFor("control socket ready"), "\(h.daemon.text)")
+        let h = try await Self.daemon(isolating: "Liar", file: liar)
         // Five crashes within ten seconds: each send fails, naming the worker's end; then
         // the plugin is quarantined and a send to it says its worker is not running.
         for crash in 1...5 {
@@ -188,8 +192,7 @@ struct HostileWorkerTests {
         #expect(awaited.status != 0 && awaited.standardError.contains("worker_ended"), "\(awaited.standardOutput)\(awaited.standardError)")
         // A send to every module still reaches the others, and succeeds.
         #expect(try h.ctl("send", "hello").status == 0, "\(h.daemon.text)")
-        h.daemon.send(SIGTERM)
-        #expect(await h.daemon.wait() == 0, "\(h.daemon.text)")
+        await Self.stop(h)
     }
 
     /// A plugin whose module crashes its worker in create: the startup log does not say
@@ -199,9 +202,7 @@ struct HostileWorkerTests {
     func theStartupLogTellsACrashedWorkerFromARunningOne() async throws {
         let scratch = TemporaryDirectory("hostile-worker")
         let doomed = try IsolationTests.faultyPlugin("Doomed", in: scratch.directory("doomed"), events: "/dev/null", crashInCreate: true)
-        let h = try DaemonLifecycleTests.Harness(["Counter"], files: [doomed],
-                                                 config: #"{"plugins": {"Doomed": {"isolation": "process"}}}"#)
-        #expect(await h.waitFor("control socket ready"), "\(h.daemon.text)")
+        let h = try await Self.daemon(isolating: "Doomed", file: doomed)
         let log = h.daemon.text
         #expect(!log.contains("in worker process -"), "\(log)")
         #expect(!log.contains("did not answer within"), "\(log)")
@@ -209,8 +210,7 @@ struct HostileWorkerTests {
         // between a new worker's ready and its create's crash it does run).
         let started = try #require(log.split(separator: "\n").first { $0.contains("started ") && $0.contains(" modules: ") })
         #expect(started.contains("doomed") != log.contains("module doomed is not running: its worker is"), "\(log)")
-        h.daemon.send(SIGTERM)
-        #expect(await h.daemon.wait() == 0, "\(h.daemon.text)")
+        await Self.stop(h)
     }
 
     /// A post is reported as reaching only the listeners that handled it: an isolated
@@ -220,9 +220,7 @@ struct HostileWorkerTests {
     func aPostThatNoWorkerHandledFails() async throws {
         let scratch = TemporaryDirectory("hostile-worker")
         let liar = try Self.liar(in: scratch.directory("liar"))
-        let h = try DaemonLifecycleTests.Harness(["Counter"], files: [liar], arguments: ["--event-deadline", "1"],
-                                                 config: #"{"plugins": {"Liar": {"isolation": "process"}}}"#)
-        #expect(await h.waitFor("control socket ready"), "\(h.daemon.text)")
+        let h = try await Self.daemon(isolating: "Liar", file: liar, arguments: ["--event-deadline", "1"])
         func running() async throws -> Bool {
             try await StuckModuleTests.listUntil(h.socket) { $0["liar"]?["state"] as? String == "running" }.met
         }
@@ -234,8 +232,7 @@ struct HostileWorkerTests {
         let crashed = try h.ctl("post", "crashnote")
         #expect(crashed.status != 0 && crashed.standardError.contains("worker_ended"), "\(crashed.standardOutput)\(crashed.standardError)")
         #expect(crashed.standardError.contains("not handled by module liar"), "\(crashed.standardError)")
-        h.daemon.send(SIGTERM)
-        #expect(await h.daemon.wait() == 0, "\(h.daemon.text)")
+        await Self.stop(h)
     }
 
     @Test("a call that overruns its deadline in a worker makes the plugin busy until it returns, as in process",
@@ -243,9 +240,7 @@ struct HostileWorkerTests {
     func aCallThatOverrunsMakesThePluginBusyUntilItReturns() async throws {
         let scratch = TemporaryDirectory("hostile-worker")
         let liar = try Self.liar(in: scratch.directory("liar"))
-        let h = try DaemonLifecycleTests.Harness(["Counter"], files: [liar], arguments: ["--request-deadline", "1"],
-                                                 config: #"{"plugins": {"Liar": {"isolation": "process"}}}"#)
-        #expect(await h.waitFor("control socket ready"), "\(h.daemon.text)")
+        let h = try await Self.daemon(isolating: "Liar", file: liar, arguments: ["--request-deadline", "1"])
         let pid = try #require(try h.modules()["liar"]?["workerPid"] as? Int)
         let slow = try h.ctl("call", "Liar", "liar_slow", "4000")
         #expect(slow.status != 0 && slow.standardError.contains("deadline_exceeded"), "\(slow.standardOutput)\(slow.standardError)")
@@ -263,7 +258,6 @@ struct HostileWorkerTests {
         }
         #expect(answer == "5\n", "\(h.daemon.text)")
         #expect(try h.modules()["liar"]?["workerPid"] as? Int == pid)
-        h.daemon.send(SIGTERM)
-        #expect(await h.daemon.wait() == 0, "\(h.daemon.text)")
+        await Self.stop(h)
     }
 }

@@ -134,3 +134,12 @@ import Testing
         while !condition() { try? await Task.sleep(for: .milliseconds(1)) }
     }
 }
+
+/// How a worker's limits are named in messages about a worker that stalled.
+@Suite struct WorkerLimitsTests {
+    @Test func theSummaryNamesTheLimitsSetAsTheConfigurationDoes() {
+        #expect(WorkerLimits().summary == nil)
+        #expect(WorkerLimits(addressSpaceBytes: 150_000_000, openFiles: 16).summary == "addressSpaceBytes 150000000, openFiles 16")
+        #expect(WorkerLimits(cpuSeconds: 2, processes: 64).summary == "cpuSeconds 2, processes 64")
+    }
+}
