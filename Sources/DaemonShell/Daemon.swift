@@ -205,14 +205,14 @@ public actor Daemon: DaemonControl {
         let snapshot = await plugins.snapshot()
         let down = downModules(snapshot)
         let running = await host.moduleNames.filter { down[$0] == nil }
-        logger.info("started \(running.count) modules: \(running.joined(separator: ", "))",
+        logger.info("started \(running.count) \(running.count == 1 ? "module" : "modules"): \(running.joined(separator: ", "))",
                     [("plugins", "\(snapshot.plugins.count)"), ("refused", "\(snapshot.filesRefused)")])
         for (module, worker) in down.sorted(by: { $0.key < $1.key }) {
             logger.warning("module \(module) is not running: its worker is \(worker.phase.rawValue)\(worker.lastCrash.map { " (last: \($0))" } ?? "")",
                            [("module", module)])
         }
         logger.info("control socket ready", [("socket", socketPath)])
-        notify { try $0.ready(status: "\(running.count) modules running") }
+        notify { try $0.ready(status: "\(running.count) \(running.count == 1 ? "module" : "modules") running") }
     }
 
     /// Returns once startup has finished (at once afterwards): requests that act on
@@ -542,7 +542,7 @@ public actor Daemon: DaemonControl {
             logger.warning("notification \(notification): \(error.message)", [("notification", notification)])
             throw error
         }
-        logger.info("notification \(notification) posted to \(delivery.reached.count) listening modules", [("notification", notification)])
+        logger.info("notification \(notification) posted to \(delivery.reached.count) listening \(delivery.reached.count == 1 ? "module" : "modules")", [("notification", notification)])
         return delivery.reached
     }
 

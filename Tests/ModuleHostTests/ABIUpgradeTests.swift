@@ -207,7 +207,7 @@ import TestSupport
         #expect(verify.standardOutput.contains(refusal), "\(verify.standardOutput)")
         let socket = dir.file("sock")
         let daemon = try RunningProcess(tools.modhostd, ["--plugins", plugins, "--state-dir", dir.directory("state"), "--socket", socket])
-        #expect(await daemon.waitFor("started 1 modules: counter"), "\(daemon.text)")
+        #expect(await daemon.waitFor("started 1 module: counter"), "\(daemon.text)")
         #expect(daemon.text.contains(refusal), "\(daemon.text)")
         #expect(!daemon.text.contains("PROBE"), "no code of the refused plugin ran")
         daemon.send(SIGTERM)

@@ -75,7 +75,7 @@ import TestSupport
 
     @Test func dropByRenameAndByCopyThenRemove() async throws {
         let h = try Harness(["Greeting"])
-        #expect(await h.waitFor("started 1 modules"))
+        #expect(await h.waitFor("started 1 module"))
         #expect(await h.waitFor("control socket ready"))
 
         try h.drop(BuildProducts.plugin("Counter"), as: "libCounter.so")
@@ -131,7 +131,7 @@ import TestSupport
 
     @Test func aPluginThatCrashesOnLoadAtRunTimeNeverTouchesTheDaemon() async throws {
         let h = try Harness(["Counter"])
-        #expect(await h.waitFor("started 1 modules"))
+        #expect(await h.waitFor("started 1 module"))
         let scratch = TemporaryDirectory("crasher")
         try h.drop(try Self.crashingPlugin(in: scratch.path), as: "libCrasher.so")
         #expect(await h.waitFor("crashed a trial load in a child process (signal 11"))
@@ -151,7 +151,7 @@ import TestSupport
         #expect(status == 128 + SIGSEGV)
         // Second start: refused with the reason, everything else runs.
         let second = try RunningProcess(BuildProducts.modhostd, arguments)
-        #expect(await second.waitFor("started 1 modules: counter"))
+        #expect(await second.waitFor("started 1 module: counter"))
         #expect(second.text.contains("plugin Bomb crashed the host process during entry"))
         #expect(second.text.contains("crash guard check failed: this file crashed the host process during entry"))
         let list = try run(BuildProducts.modhostctl, ["--socket", scratch.file("sock"), "list"])
@@ -213,7 +213,7 @@ import TestSupport
     @Test(arguments: [["Greeting", "Welcome"], ["Greeting"]])
     func aReplacedSwiftPluginRunsTheNewCode(examples: [String]) async throws {
         let h = try Harness(examples)
-        #expect(await h.waitFor("started \(examples.count) modules"))
+        #expect(await h.waitFor("started \(examples.count) module"))
         for (generation, salutation) in [(2, "Howdy"), (3, "Ahoy")] {
             let version = "\(generation).0.0"
             let work = TemporaryDirectory("greeting-\(version)")
@@ -238,7 +238,7 @@ import TestSupport
     /// The same promise for a C plugin: each generation's handler is the one that runs.
     @Test func aReplacedCPluginRunsTheNewCode() async throws {
         let h = try Harness(["Counter"])
-        #expect(await h.waitFor("started 1 modules"))
+        #expect(await h.waitFor("started 1 module"))
         for generation in 1...3 {
             let version = "\(generation).0"
             let scratch = TemporaryDirectory("tally-\(generation)")

@@ -131,7 +131,7 @@ import TestSupport
         #expect(lines.first?.contains("\"ok\":true") == true, "\(lines)")
         #expect(!daemon.text.contains("started"))
         #expect(FileManager.default.createFile(atPath: gate, contents: nil))
-        #expect(await daemon.waitFor("started 1 modules"))
+        #expect(await daemon.waitFor("started 1 module"))
         let status = try run(BuildProducts.modhostctl, ["--socket", socket, "status", "--json"])
         let reply = try JSONSerialization.jsonObject(with: Data(status.standardOutput.utf8)) as? [String: Any]
         #expect(reply?["ready"] as? Bool == true, "\(status)")

@@ -147,7 +147,7 @@ import TestSupport
     @Test(arguments: ["../../escaped", "a/b", "bad\nname", "esc\u{1B}[31mred", ".hidden", String(repeating: "n", count: 65)])
     func aPluginWithABadNameIsRefusedAndNothingIsWrittenOutsideTheStateDirectory(name: String) async throws {
         let h = try DaemonLifecycleTests.Harness(["Greeting"])
-        #expect(await h.waitFor("started 1 modules: greeting"))
+        #expect(await h.waitFor("started 1 module: greeting"))
         let scratch = TemporaryDirectory("bad-name")
         try h.drop(try Self.plugin(named: name, in: scratch), as: "libNamed.so")
         #expect(await h.waitFor(#"refused \#(h.plugins)/libNamed.so: manifest check failed: manifest is garbled: field "name" is"#))

@@ -60,7 +60,7 @@ import TestSupport
 
         let daemon = try RunningProcess(BuildProducts.modhostd, ["--plugins", dir + "/build", "--state-dir", root.file("state"),
                                                                  "--socket", root.file("sock")])
-        #expect(await daemon.waitFor("started 1 modules: hello"))
+        #expect(await daemon.waitFor("started 1 module: hello"))
         let startLine = daemon.text.split(separator: "\n").first { $0.contains(language == "c" ? ": start " : "hello: start") }
         #expect(startLine?.contains("module=hello") == true, "\(daemon.text)")
 

@@ -396,7 +396,7 @@ import TestSupport
         #expect(!first.text.contains("modhostd: stopped"), "\(first.text)")
         // The next start runs the plugin: a shutdown is not a crash.
         let second = try start("{\"isolation\":\"\(isolation)\"}")
-        #expect(await second.waitFor("started 1 modules: evil", timeout: .seconds(60)), "\(second.text)")
+        #expect(await second.waitFor("started 1 module: evil", timeout: .seconds(60)), "\(second.text)")
         #expect(!second.text.contains("crashed"), "\(second.text)")
         second.send(SIGTERM)
         #expect(await second.wait(timeout: .seconds(60)) == 0)
@@ -411,7 +411,7 @@ import TestSupport
         third.send(SIGKILL)
         _ = await third.wait(timeout: .seconds(60))
         let fourth = try start("{\"isolation\":\"process\"}")
-        #expect(await fourth.waitFor("started 1 modules: evil", timeout: .seconds(60)), "\(fourth.text)")
+        #expect(await fourth.waitFor("started 1 module: evil", timeout: .seconds(60)), "\(fourth.text)")
         #expect(!fourth.text.contains("crashed"), "\(fourth.text)")
         fourth.send(SIGTERM)
         #expect(await fourth.wait(timeout: .seconds(60)) == 0)
