@@ -178,6 +178,8 @@ public final class IsolatedPlugin: Sendable {
         /// The modules the daemon runs, in creation order, and how to run them again.
         var modules: [(name: String, record: ModuleRecord)] = []
         var startedOnce = false
+        /// Set when the host shuts down: a worker that ends from then on is not restarted.
+        var restartsEnded = false
     }
     private let state = Mutex(State())
 
@@ -503,9 +505,12 @@ public final class IsolatedPlugin: Sendable {
             return (false, delay, recent)
         }
         guard let decision else { return }
-        let modules = state.withLock { $0.modules.map(\.name) }
-        logger.error("plugin \(name)'s worker (pid \(connection.pid)) \(ending); its modules are crashed: \(modules.joined(separator: ", "))",
+        let (modules, restartsEnded) = state.withLock { ($0.modules.map(\.name), $0.restartsEnded) }
+        logger.error("plugin \(name)'s worker (pid \(connection.pid)) \(ending)"
+                     + (modules.isEmpty ? "" : "; its modules are crashed: \(modules.joined(separator: ", "))")
+                     + (restartsEnded ? "; it is not restarted: the daemon is shutting down" : ""),
                      [("pid", "\(connection.pid)"), ("cause", ending)])
+        if restartsEnded { return }
         if decision.quarantined {
             logger.error("plugin \(name) is quarantined: its worker ended \(decision.crashes) times within \(window.secondsText); it is not restarted until its file changes or a module of it is enabled (modhostctl enable MODULE)",
                          [("crashes", "\(decision.crashes)")])
@@ -524,7 +529,7 @@ public final class IsolatedPlugin: Sendable {
     /// Starts a new worker and runs the daemon's modules of this plugin in it again.
     private func restart() async {
         guard state.withLock({ state -> Bool in
-            guard state.phase == .crashed || state.phase == .quarantined else { return false }
+            guard state.phase == .crashed || state.phase == .quarantined, !state.restartsEnded else { return false }
             state.phase = .starting
             return true
         }) else { return }
@@ -543,7 +548,7 @@ public final class IsolatedPlugin: Sendable {
             return
         }
         let (modules, stopped, restarts) = state.withLock { state -> ([(name: String, record: ModuleRecord)], Bool, Int) in
-            guard state.phase == .starting else { return ([], true, 0) }
+            guard state.phase == .starting, !state.restartsEnded else { return ([], true, 0) }
             // Still `starting`: the modules get nothing until they run again in order.
             state.connection = connection
             state.restarts += 1
@@ -588,6 +593,13 @@ public final class IsolatedPlugin: Sendable {
     }
 
     /// Ends the worker for good (removal, replacement, shutdown): no restart follows.
+    /// From now on a worker that ends is not restarted (the host is shutting down: its
+    /// modules get willTerminate and deinit, and a worker killed for not answering them
+    /// must not be followed by a new one).
+    func endRestarts() {
+        state.withLock { $0.restartsEnded = true }
+    }
+
     func stop() {
         let connection = state.withLock { state -> WorkerConnection? in
             state.phase = .stopped
@@ -872,6 +884,15 @@ final class WorkerConnection: Sendable {
             var modules: [(name: String, version: String)] = []
             if case .array(let list) = message["modules"] ?? .null {
                 for entry in list { if let name = entry.text("name") { modules.append((name, entry.text("version") ?? "")) } }
+            }
+            // The worker's loader checked its descriptor against plugin.json; a frame that
+            // says otherwise was written by the plugin's own code (e.g. a constructor, which
+            // runs before the worker's ready), to claim another plugin's module names.
+            let listed = plugin.file.manifest.modules
+            guard modules.map(\.name) == listed else {
+                kill(reason: "its ready frame did not list the modules plugin.json lists")
+                return .failure(failure("its worker's ready frame did not list the modules plugin.json lists (\(listed.joined(separator: ", "))): the plugin's code wrote it on the worker's socket",
+                                        "remove the plugin's code that writes to descriptors it did not open (3, 4 and 5 are the worker's)"))
             }
             described.withLock { $0 = modules }
             return .success(())

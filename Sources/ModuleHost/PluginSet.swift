@@ -293,13 +293,19 @@ public actor PluginSet {
 
     /// Stops changes (`stopChanges`), waits for the change in progress, then shuts the host
     /// down: every module gets willTerminate (awaited) and deinit, in reverse order.
-    /// Then every isolated plugin's worker ends.
+    /// Then every isolated plugin's worker ends. A worker that ends before (e.g. killed for
+    /// not answering willTerminate) is not restarted.
     public func shutdown() async {
         stopChanges()
         await changes.run {
+            await self.endWorkerRestarts()
             await self.host.shutdown()
             await self.stopWorkers()
         }
+    }
+
+    func endWorkerRestarts() {
+        for record in records.values { record.loaded.isolated?.endRestarts() }
     }
 
     func stopWorkers() {

@@ -260,4 +260,45 @@ struct HostileWorkerTests {
         #expect(try h.modules()["liar"]?["workerPid"] as? Int == pid)
         await Self.stop(h)
     }
+
+    /// A plugin's constructor runs in its worker before the worker is ready, so it can write
+    /// a ready frame of its own: one naming modules plugin.json does not list (to take
+    /// another plugin's module names) refuses the plugin, and no module of that name appears.
+    @Test("a ready frame the plugin forged cannot claim module names", .timeLimit(.minutes(3)))
+    func aForgedReadyFrameIsRefused() async throws {
+        let scratch = TemporaryDirectory("forged-ready")
+        let frame = #"{"op":"ready","pid":1,"modules":[{"name":"forger","version":"1.0"},{"name":"ghost","version":"6.6"}]}"#
+        let source = """
+            #define _GNU_SOURCE
+            #include <modulehost.h>
+            #include <sys/stat.h>
+            #include <unistd.h>
+            static const char frame[] = "\(frame.replacingOccurrences(of: "\"", with: "\\\""))";
+            __attribute__((constructor)) static void forge(void) {
+                struct stat status;
+                if (fstat(3, &status) != 0 || !S_ISSOCK(status.st_mode)) return;
+                unsigned long n = sizeof frame - 1;
+                unsigned char header[4] = {(unsigned char)(n >> 24), (unsigned char)(n >> 16), (unsigned char)(n >> 8), (unsigned char)n};
+                if (write(3, header, 4) != 4 || write(3, frame, n) != (long)n) {}
+            }
+            static void *create(const modhost_host_api *host, const char *config) { (void)config; return (void *)host; }
+            static void handle(void *instance, const char *event, const char *payload) { (void)instance; (void)event; (void)payload; }
+            static void destroy(void *instance) { (void)instance; }
+            static const modhost_module modules[] = {{ sizeof(modhost_module), MODHOST_MODULE_C, "forger", "1.0",
+                NULL, create, handle, destroy, 0 }};
+            static const modhost_plugin plugin = MODHOST_PLUGIN_INIT("Forger", modules);
+            MODHOST_PLUGIN_ENTRY { return &plugin; }
+            """
+        let forger = try PluginFactory(directory: scratch.directory("forger"))
+            .buildC("Forger", source: source, manifest: PluginFactory.manifest(plugin: "Forger", modules: ["forger"]))
+        let h = try await Self.daemon(isolating: "Forger", file: forger)
+        let rows = try h.modules()
+        #expect(rows["ghost"] == nil, "\(rows)")
+        #expect(rows["forger"] == nil, "\(rows)")
+        #expect(rows["counter"]?["state"] as? String == "running", "\(rows)")
+        let refusal = try #require(rows.values.first { ($0["file"] as? String ?? "").hasSuffix("libForger.so") }, "\(rows)")
+        #expect(refusal["state"] as? String == "refused", "\(refusal)")
+        #expect("\(refusal)".contains("ready frame did not list the modules plugin.json lists (forger)"), "\(refusal)")
+        await Self.stop(h)
+    }
 }

@@ -310,6 +310,25 @@ import TestSupport
         for name in names { #expect(line.contains("module \(name) "), "\(line)") }
     }
 
+    /// An isolated module that does not return from deinit gets its worker killed at the
+    /// event deadline; during shutdown no new worker follows it, even while the daemon still
+    /// waits for another module (in process, stuck in deinit too).
+    @Test func aWorkerKilledDuringShutdownIsNotRestarted() async throws {
+        let scratch = TemporaryDirectory("stuck-isolated-shutdown")
+        let isolated = try Self.plugin("Lingers", modules: ["lingers"], hangOn: ["deinit"], in: scratch.path)
+        let inProcess = try Self.plugin("Later", modules: ["later"], hangOn: ["deinit"], in: scratch.path)
+        let h = try Harness([], files: [isolated, inProcess], arguments: ["--event-deadline", "1", "--shutdown-budget", "3"],
+                            config: #"{"plugins": {"Lingers": {"isolation": "process"}}}"#)
+        #expect(await h.waitFor("started 2 modules: later, lingers"), "\(h.daemon.text)")
+        // Later is still in deinit when the budget runs out.
+        let (exit, _) = await Self.terminate(h)
+        #expect(exit == 1, "\(h.daemon.text)")
+        let log = h.daemon.text
+        #expect(log.contains("killed because its code did not return from deinit within 1 s; it is not restarted: the daemon is shutting down"), "\(log)")
+        #expect(!log.contains("restarted plugin Lingers's worker"), "\(log)")
+        #expect(!log.contains("modhost-worker: refused"), "\(log)")
+    }
+
     @Test func aSecondSignalDuringAStuckShutdownEndsTheDaemonAtOnce() async throws {
         let scratch = TemporaryDirectory("second-signal")
         let plugin = try Self.plugin("Lingers", modules: ["lingers"], hangOn: ["willTerminate"], in: scratch.path)
