@@ -477,10 +477,11 @@ public final class IsolatedPlugin: Sendable {
         connection.kill(reason: reason)
     }
 
-    /// Said of a worker that stalled while it has limits: one too low makes a worker stall
-    /// (its threads cannot start), not fail.
+    /// Said of a worker with limits that stalled or did not answer in time: a limit too low
+    /// makes a worker stall (its threads cannot start), not fail, so the plugin's code is
+    /// not the only suspect.
     var limitsHint: String {
-        settings.limits.summary.map { " (it runs with the limits \($0): a limit too low stalls a worker)" } ?? ""
+        settings.limits.summary.map { " (it runs with the limits \($0): its code may hang, or a limit too low may stall it)" } ?? ""
     }
 
     // MARK: - Supervision
