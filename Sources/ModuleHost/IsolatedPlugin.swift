@@ -760,6 +760,7 @@ final class WorkerConnection: Sendable {
         private struct State {
             var outcome: Outcome?
             var continuation: CheckedContinuation<Outcome, Never>?
+            var extended = false
         }
         private let state = Mutex(State())
 
@@ -781,10 +782,20 @@ final class WorkerConnection: Sendable {
         /// The outcome, or `.timedOut` once `deadline` (nil: none) has passed. The timer is
         /// a dispatch source, cancelled (and freed) as soon as the outcome is known: a
         /// `DispatchQueue.asyncAfter` would stay queued, with what it holds, until its time.
-        func wait(upTo deadline: Duration?) async -> Outcome {
+        ///
+        /// `unread`, if given, is asked when `deadline` passes: true (the reply may be in the
+        /// socket, not read yet by the thread that reads every worker's frames, which was
+        /// busy, e.g. with another worker's large frame) gives the reply `grace` more, once.
+        func wait(upTo deadline: Duration?, unread: (@Sendable () -> Bool)? = nil, grace: Duration = .zero) async -> Outcome {
             guard let deadline else { return await wait() }
             let timer = DispatchSource.makeTimerSource(queue: .global())
-            timer.setEventHandler { [self] in complete(.timedOut) }
+            timer.setEventHandler { [self] in  // holds the timer until it is cancelled (which frees this handler)
+                if let unread, state.withLock({ state in defer { state.extended = true }; return !state.extended }), unread() {
+                    timer.schedule(deadline: .now() + grace.dispatchInterval)
+                    return
+                }
+                complete(.timedOut)
+            }
             timer.schedule(deadline: .now() + deadline.dispatchInterval)
             timer.resume()
             let outcome = await wait()
@@ -992,7 +1003,10 @@ final class WorkerConnection: Sendable {
             _ = pending.withLock { $0.waiters.removeValue(forKey: id) }
             return sent == .timedOut ? .timedOut : .gone
         }
-        return await waiter.wait(upTo: max(until - .now, .zero))
+        // The worker poller reads the reply: a worker whose reply is in its socket when the
+        // deadline passes is not blamed for the poller's lateness.
+        let control = control.channel
+        return await waiter.wait(upTo: max(until - .now, .zero), unread: { control.hasUnreadInput }, grace: deadline)
     }
 
     /// Sends a call by name (socket 5) and waits for its reply, up to `deadline` if given:

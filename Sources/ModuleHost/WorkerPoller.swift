@@ -119,7 +119,7 @@ final class WorkerPoller: Sendable {
                 let index: Int?
                 switch request {
                 case .watch(let connection, let pidfd):
-                    entries.append(Entry(connection: connection, pidfd: pidfd, reader: FrameReader(fd: connection.control.channel.fd),
+                    entries.append(Entry(connection: connection, pidfd: pidfd, reader: FrameReader(fd: connection.control.channel.fd, maximumSize: WorkerFrame.controlMaximumSize),
                                          flushBy: connection.outboxes.map { _ in nil }))
                     continue
                 case .kill(let connection, _), .flush(let connection), .readCalls(let connection, _), .releaseCalls(let connection):

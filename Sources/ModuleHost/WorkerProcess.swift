@@ -52,7 +52,7 @@ public enum WorkerProcess {
         // From here on, descriptors 1 and 2 are pipes this worker reads: what the plugin
         // writes there is logged by the daemon as the plugin's, never as its own.
         let output = WorkerOutput.redirect()
-        let channel = WorkerChannel(fd: socketDescriptor)
+        let channel = WorkerChannel(fd: socketDescriptor, maximumSize: WorkerFrame.controlMaximumSize)
         var reader = FrameReader(fd: socketDescriptor)
         var load: JSONValue
         do {
@@ -231,6 +231,12 @@ struct ChannelLogBackend: LogBackend {
 /// The plugin loaded in the worker and its modules, on a host instance of the worker's
 /// own; serves the daemon's requests (docs/isolation.md, "Frames").
 final class WorkerService: Sendable {
+    /// Says that a notification of this plugin's could not be sent to the daemon.
+    static func notPosted(_ notification: String) {
+        Logger(label: "modhostd").warning("notification \(notification) was not posted: with its payload it is larger than the 1 MiB a worker may send at once (or the daemon has gone)",
+                                          [("notification", notification)])
+    }
+
     let channel: WorkerChannel
     let plugin: LoadedPlugin
     let host: HostInstance
@@ -266,7 +272,7 @@ final class WorkerService: Sendable {
                                 forwardingNotifications: { notification, payload, module in
                                     var post: [String: JSONValue] = ["op": "post", "name": .string(notification), "payload": payload]
                                     if let module { post["module"] = .string(module) }
-                                    channel.send(.object(post))
+                                    if !channel.send(.object(post)) { Self.notPosted(notification) }
                                 },
                                 locatingModules: { [answers = self.answers, daemonModules = self.daemonModules] module in
                                     Self.locate(module, plugin: manifest, asking: answers, on: channel, within: deadline,
@@ -293,7 +299,7 @@ final class WorkerService: Sendable {
             try CHostServices(
                 moduleName: name, logger: host.logger(for: name),
                 post: { notification, payload in
-                    channelForPost.send(["op": "post", "name": .string(notification), "payload": payload])
+                    if !channelForPost.send(["op": "post", "name": .string(notification), "payload": payload]) { Self.notPosted(notification) }
                 },
                 hasModule: { name in host.isRunning(moduleNamed: name) || daemonModules.names.withLock { $0.contains(name) } })
         }

@@ -11,6 +11,11 @@ enum WorkerFrame {
     /// The largest frame body, in bytes (16 MiB): a payload, a state or a call result
     /// larger than this is refused, not read.
     static let maximumSize = 16 << 20
+    /// The largest frame body a worker may write on its control socket (1 MiB): logs,
+    /// notifications it posts, its questions and its answers to awaited events. One thread
+    /// of the daemon reads every worker's control socket, so one worker's frame must not
+    /// take it long: a larger frame ends the worker (its own end refuses to write one).
+    static let controlMaximumSize = 1 << 20
 
     /// The frame carrying `message`, nil when its text is longer than `maximumSize`. Given
     /// an `id`, the message (an object without one) gets it as member "id". The text is written right
@@ -91,9 +96,20 @@ enum WorkerFrame {
 /// `FrameReader` on the one thread that reads.
 final class WorkerChannel: Sendable {
     let fd: Int32
+    /// The largest frame body it writes; a larger message is not sent (`gone`).
+    let maximumSize: Int
     private let writing = Mutex(())
 
-    init(fd: Int32) { self.fd = fd }
+    init(fd: Int32, maximumSize: Int = WorkerFrame.maximumSize) {
+        self.fd = fd
+        self.maximumSize = maximumSize
+    }
+
+    /// Whether the socket holds bytes no one has read yet (or has hung up), now.
+    var hasUnreadInput: Bool {
+        var entry = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+        return poll(&entry, 1, 0) == 1 && entry.revents != 0
+    }
 
     /// Writes `message` as one frame; false when the other end is gone or the message is
     /// too large.
@@ -120,7 +136,7 @@ final class WorkerChannel: Sendable {
 
     /// Writes `frame` (from `WorkerFrame.encode`; nil: too large), as `send(_:until:)`.
     func send(frame: [UInt8]?, until deadline: ContinuousClock.Instant?) -> Sent {
-        guard let frame else { return .gone }
+        guard let frame, frame.count - 4 <= maximumSize else { return .gone }
         return writing.withLock { _ in
             frame.withUnsafeBytes { bytes in
                 var done = 0
@@ -301,8 +317,13 @@ struct FrameReader {
     private var buffer = [UInt8](repeating: 0, count: 4096)
     private var start = 0
     private var end = 0
+    /// The largest frame body it takes; a larger frame is `invalid`.
+    let maximumSize: Int
 
-    init(fd: Int32) { self.fd = fd }
+    init(fd: Int32, maximumSize: Int = WorkerFrame.maximumSize) {
+        self.fd = fd
+        self.maximumSize = maximumSize
+    }
 
     /// Why reading stopped.
     enum End: Error, CustomStringConvertible {
@@ -326,7 +347,7 @@ struct FrameReader {
     /// A read that timed out took nothing: the next one goes on where it stopped.
     mutating func next(until deadline: ContinuousClock.Instant? = nil) throws(End) -> WorkerMessage {
         try fill(4, until: deadline)
-        let length = try Self.length(of: buffer[start..<(start + 4)])
+        let length = try length(of: buffer[start..<(start + 4)])
         try fill(4 + length, until: deadline)
         let body = Array(buffer[(start + 4)..<(start + 4 + length)])
         start += 4 + length
@@ -337,7 +358,7 @@ struct FrameReader {
     /// (`receiveAvailable`); never reads.
     mutating func buffered() throws(End) -> WorkerMessage? {
         guard end - start >= 4 else { return nil }
-        let length = try Self.length(of: buffer[start..<(start + 4)])
+        let length = try length(of: buffer[start..<(start + 4)])
         guard end - start - 4 >= length else { return nil }
         let body = Array(buffer[(start + 4)..<(start + 4 + length)])
         start += 4 + length
@@ -350,7 +371,7 @@ struct FrameReader {
     mutating func receiveAvailable() throws(End) -> Bool {
         if start > 0 { compact() }
         var wanted = 4096
-        if end >= 4 { wanted = max(wanted, 4 + (try Self.length(of: buffer[0..<4]))) }
+        if end >= 4 { wanted = max(wanted, 4 + (try length(of: buffer[0..<4]))) }
         if buffer.count < wanted { buffer.append(contentsOf: repeatElement(0, count: wanted - buffer.count)) }
         let room = buffer.count - end
         guard room > 0 else { return false }
@@ -367,10 +388,10 @@ struct FrameReader {
         }
     }
 
-    private static func length(of header: some Collection<UInt8>) throws(End) -> Int {
+    private func length(of header: some Collection<UInt8>) throws(End) -> Int {
         let length = header.reduce(0) { $0 << 8 | Int($1) }
-        guard length >= 1, length <= WorkerFrame.maximumSize else {
-            throw .invalid("length \(length) is outside 1...\(WorkerFrame.maximumSize)")
+        guard length >= 1, length <= maximumSize else {
+            throw .invalid("length \(length) is outside 1...\(maximumSize)")
         }
         return length
     }

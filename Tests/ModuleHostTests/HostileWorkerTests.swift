@@ -301,4 +301,56 @@ struct HostileWorkerTests {
         #expect("\(refusal)".contains("ready frame did not list the modules plugin.json lists (forger)"), "\(refusal)")
         await Self.stop(h)
     }
+
+    /// One thread of the daemon reads every worker's control socket. A worker that writes a
+    /// frame too large for it (here 16 MiB, a valid log frame) ends itself, at the header;
+    /// the daemon does not spend seconds reading it while another worker's answer waits, so
+    /// that other worker is not killed for the daemon's lateness.
+    @Test("one worker's huge frame does not get another worker killed", .timeLimit(.minutes(3)))
+    func aHugeFrameCostsOnlyItsWorker() async throws {
+        let scratch = TemporaryDirectory("huge-frame")
+        let liar = try Self.liar(in: scratch.directory("liar"))
+        let source = """
+            #define _GNU_SOURCE
+            #include <modulehost.h>
+            #include <stdlib.h>
+            #include <string.h>
+            #include <unistd.h>
+            static void *create(const modhost_host_api *host, const char *config) { (void)config; return (void *)host; }
+            static void handle(void *instance, const char *event, const char *payload) {
+                (void)instance; (void)payload;
+                if (strcmp(event, "big") != 0) return;
+                static const char head[] = "{\\"op\\":\\"log\\",\\"level\\":1,\\"label\\":\\"hog\\",\\"message\\":\\"";
+                size_t n = 16u << 20, text = n - (sizeof head - 1) - 2;
+                char *frame = malloc(4 + n);
+                if (!frame) return;
+                frame[0] = (char)(n >> 24); frame[1] = (char)(n >> 16); frame[2] = (char)(n >> 8); frame[3] = (char)n;
+                memcpy(frame + 4, head, sizeof head - 1);
+                memset(frame + 4 + sizeof head - 1, 'a', text);
+                memcpy(frame + 4 + n - 2, "\\"}", 2);
+                for (size_t done = 0; done < 4 + n;) { ssize_t w = write(3, frame + done, 4 + n - done); if (w <= 0) break; done += (size_t)w; }
+                free(frame);
+            }
+            static void destroy(void *instance) { (void)instance; }
+            static const modhost_module modules[] = {{ sizeof(modhost_module), MODHOST_MODULE_C, "hog", "1.0",
+                NULL, create, handle, destroy, 0 }};
+            static const modhost_plugin plugin = MODHOST_PLUGIN_INIT("Hog", modules);
+            MODHOST_PLUGIN_ENTRY { return &plugin; }
+            """
+        let hog = try PluginFactory(directory: scratch.directory("hog"))
+            .buildC("Hog", source: source, manifest: PluginFactory.manifest(plugin: "Hog", modules: ["hog"]))
+        let h = try DaemonLifecycleTests.Harness(["Counter"], files: [liar, hog], arguments: ["--event-deadline", "1"],
+                                                 config: #"{"plugins": {"Liar": {"isolation": "process"}, "Hog": {"isolation": "process"}}}"#)
+        #expect(await h.waitFor("control socket ready"), "\(h.daemon.text)")
+        let liarPid = try #require(try h.modules()["liar"]?["workerPid"] as? Int)
+        _ = try h.ctl("send", "big", "--to", "hog")
+        let awaited = try h.ctl("send", "hello", "--to", "liar", "--await")
+        #expect(awaited.status == 0, "\(awaited.standardError)\n\(h.daemon.text)")
+        #expect(await h.waitFor("plugin Hog's worker"), "\(h.daemon.text)")
+        let log = h.daemon.text
+        #expect(log.contains("is outside 1...1048576"), "\(log)")
+        #expect(!log.contains("plugin Liar's worker"), "\(log)")
+        #expect(try h.modules()["liar"]?["workerPid"] as? Int == liarPid)
+        await Self.stop(h)
+    }
 }
