@@ -29,8 +29,10 @@ package final class PluginWorker: Sendable {
         var lastStarted: UInt64 = 0
         var notStarted: Set<UInt64> = []
         /// Jobs a waiting caller gave up on before they started (the queue was slow to
-        /// reach them): they count as overrun from their first instant.
-        var abandoned: Set<UInt64> = []
+        /// reach them, or no thread came for them), with what they are and since when their
+        /// caller waited: the worker is stuck on them until they have run, and they count
+        /// as overrun from their first instant.
+        var abandoned: [UInt64: (what: String, since: ContinuousClock.Instant)] = [:]
         /// Jobs `submit` queued that have not started yet, by number: what the worker
         /// still has to do once the job running now (if any) returns.
         var queued: [UInt64: String] = [:]
@@ -56,12 +58,16 @@ package final class PluginWorker: Sendable {
         queue = DispatchQueue(label: "modhostd.worker." + label)
     }
 
-    /// The job running past its deadline, if any.
+    /// The job running past its deadline, else the first job a caller gave up on before
+    /// it could start (it waits behind a job still running, or for a thread that never
+    /// came, e.g. under a processes limit), if any.
     package var stuck: Stuck? {
         state.withLock { state in
-            guard let running = state.current else { return nil }
-            let elapsed = ContinuousClock.now - running.since
-            return running.overran || elapsed > running.deadline ? Stuck(what: running.what, elapsed: elapsed) : nil
+            let now = ContinuousClock.now
+            if let running = state.current, running.overran || now - running.since > running.deadline {
+                return Stuck(what: running.what, elapsed: now - running.since)
+            }
+            return state.abandoned.min { $0.key < $1.key }.map { Stuck(what: $0.value.what, elapsed: now - $0.value.since) }
         }
     }
 
@@ -102,7 +108,7 @@ package final class PluginWorker: Sendable {
             state.lastStarted = max(state.lastStarted, id)
             state.notStarted.remove(id)
             state.queued[id] = nil
-            let overran = state.abandoned.remove(id) != nil
+            let overran = state.abandoned.removeValue(forKey: id) != nil
             state.current = Running(job: id, what: what, since: .now, deadline: deadline, overran: overran)
         }
     }
@@ -132,12 +138,12 @@ package final class PluginWorker: Sendable {
 
     /// Records that the caller waiting for job `id` gave up at its deadline, so `stuck`
     /// says so at once: the running job's clock may have started later than the caller's.
-    private func abandon(_ id: UInt64) {
+    private func abandon(_ id: UInt64, _ what: String, waitingSince: ContinuousClock.Instant) {
         state.withLock { state in
             if state.current?.job == id {
                 state.current?.overran = true
             } else if id > state.lastStarted || state.notStarted.contains(id) {
-                state.abandoned.insert(id)
+                state.abandoned[id] = (what, waitingSince)
             }  // else it has finished meanwhile
         }
     }
@@ -146,6 +152,7 @@ package final class PluginWorker: Sendable {
     /// result, or nil when it did not finish in time (it goes on running; the worker is
     /// then stuck). For synchronous callers that must not wait longer than the deadline.
     func run<T: Sendable>(_ what: String, deadline: Duration, _ job: @escaping @Sendable () -> T) -> T? {
+        let waitingSince = ContinuousClock.now
         let result = FirstResult<T>()
         let done = Completion()
         // Told once the job is over, so a next `run` does not find it still current.
@@ -154,7 +161,7 @@ package final class PluginWorker: Sendable {
         let id = offerToRunner(what, deadline: deadline, body, finished: finished)
             ?? submit(what, deadline: deadline, body, finished: finished)
         guard done.wait(upTo: deadline) else {
-            abandon(id)
+            abandon(id, what, waitingSince: waitingSince)
             return nil
         }
         return result.value

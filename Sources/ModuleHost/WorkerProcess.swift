@@ -386,8 +386,13 @@ final class WorkerService: Sendable {
                 }
                 settings[module] = ModuleSettings(configuration: message["configuration"] ?? [:])
                 await host.updateSettings(settings)
-                let created = await create(module)
+                var created = await create(module)
                 await updateDirect(module)
+                // A module whose create overran is stuck: the daemon then ends this process.
+                if let stuck = workers.stuck(module: module), case .object(var fields) = created {
+                    fields["stuck"] = .string(stuck.what)
+                    created = .object(fields)
+                }
                 reply(id, created)
             case "event" where message.text("kind") == "deinit":
                 // The daemon's module is gone (disabled, removed, replaced, shut down; it had

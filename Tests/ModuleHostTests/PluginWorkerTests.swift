@@ -78,7 +78,8 @@ import Testing
     }
 
     /// A job a caller waits for runs after the jobs queued on its worker before it, never
-    /// beside them; one given up on while it waits there is stuck as soon as it starts.
+    /// beside them; one given up on while it waits there makes the worker stuck at once (its
+    /// thread may never come), and is stuck once it starts.
     @Test(.timeLimit(.minutes(1)))
     func aWaitedJobRunsAfterTheJobsQueuedBeforeItAndIsStuckOnceGivenUp() async {
         let worker = PluginWorker(label: "queued")
@@ -94,6 +95,7 @@ import Testing
             second.wait()
             return 2
         } == nil)
+        #expect(worker.stuck?.what == "second")
         first.signal()
         await until { worker.busy?.what == "second" }
         #expect(worker.stuck?.what == "second")
