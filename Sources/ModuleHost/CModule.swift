@@ -1,5 +1,6 @@
 import ModuleKit
 import PluginFormat
+import Synchronization
 
 /// A module written in C, seen by the host as a `Module`: each event becomes a call of the
 /// descriptor's `handle_event` with the event's name and JSON payload, or, when the plugin
@@ -146,6 +147,20 @@ final class CModule: Module {
         let deadline: Duration
         let log: Logger
         let metrics: ModuleMetrics
+        /// The last name `admission` found within the grammar and not a lifecycle name: the
+        /// same name again (a module is usually given a few names, over and over) skips
+        /// both checks, which depend on the name alone.
+        private let lastAdmitted = AdmittedName()
+
+        fileprivate init(moduleName: String, instance: CModuleInstance, worker: PluginWorker, deadline: Duration,
+                         log: Logger, metrics: ModuleMetrics) {
+            self.moduleName = moduleName
+            self.instance = instance
+            self.worker = worker
+            self.deadline = deadline
+            self.log = log
+            self.metrics = metrics
+        }
 
         /// Delivers `event` (a custom event or a notification; any other is not delivered)
         /// as `CModule.handle` does; what the module is stuck in when it was stuck already
@@ -173,14 +188,18 @@ final class CModule: Module {
         }
 
         private func admission(_ name: String, isHostsOwn: Bool) -> Bool {
-            // C reads the name up to its first NUL: only names of the one grammar reach it whole.
-            if let problem = PluginName.problem(name) {
-                log.warning("event \(problem); not delivered to a C module")
-                return false
-            }
-            if !isHostsOwn && ModuleEvent.lifecycleNames.contains(name) {
-                log.warning("event \(name) is a lifecycle name only the host sends; not delivered", [("event", name)])
-                return false
+            if !lastAdmitted.matches(name) {
+                // C reads the name up to its first NUL: only names of the one grammar reach it whole.
+                if let problem = PluginName.problem(name) {
+                    log.warning("event \(problem); not delivered to a C module")
+                    return false
+                }
+                let lifecycle = ModuleEvent.lifecycleNames.contains(name)
+                if !isHostsOwn && lifecycle {
+                    log.warning("event \(name) is a lifecycle name only the host sends; not delivered", [("event", name)])
+                    return false
+                }
+                if !lifecycle { lastAdmitted.set(name) }
             }
             if let stuck = worker.stuck {
                 log.warning("C module is stuck in \(stuck.what) for \(stuck.elapsed.secondsText); \(name) not delivered",
@@ -208,6 +227,15 @@ final class CModule: Module {
             workers.unregister(module: name, worker)
         }
     }
+}
+
+/// A name `CModule.Delivery` admitted last (within the grammar, not a lifecycle name).
+private final class AdmittedName: Sendable {
+    private let name = Mutex<String?>(nil)
+
+    func matches(_ candidate: String) -> Bool { name.withLock { $0 == candidate } }
+
+    func set(_ admitted: String) { name.withLock { $0 = admitted } }
 }
 
 /// One C module instance: the pointer `create` returned and the host services it was

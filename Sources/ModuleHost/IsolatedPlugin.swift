@@ -428,7 +428,7 @@ public final class IsolatedPlugin: Sendable {
 
     /// Sends `message` and waits for its reply up to the event deadline; nil when no worker
     /// runs or it did not answer (it is then killed and restarted).
-    private func request(_ message: KeyValuePairs<String, JSONValue>, what: String, module: String? = nil) -> JSONValue? {
+    private func request(_ message: KeyValuePairs<String, JSONValue>, what: String, module: String? = nil) -> WorkerMessage? {
         if case .reply(let reply)? = requestOutcome(message, what: what, module: module) { return reply }
         return nil
     }
@@ -750,7 +750,9 @@ final class WorkerConnection: Sendable {
     var modules: [(name: String, version: String)] { described.withLock { $0 } }
 
     enum Outcome {
-        case reply(JSONValue)
+        /// The reply, as the strict parser read it (its members looked up by name, not
+        /// hashed into a dictionary).
+        case reply(WorkerMessage)
         case timedOut
         case gone
     }
@@ -942,7 +944,7 @@ final class WorkerConnection: Sendable {
             case .sent:
                 do throws(FrameReader.End) {
                     let reply = try reader!.next(until: until)
-                    if reply.integer("id") == id { return .reply(reply.json) }
+                    if reply.integer("id") == id { return .reply(reply) }
                     kill(reason: "it answered request \(id) with the reply to another")
                 } catch .timedOut {
                     outcome = .timedOut
@@ -966,25 +968,26 @@ final class WorkerConnection: Sendable {
     /// worker poller writes, and a worker that has not read the frame by its deadline is
     /// killed for `overdue`. Suspends, holding no thread, until then.
     private func send(_ frame: [UInt8]?, on outbox: FrameOutbox, until deadline: ContinuousClock.Instant,
-                      overdue: @escaping @autoclosure @Sendable () -> String) async -> WorkerChannel.Sent {
-        let done = post(frame, on: outbox, until: deadline, overdue: overdue())
-        if let sent = done.value { return sent }
-        return await done.wait()
+                      overdue: FrameOutbox.Overdue) async -> WorkerChannel.Sent {
+        switch post(frame, on: outbox, until: deadline, overdue: overdue) {
+        case .finished(let sent): return sent
+        case .waiting(let done): return await done.wait()
+        }
     }
 
     /// As `send`, without waiting for the outcome (from any thread, the poller's too).
     @discardableResult
     private func post(_ frame: [UInt8]?, on outbox: FrameOutbox, until deadline: ContinuousClock.Instant,
-                      overdue: @escaping @autoclosure @Sendable () -> String) -> FirstResult<WorkerChannel.Sent> {
-        let enqueued = outbox.enqueue(frame, until: deadline, overdue: overdue())
-        if enqueued.waits { WorkerPoller.shared.flush(self) }
-        return enqueued.done
+                      overdue: FrameOutbox.Overdue) -> FrameOutbox.Enqueued {
+        let enqueued = outbox.enqueue(frame, until: deadline, overdue: overdue)
+        if case .waiting = enqueued { WorkerPoller.shared.flush(self) }
+        return enqueued
     }
 
     /// Sends the load frame on the control socket, written whole within `deadline` (else
     /// the worker is killed, as not reading it).
     func sendLoad(_ message: JSONValue, within deadline: Duration) async -> WorkerChannel.Sent {
-        await send(WorkerFrame.encode(message), on: control, until: .now + deadline, overdue: "it did not read its load frame within \(deadline.secondsText)")
+        await send(WorkerFrame.encode(message), on: control, until: .now + deadline, overdue: .init("read its load frame", within: deadline))
     }
 
     /// Sends an awaited event `what` (the control socket) and awaits its reply, up to
@@ -998,7 +1001,7 @@ final class WorkerConnection: Sendable {
             pending.waiters[id] = waiter
             return true
         }) else { return .gone }
-        let sent = await send(numbered, on: control, until: until, overdue: "it did not answer \(what) within \(deadline.secondsText)")
+        let sent = await send(numbered, on: control, until: until, overdue: .init("answer", what, within: deadline))
         guard sent == .sent else {
             _ = pending.withLock { $0.waiters.removeValue(forKey: id) }
             return sent == .timedOut ? .timedOut : .gone
@@ -1031,7 +1034,7 @@ final class WorkerConnection: Sendable {
             return true
         }) else { return .gone }
         let sendLimit = deadline ?? plugin.deadline
-        switch await send(numbered, on: calls, until: start + sendLimit, overdue: "it did not read call \(function) within \(sendLimit.secondsText)") {
+        switch await send(numbered, on: calls, until: start + sendLimit, overdue: .init("read call", function, within: sendLimit)) {
         case .sent:
             break
         case .timedOut:
@@ -1091,7 +1094,7 @@ final class WorkerConnection: Sendable {
         while own == nil && waiter.peek() == nil {
             do throws(FrameReader.End) {
                 let reply = try reader.next(until: until)
-                if reply.integer("id") == id { own = .reply(reply.json) } else { callReplied(reply.json) }
+                if reply.integer("id") == id { own = .reply(reply) } else { callReplied(reply) }
             } catch .timedOut {
                 break
             } catch {
@@ -1111,7 +1114,7 @@ final class WorkerConnection: Sendable {
 
     /// A reply read on socket 5 (by a caller, or the worker poller): to its caller (none
     /// when that call timed out: dropped).
-    func callReplied(_ reply: JSONValue) {
+    func callReplied(_ reply: WorkerMessage) {
         guard let id = reply.integer("id") else { return }
         callReplies.withLock { replies in
             replies.overrun[id] = nil
@@ -1148,20 +1151,20 @@ final class WorkerConnection: Sendable {
 
     /// A frame of the control socket (from the worker poller): a reply to its waiter, a
     /// log line or a notification to the plugin, a question (`locate`) answered.
-    func received(_ message: JSONValue) {
+    func received(_ message: WorkerMessage) {
         if let id = message.integer("id") {
             pending.withLock { $0.waiters.removeValue(forKey: id) }?.complete(.reply(message))
             return
         }
         switch message.text("op") {
-        case "log": plugin.log(message, pid: pid)
-        case "post": plugin.post(message)
+        case "log": plugin.log(message.json, pid: pid)
+        case "post": plugin.post(message.json)
         case "locate":
             // Answered without waiting for room in the socket (this thread reads every
             // worker's): what it has no room for now is written once it has.
             let deadline = plugin.deadline
-            post(WorkerFrame.encode(plugin.locate(message)), on: control, until: .now + deadline,
-                 overdue: "it did not read the answer to its locate within \(deadline.secondsText)")
+            post(WorkerFrame.encode(plugin.locate(message.json)), on: control, until: .now + deadline,
+                 overdue: .init("read the answer to its locate", within: deadline))
         case "ready", "failed": readiness.complete(.reply(message))
         default: break
         }
@@ -1199,7 +1202,7 @@ final class WorkerConnection: Sendable {
             ending = "was killed by signal \(signal) (\(String(cString: strsignal(signal))))"
         }
         if let reason { ending += ": \(reason)" }
-        finished.complete(.reply(["ending": .string(ending)]))
+        finished.complete(.reply(WorkerMessage(keys: ["ending"], values: [.string(ending)])))
         // The reader, and a caller reading an ordered reply, stop (a process the plugin
         // forked may still hold the other ends).
         shutDown()

@@ -106,9 +106,11 @@ package final class PluginWorker: Sendable {
     private func started(_ id: UInt64, _ what: String, _ deadline: Duration) {
         state.withLock { state in
             state.lastStarted = max(state.lastStarted, id)
-            state.notStarted.remove(id)
-            state.queued[id] = nil
-            let overran = state.abandoned.removeValue(forKey: id) != nil
+            // Each is usually empty (no job waits, none was given up on): looked into only
+            // then, as each removal hashes the number first.
+            if !state.notStarted.isEmpty { state.notStarted.remove(id) }
+            if !state.queued.isEmpty { state.queued[id] = nil }
+            let overran = !state.abandoned.isEmpty && state.abandoned.removeValue(forKey: id) != nil
             state.current = Running(job: id, what: what, since: .now, deadline: deadline, overran: overran)
         }
     }

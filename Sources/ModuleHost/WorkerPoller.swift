@@ -249,10 +249,10 @@ final class WorkerPoller: Sendable {
 
     /// Hands every whole frame `reader` holds to `deliver`, reading what its socket holds
     /// (without waiting) up to `budget` times; throws at the end of the stream or a bad frame.
-    private static func drain(_ reader: inout FrameReader, budget: Int, to deliver: (JSONValue) -> Void) throws(FrameReader.End) {
+    private static func drain(_ reader: inout FrameReader, budget: Int, to deliver: (WorkerMessage) -> Void) throws(FrameReader.End) {
         var reads = 0
         while true {
-            while let message = try reader.buffered() { deliver(message.json) }
+            while let message = try reader.buffered() { deliver(message) }
             guard reads < budget, try reader.receiveAvailable() else { return }
             reads += 1
         }

@@ -348,8 +348,12 @@ final class WorkerService: Sendable {
                let delivery = direct.withLock({ $0[module] }), let event = Self.event(message) {
                 switch event {
                 case .custom, .notification:
-                    let stuck = delivery.deliverHere(event)
-                    reply(message["id"] ?? .null, stuck.map { ["stuck": .string($0.what)] } ?? [:], on: channel)
+                    let id = message["id"] ?? .null
+                    if let stuck = delivery.deliverHere(event) {
+                        reply(id, members: ["stuck": .string(stuck.what)], on: channel)
+                    } else {
+                        reply(id, members: [:], on: channel)
+                    }
                     continue
                 default:
                     break
@@ -365,7 +369,7 @@ final class WorkerService: Sendable {
     func serveCalls(_ channel: WorkerChannel) {
         var reader = FrameReader(fd: channel.fd)
         while let message = try? reader.next() {
-            reply(message["id"] ?? .null, call(message), on: channel)
+            reply(message["id"] ?? .null, members: call(message), on: channel)
         }
     }
 
@@ -505,9 +509,9 @@ final class WorkerService: Sendable {
         }
     }
 
-    /// Calls a function by name (on the calls thread): its value, or the error the daemon
-    /// would give in process.
-    private func call(_ message: WorkerMessage) -> JSONValue {
+    /// Calls a function by name (on the calls thread): the members of its reply, its type
+    /// and value, or the error the daemon would give in process.
+    private func call(_ message: WorkerMessage) -> KeyValuePairs<String, JSONValue> {
         let function = message.text("function") ?? ""
         guard let table = plugin.functions else {
             return ["error": ["code": "unknown_function", "message": .string("plugin \(plugin.name) exports no functions for calling by name")]]
@@ -529,7 +533,17 @@ final class WorkerService: Sendable {
 
     private func reply(_ id: JSONValue, _ body: JSONValue, on channel: WorkerChannel) {
         guard case .object = body else { return }
-        if channel.send(frame: WorkerFrame.encode(body, id: id), until: nil) != .sent {
+        send(WorkerFrame.encode(body, id: id), replying: id, on: channel)
+    }
+
+    /// `reply` with the members of the body in the order given (as `jsonText` writes them:
+    /// in name order, for the same text), written without building a dictionary first.
+    private func reply(_ id: JSONValue, members: KeyValuePairs<String, JSONValue>, on channel: WorkerChannel) {
+        send(WorkerFrame.encode(members: members, id: id), replying: id, on: channel)
+    }
+
+    private func send(_ frame: [UInt8]?, replying id: JSONValue, on channel: WorkerChannel) {
+        if channel.send(frame: frame, until: nil) != .sent {
             channel.send(["id": id, "error": ["code": "call_failed", "message": "the reply is larger than 16 MiB"]])
         }
     }

@@ -28,7 +28,7 @@ enum WorkerFrame {
             frame.removeLast()  // "}"
             appendID(id, after: !members.isEmpty, to: &frame)
         }
-        return finish(frame)
+        return finish(&frame) ? frame : nil
     }
 
     /// The frame carrying the object of `members` (each name once, none "id"), in their
@@ -48,7 +48,7 @@ enum WorkerFrame {
         } else {
             frame.append(UInt8(ascii: "}"))
         }
-        return finish(frame)
+        return finish(&frame) ? frame : nil
     }
 
     /// Appends `"id":ID}` to an object's text whose `}` is not written yet (after a comma
@@ -61,13 +61,13 @@ enum WorkerFrame {
         frame.append(UInt8(ascii: "}"))
     }
 
-    /// `frame` with its header filled in: nil when its body is empty or too large.
-    private static func finish(_ frame: [UInt8]) -> [UInt8]? {
+    /// Fills in `frame`'s header (in place: the frame is not copied); false when its body
+    /// is empty or too large.
+    private static func finish(_ frame: inout [UInt8]) -> Bool {
         let count = frame.count - 4
-        guard count >= 1, count <= maximumSize else { return nil }
-        var frame = frame
+        guard count >= 1, count <= maximumSize else { return false }
         for index in 0..<4 { frame[index] = UInt8(truncatingIfNeeded: count >> (24 - 8 * index)) }
-        return frame
+        return true
     }
 
     /// Waits until `fd` is ready for `events` (or has hung up) or `deadline` (nil: none)
@@ -174,13 +174,28 @@ final class WorkerChannel: Sendable {
 final class FrameOutbox: Sendable {
     let channel: WorkerChannel
 
+    /// Why the worker is killed when a frame is not written whole by its deadline: "it did
+    /// not ACTION SUBJECT within DEADLINE", written out only then (a frame that is written
+    /// at once costs no text and no closure).
+    struct Overdue: Sendable {
+        let action: String
+        let subject: String
+        let within: Duration
+
+        init(_ action: String, _ subject: String = "", within: Duration) {
+            self.action = action
+            self.subject = subject
+            self.within = within
+        }
+
+        var reason: String { "it did not \(action)\(subject.isEmpty ? "" : " " + subject) within \(within.secondsText)" }
+    }
+
     private struct Queued {
         let frame: [UInt8]
         var written: Int
         let deadline: ContinuousClock.Instant
-        /// Why the worker is killed when this frame is not written whole by `deadline`
-        /// (written out only then).
-        let overdue: @Sendable () -> String
+        let overdue: Overdue
         let done: FirstResult<WorkerChannel.Sent>
     }
 
@@ -195,41 +210,37 @@ final class FrameOutbox: Sendable {
 
     init(_ channel: WorkerChannel) { self.channel = channel }
 
-    /// What `enqueue` decided now: the frame's fate, and whether it waits for room (then
-    /// the poller must be asked to `flush`).
-    struct Enqueued {
-        let done: FirstResult<WorkerChannel.Sent>
-        let waits: Bool
+    /// What `enqueue` decided now.
+    enum Enqueued {
+        /// The frame's fate is known already: written whole now, or not to be written.
+        case finished(WorkerChannel.Sent)
+        /// It waits for room in the socket (the poller must be asked to `flush`); its fate
+        /// comes later.
+        case waiting(FirstResult<WorkerChannel.Sent>)
     }
 
     /// Queues `frame` (from `WorkerFrame.encode`; nil: too large, `gone`), in the order
     /// `enqueue` was called, to be written whole no later than `deadline`, without waiting:
     /// what the socket takes now is written now. `overdue`: why the worker is killed if the
     /// frame is not written whole in time.
-    func enqueue(_ frame: [UInt8]?, until deadline: ContinuousClock.Instant,
-                 overdue: @escaping @autoclosure @Sendable () -> String) -> Enqueued {
-        let done = FirstResult<WorkerChannel.Sent>()
-        guard let frame else {
-            done.finish(.gone)
-            return Enqueued(done: done, waits: false)
-        }
-        let outcome = state.withLock { state -> WorkerChannel.Sent? in
-            guard !state.broken else { return .gone }
-            var queued = Queued(frame: frame, written: 0, deadline: deadline, overdue: overdue, done: done)
+    func enqueue(_ frame: [UInt8]?, until deadline: ContinuousClock.Instant, overdue: Overdue) -> Enqueued {
+        guard let frame else { return .finished(.gone) }
+        return state.withLock { state -> Enqueued in
+            guard !state.broken else { return .finished(.gone) }
+            var written = 0
             if state.queue.isEmpty {
-                switch Self.write(channel.fd, &queued) {
-                case .whole: return .sent
+                switch Self.write(channel.fd, frame, &written) {
+                case .whole: return .finished(.sent)
                 case .noRoom: break
                 case .failed:
                     state.broken = true
-                    return .gone
+                    return .finished(.gone)
                 }
             }
-            state.queue.append(queued)
-            return nil
+            let done = FirstResult<WorkerChannel.Sent>()
+            state.queue.append(Queued(frame: frame, written: written, deadline: deadline, overdue: overdue, done: done))
+            return .waiting(done)
         }
-        if let outcome { done.finish(outcome) }
-        return Enqueued(done: done, waits: outcome == nil)
     }
 
     /// What `flush` left.
@@ -259,13 +270,13 @@ final class FrameOutbox: Sendable {
                 return .empty
             }
             while !state.queue.isEmpty {
-                switch Self.write(channel.fd, &state.queue[0]) {
+                switch Self.write(channel.fd, state.queue[0].frame, &state.queue[0].written) {
                 case .whole:
                     finished.append((state.queue.removeFirst().done, .sent))
                 case .noRoom:
                     if let late = state.queue.indices.min(by: { state.queue[$0].deadline < state.queue[$1].deadline }),
                        state.queue[late].deadline <= now {
-                        let reason = state.queue[late].overdue()
+                        let reason = state.queue[late].overdue.reason
                         failAll(timedOut: late)
                         return .overdue(reason)
                     }
@@ -293,15 +304,15 @@ final class FrameOutbox: Sendable {
 
     private enum Written { case whole, noRoom, failed }
 
-    /// Writes what the socket takes of `queued` now, without waiting.
-    private static func write(_ fd: Int32, _ queued: inout Queued) -> Written {
-        queued.frame.withUnsafeBytes { bytes in
-            while queued.written < bytes.count {
-                let n = Glibc.send(fd, bytes.baseAddress! + queued.written, bytes.count - queued.written, Int32(MSG_NOSIGNAL | MSG_DONTWAIT))
+    /// Writes what the socket takes of `frame` from `written` on now, without waiting.
+    private static func write(_ fd: Int32, _ frame: [UInt8], _ written: inout Int) -> Written {
+        frame.withUnsafeBytes { bytes in
+            while written < bytes.count {
+                let n = Glibc.send(fd, bytes.baseAddress! + written, bytes.count - written, Int32(MSG_NOSIGNAL | MSG_DONTWAIT))
                 if n < 0 && errno == EINTR { continue }
                 if n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) { return .noRoom }
                 guard n > 0 else { return .failed }
-                queued.written += n
+                written += n
             }
             return .whole
         }

@@ -70,6 +70,49 @@ import Testing
         #expect(try reader.buffered() == nil)
     }
 
+    /// A frame the socket has room for is written at once, with nothing left to wait for; one
+    /// it has no room for waits, and the frames behind it too, until `flush` writes them or
+    /// fails them once the first is overdue: that one `timedOut` with the reason its worker is
+    /// killed for, the others `gone`, and nothing is written afterwards.
+    @Test func anOutboxWritesAtOnceWhatFitsAndFailsWhatIsOverdue() throws {
+        let pair = Pair()
+        let outbox = FrameOutbox(WorkerChannel(fd: dup(pair.theirs)))
+        let deadline = ContinuousClock.now + .seconds(60)
+        let call = FrameOutbox.Overdue("read call", "echo_add", within: .seconds(5))
+        let small = WorkerFrame.encode(members: ["op": "call", "function": "echo_add", "json": [2, 3]], id: 1)!
+        guard case .finished(.sent) = outbox.enqueue(small, until: deadline, overdue: call) else {
+            Issue.record("a small frame was not written at once")
+            return
+        }
+        var reader = FrameReader(fd: pair.ours)
+        #expect(try reader.next(until: .now + .seconds(10)).json == ["op": "call", "function": "echo_add", "json": [2, 3], "id": 1])
+
+        // Larger than any socket buffer: written in part, the rest waits.
+        let large = WorkerFrame.encode(["payload": .string(String(repeating: "x", count: 8 << 20))])!
+        guard case .waiting(let first) = outbox.enqueue(large, until: deadline, overdue: call),
+              case .waiting(let second) = outbox.enqueue(small, until: deadline, overdue: .init("read its load frame", within: .seconds(2)))
+        else {
+            Issue.record("a frame larger than the socket's buffer did not wait")
+            return
+        }
+        guard case .waiting(let until) = outbox.flush(now: .now) else {
+            Issue.record("frames waiting for room were not reported waiting")
+            return
+        }
+        #expect(until == deadline)
+        guard case .overdue(let reason) = outbox.flush(now: deadline) else {
+            Issue.record("a frame past its deadline was not overdue")
+            return
+        }
+        #expect(reason == "it did not read call echo_add within 5 s")
+        #expect(first.value == .timedOut && second.value == .gone)
+        guard case .finished(.gone) = outbox.enqueue(small, until: deadline, overdue: call) else {
+            Issue.record("a frame was accepted after the stream went out of step")
+            return
+        }
+        #expect(FrameOutbox.Overdue("read its load frame", within: .milliseconds(500)).reason == "it did not read its load frame within 0.5 s")
+    }
+
     /// The strict parser reads every frame: a member given twice, a body that is not an
     /// object or not JSON, a length of 0 or beyond 16 MiB make the frame invalid.
     @Test func whatIsNoValidFrameIsRefused() {
