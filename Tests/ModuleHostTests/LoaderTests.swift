@@ -307,11 +307,12 @@ import TestSupport
         ])
         await host.add(report.loaded.flatMap { $0.modules.map(\.factory) })
         await host.start()
-        // The notification is delivered asynchronously, on the host's context.
+        // The notifications are delivered asynchronously, on the host's context: one posted
+        // by each module's start, both to "services" (the listener), before the shutdown.
         var text = ""
-        for _ in 0..<200 {
+        for _ in 0..<500 {
             text = (try? String(contentsOfFile: out, encoding: .utf8)) ?? ""
-            if text.contains("ping") { break }
+            if text.components(separatedBy: "ping {\"n\":1}").count == 3 { break }
             try await Task.sleep(for: .milliseconds(10))
         }
         await host.shutdown()
