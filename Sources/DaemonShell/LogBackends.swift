@@ -33,6 +33,12 @@ public let standardErrorSink: LogLineSink = { line in
 /// - One record is always one line: newlines and other control characters in the message
 ///   and values are escaped (`\n`, `\t`, `\u{1b}`...). Values containing spaces, `"`, `=`,
 ///   or nothing are written as JSON strings.
+/// - The message is written as it is unless it contains `=` or starts with `"`: then it is
+///   written as a JSON string. So the pairs start after the closing quote of a quoted
+///   message, or at the first word with an `=` of one that is not: a message (a plugin's
+///   text) cannot pass for metadata (`innocent plugin=Other` is written `"innocent
+///   plugin=Other"`). Likewise a label that is empty or contains a space, `:`, `=`, `"` or a
+///   control character (it could hold `: ` and a message of its own).
 /// - A key is written as it is only when it is made of ASCII letters, digits, `_`, `.` and
 ///   `-`; every other byte of it is written `%XX` (its UTF-8 bytes in hex, so `%` itself is
 ///   `%25`), and an empty key is `%`. A key can therefore never contain a space, `=` or `"`:
@@ -63,7 +69,7 @@ public struct TextLogBackend: LogBackend {
     public func format(level: LogLevel, label: String, message: String, metadata: [(String, String)]) -> String {
         var line = ""
         if timestamps { line += UTCTimestamp.now(milliseconds: true) + " " }
-        line += "\(level) \(Self.escape(label)): \(Self.escape(message))"
+        line += "\(level) \(Self.labelText(label)): \(Self.messageText(message))"
         for (key, value) in metadata {
             line += " \(Self.keyText(key))="
             line += Self.needsQuotes(value) ? JSONValue.quote(value) : value
@@ -91,8 +97,17 @@ public struct TextLogBackend: LogBackend {
         value.isEmpty || value.unicodeScalars.contains { $0 == " " || $0 == "\"" || $0 == "=" || $0.value < 0x20 || (0x7f...0x9f).contains($0.value) }
     }
 
-    /// Control characters escaped so a message stays on its line.
-    private static func escape(_ text: String) -> String { JSONValue.escapingControlCharacters(text) }
+    /// The message, with control characters escaped so that it stays on its line; a JSON
+    /// string when it contains `=` or starts with `"` (it could be taken for pairs).
+    private static func messageText(_ message: String) -> String {
+        message.first == "\"" || message.contains("=") ? JSONValue.quote(message) : JSONValue.escapingControlCharacters(message)
+    }
+
+    /// The label as it is, or a JSON string when it is empty or contains a space, `:`, `=`,
+    /// `"` or a control character (it could end early and fake a message).
+    private static func labelText(_ label: String) -> String {
+        label.contains(":") || needsQuotes(label) ? JSONValue.quote(label) : label
+    }
 }
 
 /// JSON log lines for log shippers, one object per line:

@@ -32,6 +32,90 @@ struct LogBackendsTests {
         #expect(pairs.filter { $0.hasPrefix("plugin=") } == ["plugin=Evil"])
     }
 
+    /// A message (a plugin's text) cannot pass for metadata either: one with an `=` in it,
+    /// or that starts with `"`, is written as a JSON string, so that the pairs are what
+    /// follows the message, and a label that is not a plain name is quoted too.
+    @Test func aMessageOrLabelCannotFakePairs() throws {
+        let backend = TextLogBackend()
+        let forged = backend.format(level: .warning, label: "flooder", message: "innocent plugin=Near worker=1",
+                                    metadata: [("module", "flooder"), ("plugin", "Flooder")])
+        #expect(forged == "warning flooder: \"innocent plugin=Near worker=1\" module=flooder plugin=Flooder\n")
+        let record = try #require(Self.parse(String(forged.dropLast())))
+        #expect(record.message == "innocent plugin=Near worker=1")
+        #expect(record.pairs.map(\.key) == ["module", "plugin"])
+        let label = backend.format(level: .info, label: "x: plugin=Near", message: "\"quoted\" start", metadata: [("plugin", "Flooder")])
+        #expect(label == "info \"x: plugin=Near\": \"\\\"quoted\\\" start\" plugin=Flooder\n")
+        let labelled = try #require(Self.parse(String(label.dropLast())))
+        #expect(labelled.label == "x: plugin=Near" && labelled.message == "\"quoted\" start")
+        #expect(labelled.pairs.map(\.key) == ["plugin"])
+        // A plain message is written as it is.
+        #expect(backend.format(level: .info, label: "modhostd", message: "loaded plugin A: 2 modules", metadata: [])
+                == "info modhostd: loaded plugin A: 2 modules\n")
+    }
+
+    /// A text log line read back as docs/daemon.md describes it: `LEVEL LABEL: MESSAGE` then
+    /// `KEY=VALUE` pairs; a label or message that starts with `"` is a JSON string, an
+    /// unquoted message has no `=` (the pairs start at the first word with one), a value
+    /// that starts with `"` is a JSON string. nil when the line does not read so.
+    static func parse(_ line: String) -> (level: String, label: String, message: String, pairs: [(key: String, value: String)])? {
+        var rest = Substring(line)
+        func quoted() -> String? {
+            guard rest.first == "\"" else { return nil }
+            var index = rest.index(after: rest.startIndex)
+            while index < rest.endIndex, rest[index] != "\"" {
+                if rest[index] == "\\" { index = rest.index(after: index) }
+                guard index < rest.endIndex else { return nil }
+                index = rest.index(after: index)
+            }
+            guard index < rest.endIndex else { return nil }
+            let end = rest.index(after: index)
+            let text = try? JSONSerialization.jsonObject(with: Data(rest[..<end].utf8), options: .fragmentsAllowed) as? String
+            rest = rest[end...]
+            return text
+        }
+        guard let space = rest.firstIndex(of: " ") else { return nil }
+        let level = String(rest[..<space])
+        rest = rest[rest.index(after: space)...]
+        let label: String
+        if rest.first == "\"" {
+            guard let text = quoted() else { return nil }
+            label = text
+        } else {
+            guard let colon = rest.range(of: ": ") else { return nil }
+            label = String(rest[..<colon.lowerBound])
+            rest = rest[colon.lowerBound...]
+        }
+        guard rest.hasPrefix(": ") else { return nil }
+        rest = rest.dropFirst(2)
+        let message: String
+        if rest.first == "\"" {
+            guard let text = quoted() else { return nil }
+            message = text
+        } else if let equals = rest.firstIndex(of: "=") {
+            guard let space = rest[..<equals].lastIndex(of: " ") else { return nil }
+            message = String(rest[..<space])
+            rest = rest[space...]
+        } else {
+            message = String(rest)
+            rest = ""
+        }
+        var pairs: [(key: String, value: String)] = []
+        while !rest.isEmpty {
+            guard rest.first == " ", let equals = rest.firstIndex(of: "=") else { return nil }
+            let key = String(rest[rest.index(after: rest.startIndex)..<equals])
+            rest = rest[rest.index(after: equals)...]
+            if rest.first == "\"" {
+                guard let value = quoted() else { return nil }
+                pairs.append((key, value))
+            } else {
+                let end = rest.firstIndex(of: " ") ?? rest.endIndex
+                pairs.append((key, String(rest[..<end])))
+                rest = rest[end...]
+            }
+        }
+        return (level, label, message, pairs)
+    }
+
     @Test func textTimestampsAreOptional() throws {
         let line = TextLogBackend(timestamps: true).format(level: .warning, label: "l", message: "m", metadata: [])
         let pattern = try Regex(#"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z warning l: m\n$"#)
