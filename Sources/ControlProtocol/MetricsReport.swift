@@ -87,12 +87,19 @@ public struct MetricsReport: Codable, Sendable, Equatable {
         public var crashes: UInt64
         /// Its resident memory now, in bytes (absent while no worker runs).
         public var residentBytes: Int64?
+        /// What the daemon dropped of what its workers sent: notifications posted while too
+        /// many waited for delivery, log lines over the rate (docs/isolation.md, "Floods").
+        public var droppedNotifications: UInt64
+        public var droppedLogLines: UInt64
 
-        public init(plugin: String, restarts: UInt64, crashes: UInt64, residentBytes: Int64?) {
+        public init(plugin: String, restarts: UInt64, crashes: UInt64, residentBytes: Int64?,
+                    droppedNotifications: UInt64 = 0, droppedLogLines: UInt64 = 0) {
             self.plugin = plugin
             self.restarts = restarts
             self.crashes = crashes
             self.residentBytes = residentBytes
+            self.droppedNotifications = droppedNotifications
+            self.droppedLogLines = droppedLogLines
         }
     }
 
@@ -224,6 +231,11 @@ extension MetricsReport {
                     zip(workerLabels, workers).map { ($0, Double($1.restarts)) })
         out.counter("modhost_worker_crashes_total", "Isolated plugin workers that ended without being asked (crash, exit, unresponsive).",
                     zip(workerLabels, workers).map { ($0, Double($1.crashes)) })
+        out.counter("modhost_worker_dropped_total", "What the daemon dropped of what an isolated plugin's workers sent: notifications posted while too many waited for delivery, log lines over the rate.",
+                    zip(workerLabels, workers).flatMap { labels, worker in
+                        [(labels + [("what", "log")], Double(worker.droppedLogLines)),
+                         (labels + [("what", "notification")], Double(worker.droppedNotifications))]
+                    })
         out.gauge("modhost_worker_resident_memory_bytes", "Resident memory of an isolated plugin's worker process, in bytes.",
                   zip(workerLabels, workers).compactMap { labels, worker in worker.residentBytes.map { (labels, Double($0)) } })
         return out.text

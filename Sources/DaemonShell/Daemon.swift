@@ -429,7 +429,8 @@ public actor Daemon: DaemonControl {
                 // Counters go on across the plugin's versions (docs/daemon.md, "Metrics").
                 let totals = plugins.metrics.workerTotals(plugin: plugin.name, current: $0)
                 return MetricsReport.Worker(plugin: plugin.name, restarts: UInt64(totals.restarts), crashes: UInt64(totals.crashes),
-                                            residentBytes: $0.residentBytes)
+                                            residentBytes: $0.residentBytes, droppedNotifications: totals.droppedNotifications,
+                                            droppedLogLines: totals.droppedLogLines)
             }
         }
         return MetricsReport(daemon: daemon, modules: hostMetrics.modules.map(MetricsReport.Module.init),

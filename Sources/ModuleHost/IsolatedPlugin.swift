@@ -138,6 +138,11 @@ public struct WorkerStatus: Sendable, Equatable {
     public var lastCrash: String?
     /// The running worker's resident set size, in bytes (from /proc), nil when none runs.
     public var residentBytes: Int64?
+    /// Notifications its workers posted that were dropped: more than
+    /// `NotificationQueue.limit` of them waited for delivery (docs/isolation.md, "Floods").
+    public var droppedNotifications: UInt64 = 0
+    /// Log lines of its workers dropped: more than `LogLineRate.perSecond` in a second.
+    public var droppedLogLines: UInt64 = 0
 }
 
 /// One plugin running in a `modhost-worker` process, supervised: the daemon side of
@@ -162,6 +167,10 @@ public final class IsolatedPlugin: Sendable {
     let workers: PluginWorkers
     let logger: Logger
     let deadline: Duration
+    /// What its workers post, waiting for delivery in the daemon (bounded).
+    private let posts: NotificationQueue
+    /// How many of its workers' log lines the daemon logs a second.
+    private let logLines: LogLineRate
 
     struct ModuleRecord {
         var configuration: JSONValue
@@ -194,6 +203,8 @@ public final class IsolatedPlugin: Sendable {
         self.host = host
         self.logger = logger.with("plugin", file.name)
         deadline = host.eventDeadline
+        posts = NotificationQueue(host: host, plugin: file.name, logger: logger)
+        logLines = LogLineRate(plugin: file.name, logger: logger)
     }
 
     /// The worker now.
@@ -203,7 +214,8 @@ public final class IsolatedPlugin: Sendable {
         }
         let pid = phase == .running || phase == .starting ? connection?.pid : nil
         return WorkerStatus(phase: phase, pid: pid, restarts: restarts, crashes: crashes, lastCrash: lastCrash,
-                            residentBytes: pid.flatMap(Self.residentBytes(of:)))
+                            residentBytes: pid.flatMap(Self.residentBytes(of:)),
+                            droppedNotifications: posts.dropped.total, droppedLogLines: logLines.dropped.total)
     }
 
     /// Starts the first worker and returns the modules its plugin provides (name, version).
@@ -610,12 +622,14 @@ public final class IsolatedPlugin: Sendable {
         connection?.stop()
     }
 
-    /// The logger lines of the worker are logged here, with the plugin's name and pid.
+    /// The logger lines of the worker are logged here, with the plugin's name and pid, at
+    /// most `LogLineRate.perSecond` a second (the rest are counted, and said once a second).
     ///
     /// The frame is the plugin's to write: the daemon names the plugin and the worker
     /// itself, so a `plugin` or `worker` the frame gives is dropped, and so is a `module`
     /// that is not one of this plugin's.
     func log(_ message: JSONValue, pid: pid_t) {
+        guard logLines.admit() else { return }
         let level = message.integer("level").flatMap(LogLevel.init(rawValue:)) ?? .info
         var logger = Logger(label: message.text("label") ?? "modhostd")
         if case .array(let pairs) = message["metadata"] ?? .null {
@@ -631,15 +645,11 @@ public final class IsolatedPlugin: Sendable {
     /// A notification a module of the worker posted (a C module's `post_notification`, a
     /// Swift module's `host.post`): to every module of the daemon's host that listens, this
     /// plugin's included, or to the one it names (`send(.notification, to:)`), in the order
-    /// the worker made them.
+    /// the worker made them; at most `NotificationQueue.limit` wait for delivery, and what
+    /// the worker posts beyond that is dropped (counted, and said once a second).
     func post(_ message: JSONValue) {
         guard let notification = message.text("name") else { return }
-        let payload = message["payload"] ?? .null
-        if let module = message.text("module") {
-            host.sendFromAnywhere(.notification(name: notification, payload: payload), to: module)
-        } else {
-            host.postFromAnywhere(notification: notification, payload: payload)
-        }
+        posts.post(notification, payload: message["payload"] ?? .null, to: message.text("module"))
     }
 
     /// The answer to a worker's `locate`: whether the module it names runs in the daemon's

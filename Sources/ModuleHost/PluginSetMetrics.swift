@@ -5,8 +5,8 @@ import Synchronization
 
 /// The counters of one plugin set that are not a module's (those are its host's,
 /// `HostInstance.metrics`): the calls by name per plugin and function, how many
-/// plugins each `reconcile` added, replaced, removed and refused, and the restarts and
-/// crashes of isolated plugins' workers across their versions. For an operator's
+/// plugins each `reconcile` added, replaced, removed and refused, and the restarts,
+/// crashes and dropped frames of isolated plugins' workers across their versions. For an operator's
 /// metrics (docs/daemon.md, "Metrics"). They only grow. Thread-safe, never waits for the
 /// set or for plugin code.
 public final class PluginSetMetrics: Sendable {
@@ -40,30 +40,36 @@ public final class PluginSetMetrics: Sendable {
         }
     }
 
-    /// Restarts and crashes of the workers of the versions of each isolated plugin that
-    /// have ended (replaced or removed), by plugin name.
+    /// Restarts, crashes and dropped frames of the workers of the versions of each isolated
+    /// plugin that have ended (replaced or removed), by plugin name.
     private let endedWorkers = Mutex<[String: WorkerTotals]>([:])
 
-    /// Restarts and crashes of an isolated plugin's workers.
+    /// Restarts and crashes of an isolated plugin's workers, and what the daemon dropped of
+    /// what they sent (docs/isolation.md, "Floods").
     public struct WorkerTotals: Sendable, Equatable {
         public var restarts = 0
         public var crashes = 0
+        public var droppedNotifications: UInt64 = 0
+        public var droppedLogLines: UInt64 = 0
+
+        mutating func add(_ status: WorkerStatus) {
+            restarts += status.restarts
+            crashes += status.crashes
+            droppedNotifications += status.droppedNotifications
+            droppedLogLines += status.droppedLogLines
+        }
     }
 
     /// Adds the counts of a version of plugin `plugin` whose worker has been stopped for good.
     func workerEnded(plugin: String, _ status: WorkerStatus) {
-        endedWorkers.withLock { ended in
-            ended[plugin, default: WorkerTotals()].restarts += status.restarts
-            ended[plugin, default: WorkerTotals()].crashes += status.crashes
-        }
+        endedWorkers.withLock { $0[plugin, default: WorkerTotals()].add(status) }
     }
 
-    /// The restarts and crashes of plugin `plugin`'s workers since the set was made, over
-    /// all its versions: those that ended plus `current`, the running version's.
+    /// The restarts, crashes and dropped frames of plugin `plugin`'s workers since the set
+    /// was made, over all its versions: those that ended plus `current`, the running version's.
     public func workerTotals(plugin: String, current: WorkerStatus) -> WorkerTotals {
         var totals = endedWorkers.withLock { $0[plugin] } ?? WorkerTotals()
-        totals.restarts += current.restarts
-        totals.crashes += current.crashes
+        totals.add(current)
         return totals
     }
 

@@ -1,0 +1,149 @@
+import Dispatch
+import ModuleKit
+import Synchronization
+
+/// The notifications an isolated plugin's worker posted (`{"op":"post"}` frames) that the
+/// daemon's host has not delivered yet, bounded (docs/isolation.md, "Floods").
+///
+/// - At most `limit` wait: a post that comes while `limit` wait is dropped (delivered to no
+///   module), counted (`dropped`) and said in one warning a second at most, naming the
+///   plugin. The daemon reads on however many wait, so the plugin's `post` waits at most for
+///   its frame to be read, never for delivery, and says nothing: a plugin that posts faster
+///   than the daemon delivers loses the excess; nothing else does.
+/// - They are delivered in the order the worker made them, on the host's context, at most
+///   `batch` per turn: a flooding plugin holds the host for one batch at a time, so what
+///   other modules post (each source its own turn) waits behind a batch, never a backlog.
+/// - `post` never waits (the worker poller calls it for every worker).
+final class NotificationQueue: Sendable {
+    /// The most notifications of one plugin waiting for delivery in the daemon.
+    static let limit = 256
+    /// The most delivered in one turn on the host's context.
+    static let batch = 16
+
+    private struct Waiting: Sendable {
+        let name: String
+        let payload: JSONValue
+        let module: String?
+    }
+    private struct State {
+        var waiting: [Waiting] = []
+        var draining = false
+    }
+    private let state = Mutex(State())
+    private let host: HostInstance
+    /// Posts dropped since the queue was made.
+    let dropped: DropReport
+
+    init(host: HostInstance, plugin: String, logger: Logger) {
+        self.host = host
+        let logger = logger.with("plugin", plugin)
+        dropped = DropReport { count in
+            logger.warning("\(count) notifications of plugin \(plugin) dropped: its worker posts faster than the daemon delivers them (more than \(Self.limit) waiting)",
+                           [("dropped", "\(count)")])
+        }
+    }
+
+    /// Queues notification `name` (to module `module` only, when given), or drops it when
+    /// `limit` wait.
+    func post(_ name: String, payload: JSONValue, to module: String?) {
+        let start = state.withLock { state -> Bool? in
+            guard state.waiting.count < Self.limit else { return nil }
+            state.waiting.append(Waiting(name: name, payload: payload, module: module))
+            defer { state.draining = true }
+            return !state.draining
+        }
+        switch start {
+        case nil: dropped.count()
+        // Medium, as a task made outside any task: a higher priority would let a flooding
+        // plugin's batches go before what the others posted.
+        case true?: Task.detached(priority: .medium) { [self] in await drain() }
+        case false?: break
+        }
+    }
+
+    /// Delivers what waits, a batch per turn on the host's context, until nothing does.
+    private func drain() async {
+        while true {
+            let batch = state.withLock { state -> [Waiting] in
+                let batch = Array(state.waiting.prefix(Self.batch))
+                state.waiting.removeFirst(batch.count)
+                if batch.isEmpty { state.draining = false }
+                return batch
+            }
+            guard !batch.isEmpty else { return }
+            await host.perform { host in
+                for notification in batch {
+                    if let module = notification.module {
+                        host.send(.notification(name: notification.name, payload: notification.payload), to: module)
+                    } else {
+                        host.post(notification: notification.name, payload: notification.payload)
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// At most `perSecond` log lines a second from an isolated plugin's worker (its log
+/// frames), as the daemon counts them, whatever the worker claims: the rest of that second's
+/// are dropped and counted, and said in one warning (docs/isolation.md, "Floods").
+final class LogLineRate: Sendable {
+    /// The most log lines of one plugin logged in one second, as for its output
+    /// (`WorkerOutput.linesPerSecond`).
+    static let perSecond = WorkerOutput.linesPerSecond
+    private let window = Mutex((start: ContinuousClock.now, logged: 0))
+    /// Log lines dropped since it was made.
+    let dropped: DropReport
+
+    init(plugin: String, logger: Logger) {
+        let logger = logger.with("plugin", plugin)
+        dropped = DropReport { count in
+            logger.warning("\(count) log lines of plugin \(plugin) dropped (more than \(Self.perSecond) in a second)",
+                           [("dropped", "\(count)")])
+        }
+    }
+
+    /// Whether a line may be logged now; counts it as dropped if not.
+    func admit() -> Bool {
+        let now = ContinuousClock.now
+        let admitted = window.withLock { window -> Bool in
+            if now - window.start >= .seconds(1) { window = (now, 0) }
+            guard window.logged < Self.perSecond else { return false }
+            window.logged += 1
+            return true
+        }
+        if !admitted { dropped.count() }
+        return admitted
+    }
+}
+
+/// What the daemon dropped of a worker's frames: a total, and one line a second at most
+/// saying how many since the last (`say`, a second after the first of them).
+final class DropReport: Sendable {
+    private let counts = Mutex((total: UInt64(0), unsaid: 0))
+    private let say: @Sendable (Int) -> Void
+
+    init(say: @escaping @Sendable (Int) -> Void) {
+        self.say = say
+    }
+
+    /// Dropped so far.
+    var total: UInt64 { counts.withLock { $0.total } }
+
+    /// Counts one dropped; the first since the last line schedules the next.
+    func count() {
+        let first = counts.withLock { counts -> Bool in
+            counts.total += 1
+            counts.unsaid += 1
+            return counts.unsaid == 1
+        }
+        guard first else { return }
+        DispatchQueue.global().asyncAfter(deadline: .now() + 1) { [self] in
+            let unsaid = counts.withLock { counts in
+                defer { counts.unsaid = 0 }
+                return counts.unsaid
+            }
+            say(unsaid)
+        }
+    }
+}
