@@ -623,7 +623,9 @@ public final class IsolatedPlugin: Sendable {
     }
 
     /// The logger lines of the worker are logged here, with the plugin's name and pid, at
-    /// most `LogLineRate.perSecond` a second (the rest are counted, and said once a second).
+    /// most `LogLineRate.perSecond` a second (the rest are counted, and said once a second),
+    /// each with its message and values cut to `LogLineRate.maximumText` bytes and its first
+    /// `LogLineRate.maximumPairs` metadata pairs.
     ///
     /// The frame is the plugin's to write: the daemon names the plugin and the worker
     /// itself, so a `plugin` or `worker` the frame gives is dropped, and so is a `module`
@@ -633,13 +635,13 @@ public final class IsolatedPlugin: Sendable {
         let level = message.integer("level").flatMap(LogLevel.init(rawValue:)) ?? .info
         var logger = Logger(label: message.text("label") ?? "modhostd")
         if case .array(let pairs) = message["metadata"] ?? .null {
-            for case .array(let pair) in pairs where pair.count == 2 {
+            for case .array(let pair) in pairs.prefix(LogLineRate.maximumPairs) where pair.count == 2 {
                 guard let key = pair[0].stringValue, let value = pair[1].stringValue, key != "plugin", key != "worker",
                       key != "module" || file.manifest.modules.contains(value) else { continue }
-                logger = logger.with(key, value)
+                logger = logger.with(LogLineRate.bounded(key), LogLineRate.bounded(value))
             }
         }
-        logger.log(level, message.text("message") ?? "", [("plugin", name), ("worker", "\(pid)")])
+        logger.log(level, LogLineRate.bounded(message.text("message") ?? ""), [("plugin", name), ("worker", "\(pid)")])
     }
 
     /// A notification a module of the worker posted (a C module's `post_notification`, a

@@ -86,7 +86,8 @@ final class NotificationQueue: Sendable {
 
 /// At most `perSecond` log lines a second from an isolated plugin's worker (its log
 /// frames), as the daemon counts them, whatever the worker claims: the rest of that second's
-/// are dropped and counted, and said in one warning (docs/isolation.md, "Floods").
+/// are dropped and counted, and said in one warning (docs/isolation.md, "Floods"). Each line
+/// is bounded too (`bounded`, `maximumPairs`).
 final class LogLineRate: Sendable {
     /// The most log lines of one plugin logged in one second, as for its output
     /// (`WorkerOutput.linesPerSecond`).
@@ -101,6 +102,18 @@ final class LogLineRate: Sendable {
             logger.warning("\(count) log lines of plugin \(plugin) dropped (more than \(Self.perSecond) in a second)",
                            [("dropped", "\(count)")])
         }
+    }
+
+    /// The most bytes of a line's message, and of each metadata value, that are logged, as
+    /// for its output (`WorkerOutput.maximumLine`); the most metadata pairs.
+    static let maximumText = WorkerOutput.maximumLine
+    static let maximumPairs = 32
+
+    /// `text`, or its first `maximumText` bytes and how many were cut (` [N bytes cut]`).
+    static func bounded(_ text: String) -> String {
+        let bytes = text.utf8
+        guard bytes.count > maximumText else { return text }
+        return String(decoding: bytes.prefix(maximumText), as: UTF8.self) + " [\(bytes.count - maximumText) bytes cut]"
     }
 
     /// Whether a line may be logged now; counts it as dropped if not.

@@ -12,7 +12,8 @@ struct FloodTests {
     /// A C plugin `Flooder` (module `flooder`, which listens to `flood.tick`) that, on event
     /// `flood`, starts a thread posting `flood.tick` as fast as it can, forever; on
     /// `logflood`, a thread logging `log flood N` as fast as it can; on `forge`, logs a
-    /// message whose text looks like another plugin's metadata.
+    /// message whose text looks like another plugin's metadata; on `biglog`, logs a line of
+    /// 60,000 bytes.
     static func flooder(in directory: String) throws -> String {
         let source = """
             #define _GNU_SOURCE
@@ -35,6 +36,12 @@ struct FloodTests {
                 if (strcmp(event, "flood") == 0) pthread_create(&thread, NULL, posts, NULL);
                 if (strcmp(event, "logflood") == 0) pthread_create(&thread, NULL, logs, NULL);
                 if (strcmp(event, "forge") == 0) api->log(MODHOST_LOG_WARNING, "innocent plugin=Near worker=1 module=near");
+                if (strcmp(event, "biglog") == 0) {
+                    static char big[60001];
+                    memset(big, 'A', sizeof big - 1);
+                    memcpy(big, "big line ", 9);
+                    api->log(MODHOST_LOG_INFO, big);
+                }
             }
             static void destroy(void *instance) { (void)instance; }
             static const char *const notes[] = {"flood.tick", NULL};
@@ -161,11 +168,16 @@ struct FloodTests {
         await HostileWorkerTests.stop(h)
     }
 
-    @Test("the daemon logs at most 200 lines a second of an isolated plugin's log calls, and says how many it dropped",
+    @Test("the daemon logs at most 200 lines a second of an isolated plugin's log calls, each at most 4096 bytes, and says how many it dropped",
           .timeLimit(.minutes(3)))
     func aLogFloodIsCutByTheDaemon() async throws {
         let setup = try await Setup()
         let h = setup.h
+        // A line is cut as an output line is: 4096 bytes of its message, and how many were cut.
+        #expect(try h.ctl("send", "biglog", "--to", "flooder").status == 0, "\(h.daemon.text)")
+        #expect(await h.waitFor("big line "), "\(h.daemon.text.suffix(2000))")
+        let big = try #require(h.daemon.text.split(separator: "\n").first { $0.contains("big line ") })
+        #expect(big.utf8.count < 4096 + 200 && big.contains("AAAA [55904 bytes cut] "), "\(big.prefix(200))...\(big.suffix(200))")
         #expect(try h.ctl("send", "logflood", "--to", "flooder").status == 0, "\(h.daemon.text)")
         #expect(await h.daemon.waitFor("log lines of plugin Flooder dropped", timeout: .seconds(10)), "\(h.daemon.text.suffix(2000))")
         let start = h.daemon.text.split(separator: "\n").count
