@@ -5,7 +5,8 @@ import Synchronization
 /// The notifications an isolated plugin's worker posted (`{"op":"post"}` frames) that the
 /// daemon's host has not delivered yet, bounded (docs/isolation.md, "Floods").
 ///
-/// - At most `limit` wait: a post that comes while `limit` wait is dropped (delivered to no
+/// - At most `limit` wait, with payloads of at most `byteLimit` in all (a worker's frame
+///   holds up to 1 MiB): a post that comes while they are full is dropped (delivered to no
 ///   module), counted (`dropped`) and said in one warning a second at most, naming the
 ///   plugin. The daemon reads on however many wait, so the plugin's `post` waits at most for
 ///   its frame to be read, never for delivery, and says nothing: a plugin that posts faster
@@ -17,6 +18,8 @@ import Synchronization
 final class NotificationQueue: Sendable {
     /// The most notifications of one plugin waiting for delivery in the daemon.
     static let limit = 256
+    /// The most bytes of payload (as JSON text) of one plugin's notifications waiting.
+    static let byteLimit = 16 << 20
     /// The most delivered in one turn on the host's context.
     static let batch = 16
 
@@ -24,9 +27,11 @@ final class NotificationQueue: Sendable {
         let name: String
         let payload: JSONValue
         let module: String?
+        let bytes: Int
     }
     private struct State {
         var waiting: [Waiting] = []
+        var bytes = 0
         var draining = false
     }
     private let state = Mutex(State())
@@ -38,7 +43,7 @@ final class NotificationQueue: Sendable {
         self.host = host
         let logger = logger.with("plugin", plugin)
         dropped = DropReport { count in
-            logger.warning("\(count) notifications of plugin \(plugin) dropped: its worker posts faster than the daemon delivers them (more than \(Self.limit) waiting)",
+            logger.warning("\(count) notifications of plugin \(plugin) dropped: its worker posts faster than the daemon delivers them (more than \(Self.limit) waiting, or \(Self.byteLimit >> 20) MiB of payloads)",
                            [("dropped", "\(count)")])
         }
     }
@@ -46,9 +51,11 @@ final class NotificationQueue: Sendable {
     /// Queues notification `name` (to module `module` only, when given), or drops it when
     /// `limit` wait.
     func post(_ name: String, payload: JSONValue, to module: String?) {
+        let bytes = payload.jsonText.utf8.count
         let start = state.withLock { state -> Bool? in
-            guard state.waiting.count < Self.limit else { return nil }
-            state.waiting.append(Waiting(name: name, payload: payload, module: module))
+            guard state.waiting.count < Self.limit, state.bytes + bytes <= Self.byteLimit else { return nil }
+            state.waiting.append(Waiting(name: name, payload: payload, module: module, bytes: bytes))
+            state.bytes += bytes
             defer { state.draining = true }
             return !state.draining
         }
@@ -67,6 +74,7 @@ final class NotificationQueue: Sendable {
             let batch = state.withLock { state -> [Waiting] in
                 let batch = Array(state.waiting.prefix(Self.batch))
                 state.waiting.removeFirst(batch.count)
+                state.bytes -= batch.reduce(0) { $0 + $1.bytes }
                 if batch.isEmpty { state.draining = false }
                 return batch
             }

@@ -1,4 +1,5 @@
 import Dispatch
+import ModuleKit
 import Synchronization
 import Testing
 @testable import ModuleHost
@@ -143,5 +144,24 @@ import Testing
         #expect(WorkerLimits().summary == nil)
         #expect(WorkerLimits(addressSpaceBytes: 150_000_000, openFiles: 16).summary == "addressSpaceBytes 150000000, openFiles 16")
         #expect(WorkerLimits(cpuSeconds: 2, processes: 64).summary == "cpuSeconds 2, processes 64")
+    }
+
+    /// What waits of one isolated plugin's notifications is bounded in bytes, not only in
+    /// count: 256 posts of 1 MiB (a worker's largest frame) would hold 256 MiB.
+    @Test(.timeLimit(.minutes(1)))
+    func theNotificationsWaitingForOnePluginAreBoundedInBytes() async {
+        let host = HostInstance(name: "flood")
+        let queue = NotificationQueue(host: host, plugin: "Flooder", logger: Logger(label: "test"))
+        // The host's context is held, so nothing is delivered meanwhile.
+        let held = Atomic<Bool>(false)
+        let gate = DispatchSemaphore(value: 0)
+        let holder = Task { await host.perform { _ in held.store(true, ordering: .releasing); gate.wait() } }
+        while !held.load(ordering: .acquiring) { await Task.yield() }
+        let payload = JSONValue.string(String(repeating: "b", count: (1 << 20) - 2))
+        for _ in 0..<64 { queue.post("big", payload: payload, to: nil) }
+        // 16 fit, and at most one batch (16) left the queue before the host was held.
+        #expect(queue.dropped.total >= 64 - 32, "\(queue.dropped.total) dropped")
+        gate.signal()
+        await holder.value
     }
 }
