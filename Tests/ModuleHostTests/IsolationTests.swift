@@ -1341,6 +1341,7 @@ struct IsolatedDaemonTests {
         #expect(h.daemon.text.contains("plugin Faulty's worker (pid \(pid)) was killed by signal 9 (Killed): killed because it \(unread)"),
                 "\(h.daemon.text)")
         #expect(try h.ctl("call", "Faulty", "faulty_add", "2", "3").standardOutput == "5\n")
+        _ = await h.stop()
     }
 
     /// `send` to an isolated module whose worker does not answer the event within the event
@@ -1357,6 +1358,7 @@ struct IsolatedDaemonTests {
             rows["faulty"]?["restarts"] as? Int == 1 && rows["faulty"]?["state"] as? String == "running"
         }
         #expect(try h.ctl("send", "--to", "faulty", "heard").status == 0)
+        _ = await h.stop()
     }
 
     /// A daemon in `scratch` running the faulty C plugin isolated, with an event deadline of
