@@ -138,8 +138,9 @@ public struct WorkerStatus: Sendable, Equatable {
     public var lastCrash: String?
     /// The running worker's resident set size, in bytes (from /proc), nil when none runs.
     public var residentBytes: Int64?
-    /// Notifications its workers posted that were dropped: more than
-    /// `NotificationQueue.limit` of them waited for delivery (docs/isolation.md, "Floods").
+    /// Notifications its workers posted that were dropped: `NotificationQueue.limit` of
+    /// them, or `NotificationQueue.byteLimit` of payloads, waited for delivery
+    /// (docs/isolation.md, "Floods").
     public var droppedNotifications: UInt64 = 0
     /// Log lines of its workers dropped: more than `LogLineRate.perSecond` in a second.
     public var droppedLogLines: UInt64 = 0

@@ -544,7 +544,7 @@ final class WorkerService: Sendable {
 
     private func send(_ frame: [UInt8]?, replying id: JSONValue, on channel: WorkerChannel) {
         if channel.send(frame: frame, until: nil) != .sent {
-            channel.send(["id": id, "error": ["code": "call_failed", "message": "the reply is larger than 16 MiB"]])
+            channel.send(["id": id, "error": ["code": "call_failed", "message": .string("the reply is larger than \(channel.maximumSize >> 20) MiB")]])
         }
     }
 }
