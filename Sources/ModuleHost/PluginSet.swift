@@ -96,6 +96,14 @@ public actor PluginSet {
     var retiredCount = 0
     var retiredBytes: Int64 = 0
     var generations: [String: Int] = [:]
+    /// The highest name generation (`DynamicStringPatch.generationName`) of each plugin
+    /// that this process has mapped, from the moment its image is opened here. Only
+    /// in-process loads use one up: an isolated plugin's image is mapped in its worker, a
+    /// process of its own, and keeps its original name, so it can be replaced without limit.
+    var namesMapped: [String: Int] = [:]
+    /// The most name generations of one plugin this process can tell apart (lowered by tests).
+    var nameGenerationLimit = DynamicStringPatch.maximumGeneration
+    func setNameGenerationLimit(_ limit: Int) { nameGenerationLimit = min(limit, DynamicStringPatch.maximumGeneration) }
     /// Whether the first scan has deleted what an earlier run left in `imagesDirectory`.
     var imagesSwept = false
     /// The plugin whose modules are being created and initialized, or started, now (by a

@@ -277,17 +277,18 @@ extension PluginSet {
              displacing: String? = nil, removed: inout [String]) async -> Bool {
         var none = PluginChanges()
         let generation = (generations[file.name] ?? 0) + 1
+        let isolated = isolationPolicy.isolation(of: file.manifest) == .process
         let image: PrivateImage
         do {
+            let name = try nameGeneration(of: file.name, path: file.path, inThisProcess: !isolated)
             // The trial runs apart (a child process): only the copy is this process's own work.
             image = try crashGuard.during(file: file.path, plugin: file.name, hash: hash, phase: "copy") { () throws(LoadFailure) in
-                try privateImage(of: file, version: version, generation: generation, hash: hash)
+                try privateImage(of: file, version: version, generation: generation, nameGeneration: name, hash: hash)
             }
         } catch {
             refuse(error, identity, &none)
             return false
         }
-        let isolated = isolationPolicy.isolation(of: file.manifest) == .process
         do throws(LoadFailure) {
             try checkIsolation(of: file)
             // A worker is a trial load of its own: it loads the plugin away from this process.
@@ -304,6 +305,7 @@ extension PluginSet {
             } else {
                 crashGuard.begin(file: file.path, plugin: file.name, hash: hash, phase: "entry")
                 defer { crashGuard.end() }
+                namesMapped[file.name] = image.nameGeneration
                 loaded = try PluginLoader(validator: validator, registry: registry, workers: workers, metrics: metrics).open(image.file)
                 FatalSignalRecorder.track(loaded!, file: file.path, hash: hash)
             }
@@ -461,12 +463,6 @@ extension PluginSet {
             for name in chain {
                 let record = records[name]!
                 let generation = (generations[name] ?? record.generation) + 1
-                guard let next = DynamicStringPatch.generationName(record.originalSoname, generation: generation) else {
-                    throw LoadFailure(file: file.path, check: .dependency,
-                                      problem: "plugin \(name) has been loaded \(generation - 1) times in this process, the most it can tell apart",
-                                      fix: "restart the process (modhostd)")
-                }
-                renames[record.soname] = next
                 let source: PluginFile
                 let version: FileIdentity?
                 if name == file.name {
@@ -477,13 +473,17 @@ extension PluginSet {
                     source = record.loaded.file
                     version = nil
                 }
+                let inThisProcess = isolationPolicy.isolation(of: source.manifest) == .inProcess
+                let nameGeneration = try nameGeneration(of: name, path: file.path, inThisProcess: inThisProcess)
+                let next = DynamicStringPatch.generationName(record.originalSoname, generation: nameGeneration) ?? record.originalSoname
+                if next != record.soname { renames[record.soname] = next }
                 let image = try crashGuard.during(file: record.source, plugin: name, hash: name == file.name ? hash : record.hash, phase: "copy") { () throws(LoadFailure) in
-                    try privateImage(of: source, version: version, generation: generation,
+                    try privateImage(of: source, version: version, generation: generation, nameGeneration: nameGeneration,
                                      hash: name == file.name ? hash : record.hash, renames: renames)
                 }
                 images[name] = image
                 try checkIsolation(of: source)
-                if isolationPolicy.isolation(of: source.manifest) == .inProcess {
+                if inThisProcess {
                     try await trialLoad(image.file, preloading: chain.prefix { $0 != name }.compactMap { images[$0]?.file.resolvedPath })
                 }
             }
@@ -505,6 +505,7 @@ extension PluginSet {
                 }
                 crashGuard.begin(file: file.path, plugin: file.name, hash: hash, phase: "entry")
                 defer { crashGuard.end() }
+                namesMapped[name] = images[name]!.nameGeneration
                 let opened = try PluginLoader(validator: validator, registry: registry, workers: workers, metrics: metrics).open(image)
                 FatalSignalRecorder.track(opened, file: records[name]?.source ?? file.path, hash: name == file.name ? hash : records[name]?.hash ?? hash)
                 loaded[name] = opened
@@ -548,6 +549,8 @@ extension PluginSet {
     struct PrivateImage {
         var file: PluginFile
         var generation: Int
+        /// The generation its names carry (1: the original names).
+        var nameGeneration: Int
         var soname: String
         var originalSoname: String
         var size: Int64
@@ -630,7 +633,7 @@ extension PluginSet {
     /// version. The copy is made in bounded chunks from `file`'s image, which must still be
     /// `version` (the file validation read and hashed; nil: any), then the renamed strings
     /// are written at their offsets in the copy.
-    func privateImage(of file: PluginFile, version: FileIdentity?, generation: Int, hash: String,
+    func privateImage(of file: PluginFile, version: FileIdentity?, generation: Int, nameGeneration: Int, hash: String,
                       renames extra: [String: String] = [:]) throws(LoadFailure) -> PrivateImage {
         func fail(_ problem: String) -> LoadFailure {
             LoadFailure(file: file.path, check: .fileType, problem: problem, fix: "check the directory \(imagesDirectory) is writable")
@@ -645,13 +648,12 @@ extension PluginSet {
                               fix: "deploy by writing to a temporary name and renaming it; the new version is tried now")
         }
         let original = file.dynamic.soname ?? "lib\(file.name).so"
-        guard let soname = DynamicStringPatch.generationName(original, generation: generation) else {
-            throw LoadFailure(file: file.path, check: .dependency,
-                              problem: "plugin \(file.name) has been loaded \(generation - 1) times in this process, the most it can tell apart",
-                              fix: "restart the process (modhostd)")
+        guard let soname = DynamicStringPatch.generationName(original, generation: nameGeneration) else {
+            throw LoadFailure(file: file.path, check: .elf, problem: "the library name \(original) is too short to carry a generation",
+                              fix: "give the plugin a SONAME of at least 4 characters (plugin.mk does)")
         }
         var renames = extra
-        if generation > 1 {
+        if nameGeneration > 1 {
             renames[file.dynamic.soname ?? original] = soname
             // Dependencies replaced earlier are asked for by their current names.
             for dependency in file.manifest.dependencies {
@@ -703,7 +705,22 @@ extension PluginSet {
             throw fail("cannot write \(target): \(reason)")
         }
         let copy = PluginFile(path: file.path, resolvedPath: target, manifest: file.manifest, dynamic: file.dynamic, warnings: [])
-        return PrivateImage(file: copy, generation: generation, soname: soname, originalSoname: original, size: Int64(source.size))
+        return PrivateImage(file: copy, generation: generation, nameGeneration: nameGeneration, soname: soname, originalSoname: original,
+                            size: Int64(source.size))
+    }
+
+    /// The name generation the next image of plugin `name` gets: the next unused one when it
+    /// is to be mapped in this process (refused past `nameGenerationLimit`), and 1 (its
+    /// original names) when it runs in a worker, a process of its own.
+    func nameGeneration(of name: String, path: String, inThisProcess: Bool) throws(LoadFailure) -> Int {
+        guard inThisProcess else { return 1 }
+        let next = (namesMapped[name] ?? 0) + 1
+        guard next <= nameGenerationLimit else {
+            throw LoadFailure(file: path, check: .dependency,
+                              problem: "plugin \(name) has been loaded \(next - 1) times in this process, the most it can tell apart",
+                              fix: "restart the process (modhostd), or run the plugin isolated (docs/isolation.md), which has no such limit")
+        }
+        return next
     }
 }
 

@@ -2,7 +2,7 @@ import ControlProtocol
 import DaemonShell
 import Foundation
 import Glibc
-import ModuleHost
+@testable import ModuleHost
 import ModuleKit
 import PluginCall
 import PluginFormat
@@ -936,6 +936,45 @@ struct IsolationTests {
         for cycle in 2...11 { try await replace(cycle) }
         #expect(await f.until { Self.descriptorCount() <= descriptors }, "descriptors \(descriptors) -> \(Self.descriptorCount())")
         #expect(await f.until { Self.count("Threads") <= threads + 2 }, "threads \(threads) -> \(Self.count("Threads"))")
+        await f.set.shutdown()
+    }
+
+    /// An isolated plugin's image is mapped only in its worker, a process of its own, so it
+    /// keeps its own names and can be replaced any number of times; only a plugin that runs
+    /// in the daemon is limited by the names one process can tell apart (1,295 generations,
+    /// lowered here to 3). Each isolated replace runs the new version in a new worker.
+    @Test func anIsolatedPluginCanBeReplacedPastTheLimitOfNamesInOneProcess() async throws {
+        let f = try Fixture(plugins: ["Near": PluginIsolationSettings(isolation: .inProcess)])
+        await f.set.setNameGenerationLimit(3)
+        try await f.add("Quiet")
+        try await f.add("Near")
+        await f.set.reconcile()
+        await f.set.start()
+        let versions = PluginFactory(directory: f.root.directory("versions"))
+        func replace(_ name: String, _ cycle: Int) async throws -> PluginChanges {
+            let original = f.plugins + "/lib\(name).so"
+            let manifest = try PluginFactory.embeddedManifest(original)
+            let next = try versions.withManifest(original, manifest.replacing(#/"version":"[0-9.]+"/#, with: #""version":"1.\#(cycle)""#),
+                                                 as: "lib\(name)-\(cycle).so")
+            try FileManager.default.copyItem(atPath: next, toPath: f.plugins + "/.lib\(name).so.tmp")
+            #expect(rename(f.plugins + "/.lib\(name).so.tmp", original) == 0)
+            return await f.set.reconcile()
+        }
+        func plugin(_ name: String) async -> PluginSetSnapshot.Plugin? { await f.set.snapshot().plugins.first { $0.name == name } }
+        for cycle in 1...5 {
+            let old = await f.worker("Quiet")?.pid
+            #expect(try await replace("Quiet", cycle).replaced == ["Quiet"], "replace \(cycle)")
+            let now = await plugin("Quiet")
+            #expect(now?.version == "1.\(cycle)" && now?.generation == cycle + 1 && now?.worker?.pid != old, "\(String(describing: now))")
+            #expect(await f.running(["Quiet"]))
+        }
+        // In process: generations 2 and 3 load; a fourth name is refused and 1.2 keeps running.
+        for cycle in 1...2 { #expect(try await replace("Near", cycle).replaced == ["Near"], "replace \(cycle)") }
+        #expect(try await replace("Near", 3).refused.count == 1)
+        let near = await plugin("Near")
+        #expect(near?.version == "1.2", "\(String(describing: near))")
+        #expect(near?.lastError?.problem == "plugin Near has been loaded 3 times in this process, the most it can tell apart",
+                "\(String(describing: near?.lastError))")
         await f.set.shutdown()
     }
 
