@@ -82,7 +82,7 @@ struct IsolationBenchmark {
 
         rows += try await ReplaceBenchmark(sdk: sdk, work: work + "/replace", plugins: plugins, cycles: 1000)
             .leftovers(plugin: "P00200", file: plugins + "/libP00200.so", label: "isolated_c",
-                       configuration: #"{"isolation": "process"}"#)
+                       configuration: #"{"isolation": "process"}"#, warmUp: 1000)
         return rows
     }
 

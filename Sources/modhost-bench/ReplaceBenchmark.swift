@@ -81,8 +81,11 @@ struct ReplaceBenchmark {
 
     /// `cycles` replaces of one plugin, alone in a daemon: RSS and mappings per cycle
     /// (reported against one fresh daemon's figure), and files left in the state directory.
-    /// `configuration`: the daemon's configuration file, if any.
-    func leftovers(plugin: String, file: String, label: String, configuration: String? = nil) async throws -> [BenchRow] {
+    /// `configuration`: the daemon's configuration file, if any. `warmUp` replaces (of the
+    /// same versions) go first, and the RSS they add is a row of its own: what the daemon
+    /// grows by before it reaches its working size (caches that fill up to a bound) is not a
+    /// residue of each replace, and the per-replace rows count from there.
+    func leftovers(plugin: String, file: String, label: String, configuration: String? = nil, warmUp: Int = 0) async throws -> [BenchRow] {
         let root = try fresh("leftovers-" + label)
         var arguments: [String] = []
         if let configuration {
@@ -104,29 +107,47 @@ struct ReplaceBenchmark {
         guard await daemon.waitForLine(containing: "loaded plugin \(plugin) ", after: start) != nil else {
             throw failure("\(plugin) was not loaded:\n\(daemon.tail)")
         }
+        let loaded = try memory(of: daemon.pid)
+        for index in 0..<warmUp {
+            let variant = variants[index % variants.count]
+            start = try drop(variant.path, as: target)
+            guard await daemon.waitForLine(containing: "by \(variant.version) (generation", after: start) != nil else {
+                throw failure("warm-up replacement by \(variant.version) not seen:\n\(daemon.tail)")
+            }
+        }
         let before = try memory(of: daemon.pid)
         // Sampled every tenth of the run: growth that stops (the allocator and caches
         // reaching their working size) and growth that goes on (a residue per replace)
         // look alike over the whole run, and differ over its second half.
-        var samples: [(cycle: Int, rssKiB: Int)] = [(0, before.rssKiB)]
+        // With the daemon's thread count: a thread libdispatch adds under load brings its
+        // own caches and malloc arena, a step in RSS (and mappings) that is not a replace's.
+        var samples: [(cycle: Int, rssKiB: Int, threads: Int)] = [(0, before.rssKiB, before.threads)]
         let every = max(1, cycles / 10)
         for (index, variant) in variants.enumerated() {
             start = try drop(variant.path, as: target)
             guard await daemon.waitForLine(containing: "by \(variant.version) (generation", after: start) != nil else {
                 throw failure("replacement by \(variant.version) not seen:\n\(daemon.tail)")
             }
-            if (index + 1) % every == 0 { let now = try memory(of: daemon.pid); samples.append((index + 1, now.rssKiB)) }
+            if (index + 1) % every == 0 { let now = try memory(of: daemon.pid); samples.append((index + 1, now.rssKiB, now.threads)) }
         }
         let after = try memory(of: daemon.pid)
         let half = samples.first { $0.cycle >= cycles / 2 } ?? samples[0]
         let secondHalf = Double(max(1, cycles - half.cycle))
         let trace = samples.map { "\($0.cycle): \($0.rssKiB)" }.joined(separator: ", ")
+            + "; daemon threads " + samples.map { String($0.threads) }.joined(separator: ",")
         let images = (try? FileManager.default.contentsOfDirectory(atPath: root + "/state/images")) ?? []
         let perCycle = Double(cycles)
-        return [
+        let warmUpRows = warmUp == 0 ? [] : [
+            BenchRow(name: "replace.\(label).rss_warm_up", value: Double(before.rssKiB - loaded.rssKiB), unit: "KiB",
+                     baseline: Double(loaded.rssKiB),
+                     baselineDescription: "RSS of the daemon with the plugin loaded once; value: RSS added by the first \(warmUp) replaces, before the rows per replace start counting, and \(before.mappings - loaded.mappings) mappings (report only; libdispatch's per-thread caches of work items fill up to their bound, 1,024 items of 64 bytes a thread)",
+                     target: nil),
+        ]
+        let counted = warmUp == 0 ? "" : " and replaced \(warmUp) times (warm-up)"
+        return warmUpRows + [
             BenchRow(name: "replace.\(label).rss_per_cycle", value: Double(after.rssKiB - before.rssKiB) / perCycle, unit: "KB",
                      baseline: Double(before.rssKiB),
-                     baselineDescription: "RSS of the daemon with the plugin loaded once; value: RSS growth per replace over \(cycles) replaces (report only)",
+                     baselineDescription: "RSS of the daemon with the plugin loaded once\(counted); value: RSS growth per replace over \(cycles) replaces (report only)",
                      target: nil),
             BenchRow(name: "replace.\(label).rss_per_cycle.second_half", value: Double(after.rssKiB - half.rssKiB) / secondHalf, unit: "KB",
                      baseline: Double(half.rssKiB),
@@ -134,7 +155,7 @@ struct ReplaceBenchmark {
                      target: nil),
             BenchRow(name: "replace.\(label).mappings_per_cycle", value: Double(after.mappings - before.mappings) / perCycle, unit: "n",
                      baseline: Double(before.mappings),
-                     baselineDescription: "mappings of the daemon with the plugin loaded once; value: new mappings per replace over \(cycles) replaces (report only)",
+                     baselineDescription: "mappings of the daemon with the plugin loaded once\(counted); value: new mappings per replace over \(cycles) replaces (report only)",
                      target: nil),
             BenchRow(name: "replace.\(label).state_files_left", value: Double(images.count), unit: "n", baseline: 1,
                      baselineDescription: "plugins loaded; value: files in state/images after \(cycles) replaces (target: the loaded plugin's own copy, none per replace)",
@@ -170,18 +191,22 @@ struct ReplaceBenchmark {
     }
 
     /// Resident memory and mapping count of process `pid`, from /proc.
-    func memory(of pid: Int32) throws -> (rssKiB: Int, mappings: Int) {
+    func memory(of pid: Int32) throws -> (rssKiB: Int, mappings: Int, threads: Int) {
         let status = try String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8)
-        guard let line = status.split(separator: "\n").first(where: { $0.hasPrefix("VmRSS:") }),
-              let kib = Int(line.split(separator: " ", omittingEmptySubsequences: true).dropFirst().first ?? "") else {
-            throw failure("no VmRSS for pid \(pid)")
+        func field(_ name: String) throws -> Int {
+            guard let line = status.split(separator: "\n").first(where: { $0.hasPrefix(name + ":") }),
+                  let value = Int(line.split(whereSeparator: { $0 == " " || $0 == "\t" }).dropFirst().first ?? "") else {
+                throw failure("no \(name) for pid \(pid)")
+            }
+            return value
         }
+        let kib = try field("VmRSS"), threads = try field("Threads")
         // Read to the end: a /proc file reports size 0, and reading it "whole" stops after a page.
         guard let maps = FileHandle(forReadingAtPath: "/proc/\(pid)/maps"), let text = try maps.readToEnd() else {
             throw failure("cannot read /proc/\(pid)/maps")
         }
         try maps.close()
-        return (kib, text.reduce(0) { $0 + ($1 == UInt8(ascii: "\n") ? 1 : 0) })
+        return (kib, text.reduce(0) { $0 + ($1 == UInt8(ascii: "\n") ? 1 : 0) }, threads)
     }
 
     func fresh(_ name: String) throws -> String { try freshDirectory(work + "/" + name) }
