@@ -836,6 +836,25 @@ struct IsolationTests {
         let isolated = try #require(await f.set.plugin(named: "Vowels")?.isolated)
         #expect(try await isolated.call("vowels_times_ten", texts: ["isolation"]) == .int32(50))
         #expect(await f.worker("Vowels")?.crashes == 0)
+
+        // Replacing the dependency restarts the dependent against it, as often as wanted:
+        // neither image is mapped in this process, so neither uses up a name (limit lowered to 2).
+        await f.set.setNameGenerationLimit(2)
+        let greeting = try PluginFactory.embeddedManifest(BuildProducts.plugin("Greeting"))
+        let versions = PluginFactory(directory: f.root.directory("greeting-versions"))
+        for cycle in 1...3 {
+            let next = try versions.withManifest(BuildProducts.plugin("Greeting"),
+                                                 greeting.replacing(#/"version"\s*:\s*"[0-9.]+"/#, with: #""version":"9.\#(cycle)""#),
+                                                 as: "libGreeting-\(cycle).so")
+            try FileManager.default.copyItem(atPath: next, toPath: f.plugins + "/.libGreeting.so.tmp")
+            #expect(rename(f.plugins + "/.libGreeting.so.tmp", f.plugins + "/libGreeting.so") == 0)
+            let replaced = await f.set.reconcile()
+            #expect(replaced.replaced == ["Greeting"] && replaced.refused.isEmpty, "replace \(cycle): \(replaced)")
+            #expect(await f.set.snapshot().plugins.first { $0.name == "Greeting" }?.version == "9.\(cycle)")
+            #expect(await f.running(["Greeting", "Vowels"]))
+            let now = try #require(await f.set.plugin(named: "Vowels")?.isolated)
+            #expect(try await now.call("vowels_times_ten", texts: ["isolation"]) == .int32(50), "replace \(cycle)")
+        }
         await f.set.shutdown()
     }
 
