@@ -280,10 +280,10 @@ extension PluginSet {
         let isolated = isolationPolicy.isolation(of: file.manifest) == .process
         let image: PrivateImage
         do {
-            let name = try nameGeneration(of: file.name, path: file.path, inThisProcess: !isolated)
+            let names = try nameGeneration(of: file.name, path: file.path, inThisProcess: !isolated)
             // The trial runs apart (a child process): only the copy is this process's own work.
             image = try crashGuard.during(file: file.path, plugin: file.name, hash: hash, phase: "copy") { () throws(LoadFailure) in
-                try privateImage(of: file, version: version, generation: generation, nameGeneration: name, hash: hash)
+                try privateImage(of: file, version: version, generation: generation, nameGeneration: names, hash: hash)
             }
         } catch {
             refuse(error, identity, &none)

@@ -190,23 +190,17 @@ struct ReplaceBenchmark {
         return output
     }
 
-    /// Resident memory and mapping count of process `pid`, from /proc.
+    /// Resident memory (`ProcessMemory`), mapping count and thread count of process `pid`.
     func memory(of pid: Int32) throws -> (rssKiB: Int, mappings: Int, threads: Int) {
+        guard let bytes = ProcessMemory.residentBytes(pid: pid), let mappings = ProcessMemory.mappings(pid: pid) else {
+            throw failure("cannot read the memory of pid \(pid) from /proc")
+        }
         let status = try String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8)
-        func field(_ name: String) throws -> Int {
-            guard let line = status.split(separator: "\n").first(where: { $0.hasPrefix(name + ":") }),
-                  let value = Int(line.split(whereSeparator: { $0 == " " || $0 == "\t" }).dropFirst().first ?? "") else {
-                throw failure("no \(name) for pid \(pid)")
-            }
-            return value
+        guard let line = status.split(separator: "\n").first(where: { $0.hasPrefix("Threads:") }),
+              let threads = Int(line.dropFirst("Threads:".count).trimmingCharacters(in: .whitespaces)) else {
+            throw failure("no Threads for pid \(pid)")
         }
-        let kib = try field("VmRSS"), threads = try field("Threads")
-        // Read to the end: a /proc file reports size 0, and reading it "whole" stops after a page.
-        guard let maps = FileHandle(forReadingAtPath: "/proc/\(pid)/maps"), let text = try maps.readToEnd() else {
-            throw failure("cannot read /proc/\(pid)/maps")
-        }
-        try maps.close()
-        return (kib, text.reduce(0) { $0 + ($1 == UInt8(ascii: "\n") ? 1 : 0) }, threads)
+        return (Int(bytes / 1024), mappings, threads)
     }
 
     func fresh(_ name: String) throws -> String { try freshDirectory(work + "/" + name) }
