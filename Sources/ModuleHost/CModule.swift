@@ -140,7 +140,9 @@ final class CModule: Module {
     /// worker process (`WorkerService.serveOrdered`), whose daemon waits only up to its
     /// deadline and then kills the process. The call runs on that thread, in the module's
     /// order (`PluginWorker.runHere`): no other thread is woken for it.
-    struct Delivery: Sendable {
+    /// A class: the ordered thread takes it out of its table for every event, and a copy of
+    /// a struct of six references would retain and release each of them.
+    final class Delivery: Sendable {
         let moduleName: String
         fileprivate let instance: CModuleInstance
         let worker: PluginWorker

@@ -63,6 +63,8 @@ package final class PluginWorker: Sendable {
     /// came, e.g. under a processes limit), if any.
     package var stuck: Stuck? {
         state.withLock { state in
+            // Asked before every event: the clock is read only when a job runs or was given up on.
+            guard state.current != nil || !state.abandoned.isEmpty else { return nil }
             let now = ContinuousClock.now
             if let running = state.current, running.overran || now - running.since > running.deadline {
                 return Stuck(what: running.what, elapsed: now - running.since)
