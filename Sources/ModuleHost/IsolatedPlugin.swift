@@ -183,7 +183,7 @@ public final class IsolatedPlugin: Sendable {
         var phase = WorkerStatus.Phase.starting
         var restarts = 0
         var crashes = 0
-        var crashTimes: [ContinuousClock.Instant] = []
+        var crashTimes: [WorkerEnd] = []
         var lastCrash: String?
         /// The modules the daemon runs, in creation order, and how to run them again.
         var modules: [(name: String, record: ModuleRecord)] = []
@@ -231,7 +231,7 @@ public final class IsolatedPlugin: Sendable {
             $0.phase = .running
         }
         // A worker that ended between its ready frame and now was not ours yet to restart.
-        if let ending = connection.ending { ended(connection, ending) }
+        if let ending = connection.ending { ended(connection, ending, hung: connection.killedAfterItsDeadline) }
         return connection.modules
     }
 
@@ -487,7 +487,7 @@ public final class IsolatedPlugin: Sendable {
             workers.recordUnanswered(module: module, event: what)
             if countsOverrun { host.metrics.module(named: module).recordDeadlineOverrun() }
         }
-        connection.kill(reason: reason)
+        connection.kill(reason: reason, afterItsDeadline: true)
     }
 
     /// Said of a worker with limits that stalled or did not answer in time: a limit too low
@@ -499,16 +499,33 @@ public final class IsolatedPlugin: Sendable {
 
     // MARK: - Supervision
 
-    /// Called by the connection (on the worker poller) once its worker has ended and been reaped.
-    func ended(_ connection: WorkerConnection, _ ending: String) {
+    /// One end of a worker, as counted toward quarantine.
+    struct WorkerEnd {
+        var at: ContinuousClock.Instant
+        /// Killed because it did not answer within its deadline.
+        var hung: Bool
+    }
+
+    /// How long an end of a worker counts toward quarantine: `policy.window`, and for a
+    /// worker killed because it did not answer within its deadline, five deadlines more
+    /// (`burst` of them): each such end took the daemon a deadline to find out, so a handler
+    /// that hangs on every event would otherwise never end `burst` workers within the window,
+    /// and would hold up every event sent to it for a deadline, for ever.
+    func quarantineWindow(hung: Bool) -> Duration {
+        hung ? policy.window + deadline * policy.burst : policy.window
+    }
+
+    /// Called by the connection (on the worker poller) once its worker has ended and been
+    /// reaped; `hung`: the daemon killed it because it did not answer within its deadline.
+    func ended(_ connection: WorkerConnection, _ ending: String, hung: Bool) {
         let now = ContinuousClock.now
-        let window = policy.window
+        let crashWindow = quarantineWindow(hung: false), hangWindow = quarantineWindow(hung: true)
         let decision: (quarantined: Bool, delay: Duration, crashes: Int)? = state.withLock { state in
             guard state.connection === connection, state.phase != .stopped else { return nil }
             state.connection = nil
             state.crashes += 1
             state.lastCrash = ending
-            state.crashTimes = state.crashTimes.filter { now - $0 < window } + [now]
+            state.crashTimes = state.crashTimes.filter { now - $0.at < ($0.hung ? hangWindow : crashWindow) } + [WorkerEnd(at: now, hung: hung)]
             let recent = state.crashTimes.count
             if recent >= policy.burst {
                 state.phase = .quarantined
@@ -526,7 +543,9 @@ public final class IsolatedPlugin: Sendable {
                      [("pid", "\(connection.pid)"), ("cause", ending)])
         if restartsEnded { return }
         if decision.quarantined {
-            logger.error("plugin \(name) is quarantined: its worker ended \(decision.crashes) times within \(window.secondsText); it is not restarted until its file changes or a module of it is enabled (modhostctl enable MODULE)",
+            let within = !state.withLock({ $0.crashTimes.contains(where: \.hung) }) ? crashWindow.secondsText
+                : "\(hangWindow.secondsText) (an end for not answering within the deadline counts for \(hangWindow.secondsText), any other for \(crashWindow.secondsText))"
+            logger.error("plugin \(name) is quarantined: its worker ended \(decision.crashes) times within \(within); it is not restarted until its file changes or a module of it is enabled (modhostctl enable MODULE)",
                          [("crashes", "\(decision.crashes)")])
             return
         }
@@ -573,7 +592,7 @@ public final class IsolatedPlugin: Sendable {
             return
         }
         if let ending = connection.ending {
-            ended(connection, ending)
+            ended(connection, ending, hung: connection.killedAfterItsDeadline)
             return
         }
         logger.info("restarted plugin \(name)'s worker (pid \(connection.pid), restart \(restarts))", [("pid", "\(connection.pid)")])
@@ -753,7 +772,7 @@ final class WorkerConnection: Sendable {
     /// `laterReason`: why the poller kills the worker if it has not ended by the time a
     /// `killLater` gave (a socket of it no longer works, but it still runs); `stopping`
     /// once `stop` has been called (its sockets are then closed on purpose).
-    private let life = Mutex((ended: false, killReason: String?.none, laterReason: String?.none, stopping: false))
+    private let life = Mutex((ended: false, killReason: String?.none, laterReason: String?.none, stopping: false, hung: false))
     private let readiness = Waiter()
     /// Completed by `reap` with `{"ending": TEXT}` once the worker has been reaped.
     private let finished = Waiter()
@@ -928,7 +947,7 @@ final class WorkerConnection: Sendable {
             return .failure(LoadFailure(file: plugin.file.path, check: check, problem: "in its worker: \(message.text("problem") ?? "it failed")",
                                         fix: message.text("fix") ?? "see the log"))
         case .timedOut:
-            kill(reason: "it was not ready within \(deadline.secondsText)\(plugin.limitsHint)")
+            kill(reason: "it was not ready within \(deadline.secondsText)\(plugin.limitsHint)", afterItsDeadline: true)
             return .failure(failure("its worker was not ready within \(deadline.secondsText)\(plugin.limitsHint)",
                                     plugin.settings.limits.summary == nil ? "fix the plugin's load-time code"
                                         : "raise plugins.\(plugin.name).limits in modhostd's configuration, or fix the plugin's load-time code"))
@@ -1202,11 +1221,11 @@ final class WorkerConnection: Sendable {
     /// reaped yet, so its pid and process group are still its own): kills what is left of
     /// its process group, reaps it and reports how it ended.
     func reap() {
-        let reason = life.withLock { life -> String? in
+        let (reason, hung) = life.withLock { life -> (String?, Bool) in
             life.ended = true
             // Whatever the plugin forked dies with it.
             Glibc.kill(-pid, SIGKILL)
-            return life.killReason
+            return (life.killReason, life.hung)
         }
         var status: Int32 = 0
         while waitpid(pid, &status, 0) < 0 && errno == EINTR {}
@@ -1222,7 +1241,7 @@ final class WorkerConnection: Sendable {
         // The reader, and a caller reading an ordered reply, stop (a process the plugin
         // forked may still hold the other ends).
         shutDown()
-        plugin.ended(self, ending)
+        plugin.ended(self, ending, hung: hung)
     }
 
     private func shutDown() {
@@ -1230,6 +1249,9 @@ final class WorkerConnection: Sendable {
         ordered.shutDown()
         calls.channel.shutDown()
     }
+
+    /// Whether it was killed because it did not answer (or read) within its deadline.
+    var killedAfterItsDeadline: Bool { life.withLock { $0.hung } }
 
     /// How the worker ended, once it has been reaped; nil while it runs.
     var ending: String? {
@@ -1245,10 +1267,15 @@ final class WorkerConnection: Sendable {
     }
 
     /// Kills the worker (its process group) because it misbehaved; `reap` reports it.
-    func kill(reason: String) {
+    /// `afterItsDeadline`: because it did not answer (or read) within its deadline, which
+    /// counts toward quarantine for longer (`IsolatedPlugin.quarantineWindow`).
+    func kill(reason: String, afterItsDeadline: Bool = false) {
         life.withLock { life in
             guard !life.ended else { return }
-            if life.killReason == nil { life.killReason = "killed because \(reason)" }
+            if life.killReason == nil {
+                life.killReason = "killed because \(reason)"
+                life.hung = afterItsDeadline
+            }
             Glibc.kill(-pid, SIGKILL)
             Glibc.kill(pid, SIGKILL)
         }

@@ -268,7 +268,7 @@ final class WorkerPoller: Sendable {
             entry.flushBy[outbox] = until
         case .overdue(let reason):
             entry.flushBy[outbox] = nil
-            entry.connection.kill(reason: reason)
+            entry.connection.kill(reason: reason, afterItsDeadline: true)
         }
     }
 

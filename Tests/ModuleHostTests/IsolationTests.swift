@@ -641,6 +641,38 @@ struct IsolationTests {
         await f.set.shutdown()
     }
 
+    /// A handler that hangs on every event: each hang costs the sender a deadline, and five
+    /// of them take longer than the crash window. The worker is killed at each deadline and
+    /// restarted, and its fifth kill quarantines the plugin however long its deadline is
+    /// against the window, so events sent to it stop being held up.
+    @Test func aWorkerKilledForHangingOnEveryEventIsQuarantined() async throws {
+        // Five hangs of 0.5 s take 2.5 s at least: never five within a window of 1 s.
+        let f = try Fixture(deadline: .milliseconds(500), window: .seconds(1))
+        try await f.add("Stuck")
+        await f.set.reconcile()
+        await f.set.start()
+        #expect(await f.knock("stuck", "before"))
+        var hangs = 0
+        while hangs < 8 {
+            await f.host.send(ModuleEvent.custom(name: "block", payload: .null), to: "stuck")
+            hangs += 1
+            // Killed for it (and reaped), then restarted, or quarantined.
+            guard await f.until({ (await f.worker("Stuck")?.crashes ?? 0) >= hangs }),
+                  await f.until({ [.running, .quarantined].contains(await f.worker("Stuck")?.phase) }),
+                  await f.worker("Stuck")?.phase == .running
+            else { break }
+        }
+        let status = try #require(await f.worker("Stuck"))
+        #expect(status.phase == .quarantined, "\(status)")
+        #expect(hangs == 5 && status.crashes == 5, "\(hangs) hangs, \(status)")
+        #expect(status.lastCrash?.contains("did not answer block within 0.5 s") == true, "\(status)")
+        // Quarantined, it holds up nothing: the event is not delivered and returns at once.
+        let start = ContinuousClock.now
+        await f.host.send(ModuleEvent.custom(name: "block", payload: .null), to: "stuck")
+        #expect(ContinuousClock.now - start < .milliseconds(400))
+        await f.set.shutdown()
+    }
+
     /// `modhostctl disable m; modhostctl enable m` on a module of an isolated plugin: the
     /// worker's module is deinitialized and destroyed, then created, initialized and started
     /// anew in the same worker, and gets events again; the other module of the set runs on.
