@@ -27,11 +27,13 @@ public final class CrashGuard: Sendable {
         public var plugin: String
         /// The file's content hash; "" when it died before the file was hashed.
         public var hash: String
-        /// "validation", "copy", "entry", "init", "start", or "run" (after start).
+        /// "validation", "copy", "entry", "init", "start", or "run" (after start); "trial" for
+        /// a file that crashed or hung a trial load (in a child process: the host lived on).
         public var phase: String
         /// When the host was about to run it, or died (ISO 8601).
         public var time: String
-        /// What ended the process when known: a signal name ("SIGSEGV") or "exit(STATUS)".
+        /// What ended the process when known: a signal name ("SIGSEGV") or "exit(STATUS)";
+        /// for phase "trial", how the trial ended ("signal 11 (Segmentation fault)", "timeout").
         public var cause: String?
         /// The file's identity (device, inode, size, modification time) when `hash` is "".
         public var identity: String?
@@ -39,6 +41,9 @@ public final class CrashGuard: Sendable {
         /// What the file did, e.g. "crashed the host process during init", "crashed the host
         /// process with SIGSEGV in its code", "ended the host process by calling exit(0)".
         public var what: String {
+            if phase == "trial" {
+                return cause == "timeout" ? "hung a trial load in a child process" : "crashed a trial load in a child process (\(cause ?? "a signal"))"
+            }
             switch cause {
             case let cause? where cause.hasPrefix("exit("): return "ended the host process by calling \(cause)"
             case let cause?: return "crashed the host process with \(cause) in its code"
@@ -228,6 +233,14 @@ public final class CrashGuard: Sendable {
             state.exiting = true
             Self.clear(&state)
         }
+    }
+
+    /// Records that `file` (with content `hash`) crashed or hung a trial load (`ending`), in
+    /// `crashed.json`: a start loads without a trial, and must refuse it as well.
+    func recordTrialFailure(file: String, plugin: String, hash: String, ending: String) {
+        let crash = Crash(file: file, plugin: plugin, hash: hash, phase: "trial", time: UTCTimestamp.now(), cause: ending)
+        crashes.withLock { $0[crash.key] = crash }
+        persist()
     }
 
     /// Writes `crash` as the record the next start reads first (for an exit from plugin

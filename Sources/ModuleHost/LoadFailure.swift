@@ -39,12 +39,18 @@ public struct LoadFailure: Error, Sendable, Equatable, CustomStringConvertible {
     public var problem: String
     /// What the operator or plugin author should do.
     public var fix: String
+    /// Set when the file crashed or hung a trial load: how the trial ended (`signal 11
+    /// (Segmentation fault)`, or `timeout`). Such a refusal is kept in the crash guard's
+    /// records like a crash of the daemon, so that a start, which loads without a trial,
+    /// refuses the file too.
+    public var trialEnding: String?
 
-    public init(file: String, check: Check, problem: String, fix: String) {
+    public init(file: String, check: Check, problem: String, fix: String, trialEnding: String? = nil) {
         self.file = file
         self.check = check
         self.problem = problem
         self.fix = fix
+        self.trialEnding = trialEnding
     }
 
     public var description: String { "\(file): \(check.rawValue) check failed: \(problem). Fix: \(fix)" }

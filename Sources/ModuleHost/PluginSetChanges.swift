@@ -295,6 +295,7 @@ extension PluginSet {
             if trial && !isolated { try await trialLoad(image.file) }
         } catch {
             deleteImage(image.file)
+            if let ending = error.trialEnding { crashGuard.recordTrialFailure(file: file.path, plugin: file.name, hash: hash, ending: ending) }
             refuse(error, identity, &none)
             return false
         }
@@ -489,6 +490,10 @@ extension PluginSet {
             }
         } catch {
             for image in images.values { deleteImage(image.file) }
+            // The new version's own trial (a dependent's fails because of it, but is not it).
+            if let ending = error.trialEnding, error.file == file.path {
+                crashGuard.recordTrialFailure(file: file.path, plugin: file.name, hash: hash, ending: ending)
+            }
             refuse(error, identity, &none)
             logger.error("replacing plugin \(file.name) failed; version \(old.loaded.file.manifest.version) keeps running",
                          [("plugin", file.name), ("file", file.path)])

@@ -75,11 +75,12 @@ public struct ProcessTrialLoader: TrialLoader {
         case .timedOut:
             throw LoadFailure(file: file.path, check: .crashGuard,
                               problem: "a trial load in a child process did not finish within \(Int(timeout)) s",
-                              fix: "fix the plugin's load-time code (its entry point must return promptly)")
+                              fix: "fix the plugin's load-time code (its entry point must return promptly)", trialEnding: "timeout")
         case .signalled(let signal):
             throw LoadFailure(file: file.path, check: .crashGuard,
                               problem: "the plugin crashed a trial load in a child process (signal \(signal), \(String(cString: strsignal(signal))))",
-                              fix: "fix the plugin's load-time code; the host process was not affected")
+                              fix: "fix the plugin's load-time code; the host process was not affected",
+                              trialEnding: "signal \(signal) (\(String(cString: strsignal(signal))))")
         case .exited(0):
             if let failure = Self.moduleMismatch(result.reply, file) { throw failure }
         case .exited(TrialProcess.leftoverProcessStatus):

@@ -139,6 +139,30 @@ import TestSupport
         #expect(await h.stop() == 0)
     }
 
+    /// A file that crashed a trial load is refused at the next start too, which loads
+    /// without a trial: the crash guard keeps it like a crash of the daemon.
+    @Test func aPluginThatCrashedATrialLoadIsRefusedAtTheNextStart() async throws {
+        let scratch = TemporaryDirectory("trialcrash")
+        let plugins = scratch.directory("plugins")
+        try scratch.copy(BuildProducts.plugin("Counter"), as: "plugins/libCounter.so")
+        let arguments = ["--plugins", plugins, "--state-dir", scratch.file("state"), "--socket", scratch.file("sock")]
+        let first = try RunningProcess(BuildProducts.modhostd, arguments)
+        #expect(await first.waitFor("started 1 module: counter"))
+        // Built elsewhere and renamed in: the daemon sees a finished file.
+        let bomb = try Self.crashingPlugin(in: scratch.directory("build"), name: "Bomb")
+        #expect(rename(bomb, plugins + "/libBomb.so") == 0)
+        #expect(await first.waitFor("crashed a trial load in a child process (signal 11"))
+        first.send(SIGTERM)
+        #expect(await first.wait() == 0)
+        // Second start: refused with the reason, not loaded (before, the daemon died of it).
+        let second = try RunningProcess(BuildProducts.modhostd, arguments)
+        #expect(await second.waitFor("started 1 module: counter"))
+        #expect(second.text.contains("crash guard check failed: this file crashed a trial load in a child process (signal 11 (Segmentation fault))"),
+                "\(second.text)")
+        second.send(SIGTERM)
+        #expect(await second.wait() == 0)
+    }
+
     @Test func aPluginThatCrashedTheDaemonIsRefusedAtTheNextStart() async throws {
         let scratch = TemporaryDirectory("crashguard")
         let plugins = scratch.directory("plugins")
