@@ -72,6 +72,15 @@ public struct DaemonCommand: Sendable {
             guard parsed.positionals.isEmpty else { throw UsageError("unexpected argument '\(parsed.positionals[0])'") }
             var options = DaemonOptions()
             options.pluginDirectories = parsed.values["plugins"] ?? []
+            for (flag, values) in [("plugins", options.pluginDirectories), ("state-dir", [parsed.value("state-dir")].compactMap { $0 }),
+                                   ("config", [parsed.value("config")].compactMap { $0 })] {
+                for value in values {
+                    if let problem = PathText.problem(with: value) { throw UsageError("--\(flag) \(problem)") }
+                }
+            }
+            if let socket = parsed.value("socket"), let problem = UnixSocketAddress.problem(with: socket) {
+                throw UsageError("--socket \(problem)")
+            }
             options.allowInsecurePlugins = parsed.has("allow-insecure-plugins")
             if let level = parsed.value("log-level") {
                 guard let value = LogLevel(name: level) else { throw UsageError("--log-level must be debug, info, warning or error") }

@@ -22,6 +22,17 @@ public enum PathText {
         return String(trimmed[trimmed.index(after: slash)...])
     }
 
+    /// Why `path`, given from outside (a flag, a configuration field), cannot name a file or
+    /// directory: it is empty, or holds a NUL byte (the system would read it cut there), or,
+    /// with `absolute`, it is relative (to whatever the daemon's working directory is). Nil
+    /// when it can.
+    public static func problem(with path: String, absolute: Bool = false) -> String? {
+        if path.isEmpty { return "is empty" }
+        if path.utf8.contains(0) { return "holds a NUL byte" }
+        if absolute && !path.hasPrefix("/") { return "is not an absolute path" }
+        return nil
+    }
+
     private static func withoutTrailingSlashes(_ path: String) -> String {
         var text = Substring(path)
         while text.hasSuffix("/") { text = text.dropLast() }

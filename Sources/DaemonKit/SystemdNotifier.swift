@@ -97,9 +97,19 @@ public struct SystemdNotifier: Sendable, Equatable {
 }
 
 /// Building `sockaddr_un` for filesystem paths and `@abstract` names.
-enum UnixSocketAddress {
+public enum UnixSocketAddress {
     /// The most bytes a path may have (without its NUL).
     static let maximumPathLength = MemoryLayout.size(ofValue: sockaddr_un().sun_path) - 1
+
+    /// Why `path` (a file path, or `@name` for an abstract address) cannot be a Unix
+    /// socket's address: a `PathText` problem, or longer than `sockaddr_un` holds. Nil when
+    /// it can; `make` then succeeds.
+    public static func problem(with path: String) -> String? {
+        if let problem = PathText.problem(with: path) { return problem }
+        let limit = path.hasPrefix("@") ? maximumPathLength + 1 : maximumPathLength
+        guard path.utf8.count <= limit else { return "is \(path.utf8.count) bytes long; a Unix socket address holds at most \(limit)" }
+        return nil
+    }
 
     /// The address and its length. A leading `@` makes an abstract address (the `@` becomes a
     /// NUL byte and the length covers exactly the name). Throws `ENAMETOOLONG` for a path

@@ -241,6 +241,15 @@ public actor Daemon: DaemonControl {
             }
         }
         stateLock = try lock(stateDirectory + "/modhostd.lock", "the state directory \(stateDirectory)", code: "state_directory")
+        // Before anything is created next to it (its lock, its directory).
+        if let problem = UnixSocketAddress.problem(with: socketPath) {
+            throw DaemonError(code: "control_socket", message: "the control socket path \(socketPath) \(problem). Fix: pass a shorter --socket")
+        }
+        var existing = stat()
+        if !socketPath.hasPrefix("@"), lstat(socketPath, &existing) == 0, existing.st_mode & S_IFMT != S_IFSOCK {
+            throw DaemonError(code: "control_socket",
+                              message: "the control socket path \(socketPath) is taken by a \(existing.st_mode & S_IFMT == S_IFDIR ? "directory" : "file that is not a socket"). Fix: pass another --socket, or remove it if nothing needs it")
+        }
         let directory = PathText.parent(of: socketPath)
         if !socketPath.hasPrefix("@") {
             if directory == paths.privateRuntimeDirectory {

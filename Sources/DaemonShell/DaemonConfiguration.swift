@@ -88,6 +88,12 @@ public struct DaemonConfiguration: Sendable, Equatable {
             guard case .array(let items) = directories, let strings = Optional(items.compactMap(\.stringValue)),
                   strings.count == items.count
             else { throw invalid(path, "field \"pluginDirectories\" is not an array of strings", "list directory paths") }
+            for directory in strings {
+                if let problem = PathText.problem(with: directory, absolute: true) {
+                    throw invalid(path, "field \"pluginDirectories\" holds \(JSONValue.quote(directory)), which \(problem)",
+                                  "list each plugin directory by its absolute path")
+                }
+            }
             configuration.pluginDirectories = strings
         }
         if let modules = fields["modules"] {

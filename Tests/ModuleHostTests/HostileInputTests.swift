@@ -83,6 +83,34 @@ import TestSupport
                 "\(result.standardError)")
     }
 
+    /// An empty path, or a socket path longer than a Unix socket address holds, is a usage
+    /// error before anything is created: `--socket ''` made `./.lock` in the working
+    /// directory, then failed with a fix about another daemon.
+    @Test(arguments: [(["--plugins", ""], "--plugins is empty"), (["--state-dir", ""], "--state-dir is empty"),
+                      (["--config", ""], "--config is empty"), (["--socket", ""], "--socket is empty"),
+                      (["--socket", "/tmp/" + String(repeating: "s", count: 110)], "--socket is 115 bytes long; a Unix socket address holds at most 107")])
+    func aBadPathOnTheCommandLineIsAUsageError(arguments: [String], message: String) throws {
+        let scratch = TemporaryDirectory("bad-path")
+        let result = try run(BuildProducts.modhostd, ["--plugins", scratch.directory("plugins"), "--state-dir", scratch.file("state"),
+                                                      "--socket", scratch.file("sock")] + arguments, directory: scratch.path)
+        #expect(result.status == ExitCode.usage.rawValue, "\(result.standardError)")
+        #expect(result.standardError.contains("Error: \(message)"), "\(result.standardError)")
+        #expect(!FileManager.default.fileExists(atPath: scratch.file(".lock")))
+    }
+
+    /// A socket path taken by a file or a directory is refused before its lock is made, with
+    /// a fix for that cause (not "stop the other modhostd").
+    @Test func aSocketPathTakenByAFileIsRefusedWithoutLeavingALock() async throws {
+        let scratch = TemporaryDirectory("taken-socket")
+        let taken = try scratch.write("taken", text: "not a socket")
+        let daemon = try RunningProcess(BuildProducts.modhostd, ["--plugins", scratch.directory("plugins"), "--state-dir", scratch.file("state"),
+                                                                 "--socket", taken])
+        #expect(await daemon.wait(timeout: .seconds(30)) == 71, "\(daemon.text)")
+        #expect(daemon.text.contains("the control socket path \(taken) is taken by a file that is not a socket. Fix: pass another --socket, or remove it if nothing needs it"),
+                "\(daemon.text)")
+        #expect(!FileManager.default.fileExists(atPath: taken + ".lock"))
+    }
+
     @Test func anArgumentThatIsNotUTF8IsAUsageErrorNotAReplacementCharacter() throws {
         // Through the shell, since a Swift string cannot hold the byte 0xFF.
         for (tool, name) in [(BuildProducts.modhostd, "modhostd"), (BuildProducts.modhostctl, "modhostctl")] {
@@ -104,6 +132,12 @@ import TestSupport
         (Array(#"{"eventDeadlineSeconds": 05}"#.utf8), "is not valid JSON at byte 25: leading zero"),
         (Array(#"{"pluginDirectories": [""#.utf8) + [0xFF, 0xFE] + Array(#""]}"#.utf8), "is not valid JSON at byte 24: invalid UTF-8"),
         (Array(#"{"modules": {"../x": {"enabled": false}}}"#.utf8), #"field "modules" names "../x", not a name: names are 1 to 64"#),
+        // The system would read the path cut at the NUL: every file in /tmp would be refused
+        // as "not a regular file (a directory)"; an empty or relative one reads nowhere sure.
+        (Array(#"{"pluginDirectories": ["/tmp\u0000x"]}"#.utf8),
+         #"field "pluginDirectories" holds "/tmp\u0000x", which holds a NUL byte. Fix: list each plugin directory by its absolute path"#),
+        (Array(#"{"pluginDirectories": [""]}"#.utf8), #"field "pluginDirectories" holds "", which is empty"#),
+        (Array(#"{"pluginDirectories": ["plugins"]}"#.utf8), #"field "pluginDirectories" holds "plugins", which is not an absolute path"#),
     ]
 
     @Test(arguments: badConfigurations.indices)
