@@ -56,6 +56,10 @@ public struct ProcessTrialLoader: TrialLoader {
         // match that name): the child finds it on its library path. A C plugin needs
         // nothing, and its trial starts in about a millisecond.
         var environment = ProcessInfo.processInfo.environment
+        // A crash is the verdict, said in one line (`crashed a trial load ... (signal 11)`):
+        // not the Swift runtime's backtrace of the trial process, some 40 lines of the
+        // daemon's log for each crash.
+        environment["SWIFT_BACKTRACE"] = "enable=no"
         if file.manifest.language == .swift, !HostSDK.current.libraryPath.isEmpty {
             let directory = PathText.parent(of: HostSDK.current.libraryPath)
             environment["LD_LIBRARY_PATH"] = [directory, environment["LD_LIBRARY_PATH"]].compactMap { $0 }.joined(separator: ":")

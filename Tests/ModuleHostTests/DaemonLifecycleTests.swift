@@ -136,6 +136,8 @@ import TestSupport
         try h.drop(try Self.crashingPlugin(in: scratch.path), as: "libCrasher.so")
         #expect(await h.waitFor("crashed a trial load in a child process (signal 11"))
         #expect(try h.modules()["counter"]?["state"] as? String == "running")
+        // One line says it: no backtrace of the trial process in the daemon's log.
+        #expect(!h.daemon.text.contains("Backtracing"), "\(h.daemon.text)")
         #expect(await h.stop() == 0)
     }
 
