@@ -136,6 +136,16 @@ public struct Validator: Sendable {
         if let error = image.sectionError {
             throw fail(.elf, error.description, "rebuild the plugin with plugin.mk; a half-copied file is retried when it changes")
         }
+        // What dlopen would follow out of the image (it would crash the process).
+        let outside: String?
+        do {
+            outside = try image.loaderAddressProblem()
+        } catch {
+            throw fail(.segments, error.description, "copy the complete file again, by writing to a temporary name and renaming it")
+        }
+        if let outside {
+            throw fail(.segments, outside, "rebuild the plugin with plugin.mk; the dynamic loader would crash on this file")
+        }
 
         // Manifest.
         let manifest: Manifest

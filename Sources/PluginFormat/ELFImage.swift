@@ -32,9 +32,13 @@ public struct ELFImage: Sendable {
         public var type: UInt32
         public var offset: UInt64
         public var fileSize: UInt64
+        /// Where the segment is mapped, relative to the image's base, and its size there.
+        public var address: UInt64
+        public var memorySize: UInt64
         public static let load: UInt32 = 1
         public static let dynamic: UInt32 = 2
         public static let interpreter: UInt32 = 3
+        public static let relro: UInt32 = 0x6474_e552
     }
 
     public struct Section: Sendable, Equatable {
@@ -142,7 +146,8 @@ public struct ELFImage: Sendable {
     func programHeader(at index: Int) -> ProgramHeader {
         let base = index * 56
         return ProgramHeader(type: programHeaderTable.u32(base), offset: programHeaderTable.u64(base + 8),
-                             fileSize: programHeaderTable.u64(base + 32))
+                             fileSize: programHeaderTable.u64(base + 32), address: programHeaderTable.u64(base + 16),
+                             memorySize: programHeaderTable.u64(base + 40))
     }
 
     /// Every section, in the order of the section header table (empty when `sectionError`
@@ -209,6 +214,80 @@ public struct ELFImage: Sendable {
             if overflow || end > fileSize { return (index, overflow ? .max : end) }
         }
         return nil
+    }
+
+    /// The first address the dynamic loader would follow out of the image, said as a
+    /// problem; nil when there is none. `dlopen` trusts the program headers and the dynamic
+    /// segment (not the section headers the other checks read): a dynamic segment, a RELRO
+    /// range or a table the dynamic segment points to (strings, symbols, hash, relocations,
+    /// init and fini arrays, versions) outside every loadable segment crashes it, and the
+    /// process with it. Throws when the dynamic segment's bytes lie outside the file.
+    public func loaderAddressProblem() throws(ELFError) -> String? {
+        var loads: [AddressRange] = []
+        for index in 0..<programHeaderCount {
+            let header = programHeader(at: index)
+            if header.type == ProgramHeader.load { loads.append(AddressRange(start: header.address, size: header.memorySize)) }
+        }
+        func mapped(_ start: UInt64, size: UInt64) -> Bool {
+            let range = AddressRange(start: start, size: size)
+            return !range.overflows && loads.contains { !$0.overflows && range.start >= $0.start && range.end <= $0.end }
+        }
+        func hex(_ value: UInt64) -> String { "0x" + String(value, radix: 16) }
+        var dynamic: ProgramHeader?
+        for index in 0..<programHeaderCount {
+            let header = programHeader(at: index)
+            let what: String
+            switch header.type {
+            case ProgramHeader.dynamic:
+                what = "the dynamic segment"
+                if dynamic == nil { dynamic = header }
+            case ProgramHeader.relro: what = "the RELRO range"
+            default: continue
+            }
+            guard mapped(header.address, size: header.memorySize) else {
+                return "\(what) (program header \(index)) at address \(hex(header.address)) with \(header.memorySize) bytes lies outside the loadable segments"
+            }
+        }
+        guard let dynamic else { return nil }
+        let table = FileBytes(try source.read(FileArithmetic.range("the dynamic segment", offset: dynamic.offset,
+                                                                    size: dynamic.fileSize, within: fileSize)))
+        var values: [UInt64: UInt64] = [:]
+        var base = 0
+        while base + 16 <= table.count {
+            let tag = table.u64(base)
+            if tag == 0 { break }
+            if values[tag] == nil { values[tag] = table.u64(base + 8) }
+            base += 16
+        }
+        for (tag, name, sizeTag) in Self.addressTags {
+            guard let address = values[tag] else { continue }
+            let size = sizeTag.flatMap { values[$0] } ?? 1
+            guard mapped(address, size: size) else {
+                return "\(name) points to address \(hex(address))\(size > 1 ? " with \(size) bytes" : ""), outside the loadable segments"
+            }
+        }
+        return nil
+    }
+
+    /// The dynamic entries whose value is an address in the image the loader reads or
+    /// calls, with the tag of their size when they have one.
+    static let addressTags: [(tag: UInt64, name: String, size: UInt64?)] = [
+        (3, "DT_PLTGOT", nil), (4, "DT_HASH", nil), (5, "DT_STRTAB", 10), (6, "DT_SYMTAB", nil), (7, "DT_RELA", 8),
+        (12, "DT_INIT", nil), (13, "DT_FINI", nil), (17, "DT_REL", 18), (23, "DT_JMPREL", 2), (25, "DT_INIT_ARRAY", 27),
+        (26, "DT_FINI_ARRAY", 28), (32, "DT_PREINIT_ARRAY", 33), (0x6fff_fef5, "DT_GNU_HASH", nil), (0x6fff_fff0, "DT_VERSYM", nil),
+        (0x6fff_fffc, "DT_VERDEF", nil), (0x6fff_fffe, "DT_VERNEED", nil),
+    ]
+
+    /// `start..<start + size` in the image's addresses; a range whose end passes 2^64
+    /// `overflows`, and neither contains nor is contained in any other.
+    struct AddressRange {
+        var start: UInt64
+        var end: UInt64
+        var overflows: Bool
+        init(start: UInt64, size: UInt64) {
+            self.start = start
+            (end, overflows) = start.addingReportingOverflow(size)
+        }
     }
 
     /// The contents of the section called `name`, nil when there is none. Throws when it

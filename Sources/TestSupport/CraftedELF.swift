@@ -29,6 +29,12 @@ public struct CraftedELF: Sendable {
     }
 
     /// The file offset of section header `index`.
+    /// The offset of the first program header of `type`, nil when there is none.
+    public func programHeader(ofType type: UInt32) -> Int? {
+        let table = Int(u64(Self.programHeaderOffsetField)), count = Int(u16(56))
+        return (0..<count).map { table + $0 * 56 }.first { u32($0) == type }
+    }
+
     public func sectionHeader(_ index: Int) -> Int { Int(u64(Self.sectionHeaderOffsetField)) + index * Int(u16(58)) }
 
     /// The file offset of the header of the section called `name`.
@@ -147,6 +153,12 @@ public struct ELFMutation: Sendable, CustomStringConvertible {
         ELFMutation("DT_SONAME string offset 2^64-1") { elf in elf.set64(UInt64.max, at: elf.dynamicEntryValue(tag: 14)!) },
         ELFMutation("DT_NEEDED string offset 2^63") { elf in elf.set64(1 << 63, at: elf.dynamicEntryValue(tag: 1)!) },
         ELFMutation(".dynsym st_name 0xFFFF_FFFF") { elf in elf.set32(0xFFFF_FFFF, at: elf.sectionContents(named: ".dynsym")! + 24) },
+        // What dlopen follows without a check of its own: the program headers and the
+        // dynamic segment. Each crashed a daemon that found the file at start.
+        ELFMutation("PT_DYNAMIC p_vaddr 2^64-1") { elf in elf.set64(UInt64.max, at: elf.programHeader(ofType: 2)! + 16) },
+        ELFMutation("PT_GNU_RELRO p_memsz 2^63") { elf in elf.set64(1 << 63, at: elf.programHeader(ofType: 0x6474_e552)! + 40) },
+        ELFMutation("DT_STRTAB outside the image") { elf in elf.set64(0x7fff_ffff_0000, at: elf.dynamicEntryValue(tag: 5)!) },
+        ELFMutation("DT_SYMTAB outside the image") { elf in elf.set64(0x7fff_ffff_0000, at: elf.dynamicEntryValue(tag: 6)!) },
         ELFMutation("build-id note name and descriptor sizes 0xFFFF_FFFx", refused: false) { elf in
             let note = elf.sectionContents(named: ".note.gnu.build-id")!
             elf.set32(0xFFFF_FFFF, at: note)

@@ -86,4 +86,25 @@ import TestSupport
         #expect(peak < 200_000, "the daemon's peak resident size is \(peak) kB")
         #expect(await h.stop() == 0)
     }
+
+    /// The same hostile files found when the daemon starts, which loads without a trial:
+    /// each is refused by the checks before dlopen, and the daemon starts. (A dynamic
+    /// segment pointing outside the image crashed ld.so, and the daemon, once.)
+    @Test func aDaemonStartingWithHostileFilesRefusesEachAndStarts() async throws {
+        let scratch = TemporaryDirectory("hostile-start")
+        let plugins = scratch.directory("plugins")
+        try scratch.copy(BuildProducts.plugin("Counter"), as: "plugins/libCounter.so")
+        let mutations = ELFMutation.all.filter(\.refused)
+        for (index, mutation) in mutations.enumerated() {
+            try mutation.apply(to: Self.good, writingTo: plugins + "/libHostile\(index).so")
+        }
+        let daemon = try RunningProcess(BuildProducts.modhostd, ["--plugins", plugins, "--state-dir", scratch.file("state"),
+                                                                 "--socket", scratch.file("sock")])
+        #expect(await daemon.waitFor("started 1 module: counter"), "\(daemon.text)")
+        for index in mutations.indices {
+            #expect(daemon.text.contains("refused \(plugins)/libHostile\(index).so: "), "\(mutations[index]) not refused:\n\(daemon.text)")
+        }
+        daemon.send(SIGTERM)
+        #expect(await daemon.wait() == 0)
+    }
 }
