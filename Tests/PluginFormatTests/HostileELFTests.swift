@@ -42,6 +42,8 @@ import TestSupport
         attempt { _ = try image.buildID() }
         attempt { _ = try DynamicStringPatch.patches(["libHostile.so": "libHostile.02", "libc.so.6": "libc.so.7"], image: image) }
         _ = image.loadSegmentPastEnd
+        // What dlopen would follow out of the image: a problem the validator refuses.
+        attempt { if let problem = try image.loaderAddressProblem() { throw ELFError.malformed(problem) } }
         return errors
     }
 
