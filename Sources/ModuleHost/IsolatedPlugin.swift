@@ -231,7 +231,7 @@ public final class IsolatedPlugin: Sendable {
             $0.phase = .running
         }
         // A worker that ended between its ready frame and now was not ours yet to restart.
-        if let ending = connection.ending { ended(connection, ending, hung: connection.killedAfterItsDeadline) }
+        if let ending = connection.ending { ended(connection, ending) }
         return connection.modules
     }
 
@@ -515,25 +515,24 @@ public final class IsolatedPlugin: Sendable {
         hung ? policy.window + deadline * policy.burst : policy.window
     }
 
-    /// Called by the connection (on the worker poller) once its worker has ended and been
-    /// reaped; `hung`: the daemon killed it because it did not answer within its deadline.
-    func ended(_ connection: WorkerConnection, _ ending: String, hung: Bool) {
+    /// Called by the connection (on the worker poller) once its worker has ended and been reaped.
+    func ended(_ connection: WorkerConnection, _ ending: String) {
         let now = ContinuousClock.now
-        let crashWindow = quarantineWindow(hung: false), hangWindow = quarantineWindow(hung: true)
-        let decision: (quarantined: Bool, delay: Duration, crashes: Int)? = state.withLock { state in
+        let hung = connection.killedAfterItsDeadline
+        let decision: (quarantined: Bool, delay: Duration, crashes: Int, hangsCounted: Bool)? = state.withLock { state in
             guard state.connection === connection, state.phase != .stopped else { return nil }
             state.connection = nil
             state.crashes += 1
             state.lastCrash = ending
-            state.crashTimes = state.crashTimes.filter { now - $0.at < ($0.hung ? hangWindow : crashWindow) } + [WorkerEnd(at: now, hung: hung)]
+            state.crashTimes = state.crashTimes.filter { now - $0.at < quarantineWindow(hung: $0.hung) } + [WorkerEnd(at: now, hung: hung)]
             let recent = state.crashTimes.count
             if recent >= policy.burst {
                 state.phase = .quarantined
-                return (true, .zero, recent)
+                return (true, .zero, recent, state.crashTimes.contains(where: \.hung))
             }
             state.phase = .crashed
             let delay: Duration = recent <= 1 ? .zero : .milliseconds(100) * (1 << min(recent - 2, 8))
-            return (false, delay, recent)
+            return (false, delay, recent, false)
         }
         guard let decision else { return }
         let (modules, restartsEnded) = state.withLock { ($0.modules.map(\.name), $0.restartsEnded) }
@@ -543,8 +542,9 @@ public final class IsolatedPlugin: Sendable {
                      [("pid", "\(connection.pid)"), ("cause", ending)])
         if restartsEnded { return }
         if decision.quarantined {
-            let within = !state.withLock({ $0.crashTimes.contains(where: \.hung) }) ? crashWindow.secondsText
-                : "\(hangWindow.secondsText) (an end for not answering within the deadline counts for \(hangWindow.secondsText), any other for \(crashWindow.secondsText))"
+            let crashWindow = quarantineWindow(hung: false).secondsText, hangWindow = quarantineWindow(hung: true).secondsText
+            let within = !decision.hangsCounted ? crashWindow
+                : "\(hangWindow) (an end for not answering within the deadline counts for \(hangWindow), any other for \(crashWindow))"
             logger.error("plugin \(name) is quarantined: its worker ended \(decision.crashes) times within \(within); it is not restarted until its file changes or a module of it is enabled (modhostctl enable MODULE)",
                          [("crashes", "\(decision.crashes)")])
             return
@@ -592,7 +592,7 @@ public final class IsolatedPlugin: Sendable {
             return
         }
         if let ending = connection.ending {
-            ended(connection, ending, hung: connection.killedAfterItsDeadline)
+            ended(connection, ending)
             return
         }
         logger.info("restarted plugin \(name)'s worker (pid \(connection.pid), restart \(restarts))", [("pid", "\(connection.pid)")])
@@ -1221,11 +1221,11 @@ final class WorkerConnection: Sendable {
     /// reaped yet, so its pid and process group are still its own): kills what is left of
     /// its process group, reaps it and reports how it ended.
     func reap() {
-        let (reason, hung) = life.withLock { life -> (String?, Bool) in
+        let reason = life.withLock { life -> String? in
             life.ended = true
             // Whatever the plugin forked dies with it.
             Glibc.kill(-pid, SIGKILL)
-            return (life.killReason, life.hung)
+            return life.killReason
         }
         var status: Int32 = 0
         while waitpid(pid, &status, 0) < 0 && errno == EINTR {}
@@ -1241,7 +1241,7 @@ final class WorkerConnection: Sendable {
         // The reader, and a caller reading an ordered reply, stop (a process the plugin
         // forked may still hold the other ends).
         shutDown()
-        plugin.ended(self, ending, hung: hung)
+        plugin.ended(self, ending)
     }
 
     private func shutDown() {

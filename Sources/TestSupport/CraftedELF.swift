@@ -28,13 +28,13 @@ public struct CraftedELF: Sendable {
         for index in 0..<8 { bytes[offset + index] = UInt8(truncatingIfNeeded: value >> (8 * UInt64(index))) }
     }
 
-    /// The file offset of section header `index`.
-    /// The offset of the first program header of `type`, nil when there is none.
+    /// The file offset of the first program header of `type`, nil when there is none.
     public func programHeader(ofType type: UInt32) -> Int? {
         let table = Int(u64(Self.programHeaderOffsetField)), count = Int(u16(56))
         return (0..<count).map { table + $0 * 56 }.first { u32($0) == type }
     }
 
+    /// The file offset of section header `index`.
     public func sectionHeader(_ index: Int) -> Int { Int(u64(Self.sectionHeaderOffsetField)) + index * Int(u16(58)) }
 
     /// The file offset of the header of the section called `name`.
