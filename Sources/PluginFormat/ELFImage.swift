@@ -221,7 +221,9 @@ public struct ELFImage: Sendable {
     /// segment (not the section headers the other checks read): a dynamic segment, a RELRO
     /// range or a table the dynamic segment points to (strings, symbols, hash, relocations,
     /// init and fini arrays, versions) outside every loadable segment crashes it, and the
-    /// process with it. Throws when the dynamic segment's bytes lie outside the file.
+    /// process with it. The loader keeps the last entry of each tag, so every entry is
+    /// checked, and it reads entries until DT_NULL, which must end them within the segment.
+    /// Throws when the dynamic segment's bytes lie outside the file.
     public func loaderAddressProblem() throws(ELFError) -> String? {
         var loads: [AddressRange] = []
         for index in 0..<programHeaderCount {
@@ -251,20 +253,31 @@ public struct ELFImage: Sendable {
         guard let dynamic else { return nil }
         let table = FileBytes(try source.read(FileArithmetic.range("the dynamic segment", offset: dynamic.offset,
                                                                     size: dynamic.fileSize, within: fileSize)))
-        var values: [UInt64: UInt64] = [:]
+        // ld.so keeps the last entry of each tag, so every entry of an address tag is
+        // checked, with the last size given for it.
+        func lastValue(of tag: UInt64) -> UInt64? {
+            var value: UInt64?
+            var base = 0
+            while base + 16 <= table.count, table.u64(base) != 0 {
+                if table.u64(base) == tag { value = table.u64(base + 8) }
+                base += 16
+            }
+            return value
+        }
         var base = 0
-        while base + 16 <= table.count {
+        while true {
+            guard base + 16 <= table.count else {
+                return "the dynamic segment has no DT_NULL entry to end it within its \(table.count) bytes"
+            }
             let tag = table.u64(base)
             if tag == 0 { break }
-            if values[tag] == nil { values[tag] = table.u64(base + 8) }
-            base += 16
-        }
-        for (tag, name, sizeTag) in Self.addressTags {
-            guard let address = values[tag] else { continue }
-            let size = sizeTag.flatMap { values[$0] } ?? 1
-            guard mapped(address, size: size) else {
-                return "\(name) points to address \(hex(address))\(size > 1 ? " with \(size) bytes" : ""), outside the loadable segments"
+            if let (_, name, sizeTag) = Self.addressTags.first(where: { $0.tag == tag }) {
+                let address = table.u64(base + 8), size = sizeTag.flatMap(lastValue(of:)) ?? 1
+                guard mapped(address, size: size) else {
+                    return "\(name) points to address \(hex(address))\(size > 1 ? " with \(size) bytes" : ""), outside the loadable segments"
+                }
             }
+            base += 16
         }
         return nil
     }

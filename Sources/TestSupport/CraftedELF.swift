@@ -57,7 +57,7 @@ public struct CraftedELF: Sendable {
     }
 
     /// The file offset of the value of the first dynamic entry tagged `tag`
-    /// (1 DT_NEEDED, 14 DT_SONAME).
+    /// (0 DT_NULL, 1 DT_NEEDED, 14 DT_SONAME).
     public func dynamicEntryValue(tag: UInt64) -> Int? {
         guard let header = sectionHeader(named: ".dynamic") else { return nil }
         let start = Int(u64(header + 24)), size = Int(u64(header + 32))
@@ -159,6 +159,13 @@ public struct ELFMutation: Sendable, CustomStringConvertible {
         ELFMutation("PT_GNU_RELRO p_memsz 2^63") { elf in elf.set64(1 << 63, at: elf.programHeader(ofType: 0x6474_e552)! + 40) },
         ELFMutation("DT_STRTAB outside the image") { elf in elf.set64(0x7fff_ffff_0000, at: elf.dynamicEntryValue(tag: 5)!) },
         ELFMutation("DT_SYMTAB outside the image") { elf in elf.set64(0x7fff_ffff_0000, at: elf.dynamicEntryValue(tag: 6)!) },
+        // ld.so takes the last entry of a tag, so a later duplicate counts as much as the first.
+        ELFMutation("a second DT_SYMTAB, outside the image, after the first") { elf in
+            let spare = elf.dynamicEntryValue(tag: 0)! - 8  // the first DT_NULL; the linker leaves spare ones after it
+            elf.set64(6, at: spare)
+            elf.set64(0x7fff_ffff_0000, at: spare + 8)
+        },
+        ELFMutation("PT_DYNAMIC p_filesz 16 (no DT_NULL within it)") { elf in elf.set64(16, at: elf.programHeader(ofType: 2)! + 32) },
         ELFMutation("build-id note name and descriptor sizes 0xFFFF_FFFx", refused: false) { elf in
             let note = elf.sectionContents(named: ".note.gnu.build-id")!
             elf.set32(0xFFFF_FFFF, at: note)
