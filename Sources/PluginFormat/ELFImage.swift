@@ -271,10 +271,10 @@ public struct ELFImage: Sendable {
             }
             let tag = table.u64(base)
             if tag == 0 { break }
-            if let (_, name, sizeTag) = Self.addressTags.first(where: { $0.tag == tag }) {
-                let address = table.u64(base + 8), size = sizeTag.flatMap(lastValue(of:)) ?? 1
+            if let described = Self.addressTag(tag) {
+                let address = table.u64(base + 8), size = described.sizeTag.flatMap(lastValue(of:)) ?? 1
                 guard mapped(address, size: size) else {
-                    return "\(name) points to address \(hex(address))\(size > 1 ? " with \(size) bytes" : ""), outside the loadable segments"
+                    return "\(described.name) points to address \(hex(address))\(size > 1 ? " with \(size) bytes" : ""), outside the loadable segments"
                 }
             }
             base += 16
@@ -282,14 +282,35 @@ public struct ELFImage: Sendable {
         return nil
     }
 
-    /// The dynamic entries whose value is an address in the image the loader reads or
-    /// calls, with the tag of their size when they have one.
-    static let addressTags: [(tag: UInt64, name: String, size: UInt64?)] = [
-        (3, "DT_PLTGOT", nil), (4, "DT_HASH", nil), (5, "DT_STRTAB", 10), (6, "DT_SYMTAB", nil), (7, "DT_RELA", 8),
-        (12, "DT_INIT", nil), (13, "DT_FINI", nil), (17, "DT_REL", 18), (23, "DT_JMPREL", 2), (25, "DT_INIT_ARRAY", 27),
-        (26, "DT_FINI_ARRAY", 28), (32, "DT_PREINIT_ARRAY", 33), (0x6fff_fef5, "DT_GNU_HASH", nil), (0x6fff_fff0, "DT_VERSYM", nil),
-        (0x6fff_fffc, "DT_VERDEF", nil), (0x6fff_fffe, "DT_VERNEED", nil),
-    ]
+    /// A dynamic entry whose value is an address in the image the loader reads or calls:
+    /// its name, and the tag of the entry giving its size when it has one.
+    struct AddressTag {
+        var name: String
+        var sizeTag: UInt64?
+    }
+
+    /// The `AddressTag` of `tag`, nil for the tags whose value is no such address.
+    static func addressTag(_ tag: UInt64) -> AddressTag? {
+        switch tag {
+        case 3: AddressTag(name: "DT_PLTGOT")
+        case 4: AddressTag(name: "DT_HASH")
+        case 5: AddressTag(name: "DT_STRTAB", sizeTag: 10)
+        case 6: AddressTag(name: "DT_SYMTAB")
+        case 7: AddressTag(name: "DT_RELA", sizeTag: 8)
+        case 12: AddressTag(name: "DT_INIT")
+        case 13: AddressTag(name: "DT_FINI")
+        case 17: AddressTag(name: "DT_REL", sizeTag: 18)
+        case 23: AddressTag(name: "DT_JMPREL", sizeTag: 2)
+        case 25: AddressTag(name: "DT_INIT_ARRAY", sizeTag: 27)
+        case 26: AddressTag(name: "DT_FINI_ARRAY", sizeTag: 28)
+        case 32: AddressTag(name: "DT_PREINIT_ARRAY", sizeTag: 33)
+        case 0x6fff_fef5: AddressTag(name: "DT_GNU_HASH")
+        case 0x6fff_fff0: AddressTag(name: "DT_VERSYM")
+        case 0x6fff_fffc: AddressTag(name: "DT_VERDEF")
+        case 0x6fff_fffe: AddressTag(name: "DT_VERNEED")
+        default: nil
+        }
+    }
 
     /// `start..<start + size` in the image's addresses; a range whose end passes 2^64
     /// `overflows`, and neither contains nor is contained in any other.
