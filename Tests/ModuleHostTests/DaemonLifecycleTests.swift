@@ -393,6 +393,26 @@ import TestSupport
         #expect(await h.stop() == 0)
     }
 
+    /// A reload moves a plugin into a worker and back again: each time `list` shows where it
+    /// runs and the module answers there.
+    @Test(arguments: ["Greeting", "Counter"])
+    func aReloadMovesAPluginIntoAWorkerAndBack(plugin: String) async throws {
+        let module = plugin.lowercased()
+        let h = try Harness([plugin], config: #"{"plugins": {"\#(plugin)": {"isolation": "process"}}}"#)
+        #expect(await h.waitFor("started 1 module: \(module)"))
+        for isolation in ["in-process", "process", "in-process", "process"] {
+            try h.root.write("modhostd.json", text: #"{"plugins": {"\#(plugin)": {"isolation": "\#(isolation)"}}}"#)
+            #expect(try h.ctl("reload").status == 0)
+            #expect(try await eventually {
+                let row = try h.modules()[module]
+                return row?["isolation"] as? String == isolation && row?["state"] as? String == "running"
+            }, "\(isolation): \((try? h.modules()[module]) ?? [:])\n\(h.daemon.text)")
+            #expect(try h.ctl("send", "ping", "--to", module).status == 0)
+        }
+        #expect(!h.daemon.text.contains("keeps running"), "\(h.daemon.text)")
+        #expect(await h.stop() == 0)
+    }
+
     @Test func aModuleThatOverrunsItsDeadlineDoesNotHoldUpShutdown() async throws {
         // A Swift plugin whose willTerminate never finishes in time, built with plugin.mk.
         let work = TemporaryDirectory("sloth")
