@@ -343,6 +343,10 @@ struct ModuleDescriptor: @unchecked Sendable {
         self.kind = kind
         self.name = String(cString: name.assumingMemoryBound(to: CChar.self))
         self.version = String(cString: version.assumingMemoryBound(to: CChar.self))
+        if let problem = VersionText.problem(self.version) {
+            throw DescriptorProblem(check: .descriptor, problem: "module \(PluginName.shown(self.name))'s version is \(problem)",
+                                    fix: "give the module a version of at most \(VersionText.maximumLength) bytes, such as \"1.0.0\"")
+        }
         var names: [String] = []
         if var cursor = raw.pointer(Field.notifications)?.assumingMemoryBound(to: UnsafePointer<CChar>?.self) {
             while let name = cursor.pointee {

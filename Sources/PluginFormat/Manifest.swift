@@ -214,6 +214,9 @@ public struct Manifest: Codable, Sendable, Equatable {
 
     /// The checks across fields, once every field has been read.
     private func check() throws(ManifestError) {
+        if let problem = VersionText.problem(version) {
+            throw ManifestError(reason: "field \"version\" is \(problem)")
+        }
         if abiVersion == nil {
             throw ManifestError(reason: "field \"abi\" is \"\(abi)\", expected \"MAJOR.MINOR\" such as \"1.0\"")
         }

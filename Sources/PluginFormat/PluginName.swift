@@ -1,3 +1,5 @@
+import ModuleKit
+
 /// The one grammar for plugin and module names (docs/plugins.md, "Names"): 1 to 64 bytes of
 /// ASCII letters, digits, `-`, `_` and `.`, the first being a letter, a digit or `_`.
 ///
@@ -35,9 +37,25 @@ public enum PluginName {
         isValid(name) ? nil : "\(shown(name)), not a name: \(grammar)"
     }
 
-    /// `text` quoted for a one-line message: control characters escaped, at most 80 characters.
+    /// `text` quoted for a one-line message: control characters escaped as in log lines
+    /// (`JSONValue.escapingControlCharacters`), at most 80 characters.
     public static func shown(_ text: String) -> String {
-        let prefix = text.unicodeScalars.count > 80 ? String(String.UnicodeScalarView(text.unicodeScalars.prefix(80))) + "…" : text
-        return prefix.debugDescription
+        let cut = text.unicodeScalars.count > 80
+        let kept = cut ? String(String.UnicodeScalarView(text.unicodeScalars.prefix(80))) : text
+        return "\"" + JSONValue.escapingControlCharacters(kept) + (cut ? "…" : "") + "\""
+    }
+}
+
+/// The rule for versions, a plugin's in plugin.json and a module's in its descriptor:
+/// free-form text of at most 64 bytes, shown with its control characters escaped.
+public enum VersionText {
+    /// The longest version, in bytes.
+    public static let maximumLength = 64
+
+    /// nil when `version` follows the rule, else one line saying so: `"1.0.0-…", 200
+    /// bytes: versions are at most 64 bytes`.
+    public static func problem(_ version: String) -> String? {
+        let size = version.utf8.count
+        return size <= maximumLength ? nil : "\(PluginName.shown(version)), \(size) bytes: versions are at most \(maximumLength) bytes"
     }
 }

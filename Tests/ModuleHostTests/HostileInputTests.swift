@@ -32,8 +32,8 @@ import TestSupport
         BadRequest(#"{"cmd":"send","event":"x","to":"a\nb"}"#, "invalid_request", #""to" is "a\nb", not a name"#, .null),
         BadRequest(#"{"cmd":"call","plugin":"a/b","function":"f"}"#, "invalid_request", #""plugin" is "a/b", not a name"#, .null),
         // An event name follows the name grammar: a NUL would end it early in C ("deinit").
-        BadRequest(#"{"cmd":"send","event":"deinit\u0000x","to":"freer","await":true}"#, "invalid_request", #""event" is "deinit\0x", not a name"#, .null),
-        BadRequest(#"{"cmd":"send","event":"tick\u001b[2J"}"#, "invalid_request", #""event" is "tick\u{1B}[2J", not a name"#, .null),
+        BadRequest(#"{"cmd":"send","event":"deinit\u0000x","to":"freer","await":true}"#, "invalid_request", #""event" is "deinit\u0000x", not a name"#, .null),
+        BadRequest(#"{"cmd":"send","event":"tick\u001b[2J"}"#, "invalid_request", #""event" is "tick\u001b[2J", not a name"#, .null),
     ]
 
     @Test(arguments: badRequests)
@@ -204,9 +204,13 @@ import TestSupport
         #expect(verify.standardOutput.split(separator: "\n").count == 2, "\(verify.standardOutput)")
     }
 
-    /// The control characters of a terminal: C0, DEL and C1 (0x9B is a CSI on its own).
+    /// The control characters of a terminal: C0, DEL and C1 (0x9B is a CSI on its own), and
+    /// the characters that reorder or break a shown line (bidirectional overrides, U+2028).
     static func hasControlCharacters(_ text: String) -> Bool {
-        text.unicodeScalars.contains { ($0.value < 0x20 && $0 != "\n") || (0x7F...0x9F).contains($0.value) }
+        text.unicodeScalars.contains {
+            ($0.value < 0x20 && $0 != "\n") || (0x7F...0x9F).contains($0.value) || (0x202A...0x202E).contains($0.value)
+                || (0x2066...0x2069).contains($0.value) || [0x061C, 0x200E, 0x200F, 0x2028, 0x2029].contains($0.value)
+        }
     }
 
     @Test func inspectAndVerifyShowAManifestsTextWithItsControlCharactersEscaped() throws {
@@ -216,18 +220,44 @@ import TestSupport
                                         manifest: PluginFactory.manifest(plugin: "Plain", modules: ["plain"]))
         let manifest = PluginFactory.manifest(plugin: "Plain", modules: ["plain"])
             .replacingOccurrences(of: #""version":"1.0""#, with: #""version":"1\n\u001b[2J""#)
-            .replacingOccurrences(of: #""description":"test plugin""#, with: #""description":"x\u001b]0;title\u0007\u009b2J""#)
+            .replacingOccurrences(of: #""description":"test plugin""#, with: #""description":"x\u001b]0;title\u0007\u009b2J \u202etxt.exe""#)
         let file = try factory.withManifest(source, manifest, as: "libPlain.so")
 
         let inspect = try run(BuildProducts.modhostctl, ["inspect", file])
         #expect(!Self.hasControlCharacters(inspect.standardOutput), "\(inspect.standardOutput.debugDescription)")
         #expect(inspect.standardOutput.contains(#"version:      1\n\u001b[2J"#), "\(inspect.standardOutput)")
-        #expect(inspect.standardOutput.contains(#"description:  x\u001b]0;title\u0007\u009b2J"#), "\(inspect.standardOutput)")
+        #expect(inspect.standardOutput.contains(#"description:  x\u001b]0;title\u0007\u009b2J \u202etxt.exe"#), "\(inspect.standardOutput)")
         #expect(!inspect.standardOutput.split(separator: "\n").contains { $0.hasPrefix("\u{1B}") || $0 == "1" })
 
         let verify = try run(BuildProducts.modhostctl, ["verify", file])
         #expect(!Self.hasControlCharacters(verify.standardOutput), "\(verify.standardOutput.debugDescription)")
         #expect(verify.standardOutput.split(separator: "\n").count == 2, "\(verify.standardOutput)")
+    }
+
+    /// A version is free-form but bounded: a longer one is refused by the manifest check,
+    /// and a C module's version in its descriptor by the loader, each with one line.
+    @Test func aVersionLongerThan64BytesIsRefused() throws {
+        let scratch = TemporaryDirectory("long-version")
+        let factory = PluginFactory(directory: scratch.path)
+        let long = String(repeating: "9", count: 65)
+        let source = try factory.buildC("Wide", source: PluginFactory.cSource(plugin: "Wide", modules: ["wide"]),
+                                        manifest: PluginFactory.manifest(plugin: "Wide", modules: ["wide"]))
+        let file = try factory.withManifest(source, PluginFactory.manifest(plugin: "Wide", modules: ["wide"])
+            .replacingOccurrences(of: #""version":"1.0""#, with: #""version":"\#(long)""#), as: "libWide.so")
+        let verify = try run(BuildProducts.modhostctl, ["verify", file])
+        #expect(verify.status == 1)
+        #expect(verify.standardOutput.contains(#"field "version" is "\#(long)", 65 bytes: versions are at most 64 bytes"#), "\(verify.standardOutput)")
+
+        let plugins = scratch.directory("plugins")
+        let tall = try factory.buildC("Tall", source: PluginFactory.cSource(plugin: "Tall", modules: ["tall"])
+            .replacingOccurrences(of: #".version = "1.0""#, with: #".version = "\#(long)""#),
+                           manifest: PluginFactory.manifest(plugin: "Tall", modules: ["tall"]))
+        try scratch.copy(tall, as: "plugins/libTall.so")
+        let report = PluginLoader().load(directories: [plugins])
+        #expect(report.loaded.isEmpty)
+        #expect(report.refused.map(\.description) == [
+            "\(plugins)/libTall.so: descriptor check failed: module \"tall\"'s version is \"\(long)\", 65 bytes: versions are at most 64 bytes. Fix: give the module a version of at most 64 bytes, such as \"1.0.0\""
+        ])
     }
 
     @Test(arguments: [

@@ -55,6 +55,18 @@ import Testing
         }
     }
 
+    @Test func aVersionIsAtMost64Bytes() throws {
+        func manifest(version: String) -> [UInt8] {
+            Array(String(decoding: Self.manifest(), as: UTF8.self).replacingOccurrences(of: #""version":"1""#, with: #""version":"\#(version)""#).utf8)
+        }
+        #expect(try Manifest.parse(manifest(version: String(repeating: "1", count: 64))).version.count == 64)
+        #expect {
+            try Manifest.parse(manifest(version: String(repeating: "é", count: 40)))
+        } throws: { error in
+            "\(error)".contains(#"field "version" is ""#) && "\(error)".contains("80 bytes: versions are at most 64 bytes")
+        }
+    }
+
     @Test func anOrderOutsideItsRangeIsRefused() throws {
         var text = String(decoding: Self.manifest(), as: UTF8.self)
         text.removeLast()

@@ -173,10 +173,14 @@ public enum JSONValue: Sendable, Hashable, Codable, CustomStringConvertible {
 
     /// `text` for a terminal or a log line: unchanged when it has no control character,
     /// else as `quote` without the quotes (`1\n\u001b[2J`), so text from a plugin never
-    /// breaks a line nor sends a terminal escape sequence.
+    /// breaks a line nor sends a terminal escape sequence. Besides C0, DEL and C1, the
+    /// characters that change the direction of the text around them (U+061C, U+200E,
+    /// U+200F, U+202A to U+202E, U+2066 to U+2069) and the line and paragraph separators
+    /// (U+2028, U+2029) are escaped: in a terminal or a log viewer they would make a line
+    /// show something else than it holds.
     public static func escapingControlCharacters(_ text: String) -> String {
-        guard text.unicodeScalars.contains(where: isControl) else { return text }
-        return String(quote(text).dropFirst().dropLast())
+        guard text.unicodeScalars.contains(where: { isControl($0) || isLayoutControl($0) }) else { return text }
+        return String(quote(text, escapingLayoutControls: true).dropFirst().dropLast())
     }
 
     /// C0 controls, DEL and C1 controls (0x9B alone starts a terminal escape sequence).
@@ -184,9 +188,21 @@ public enum JSONValue: Sendable, Hashable, Codable, CustomStringConvertible {
         scalar.value < 0x20 || (0x7f...0x9f).contains(scalar.value)
     }
 
+    /// The bidirectional formatting characters and the line and paragraph separators.
+    private static func isLayoutControl(_ scalar: Unicode.Scalar) -> Bool {
+        switch scalar.value {
+        case 0x061C, 0x200E, 0x200F, 0x202A...0x202E, 0x2066...0x2069, 0x2028, 0x2029: true
+        default: false
+        }
+    }
+
     /// `text` as a JSON string literal with its quotes; `"`, `\\` and control characters
     /// (C0, DEL and C1) escaped, so the result is always one line.
     public static func quote(_ text: String) -> String {
+        quote(text, escapingLayoutControls: false)
+    }
+
+    private static func quote(_ text: String, escapingLayoutControls: Bool) -> String {
         var out = "\""
         for scalar in text.unicodeScalars {
             switch scalar {
@@ -195,7 +211,7 @@ public enum JSONValue: Sendable, Hashable, Codable, CustomStringConvertible {
             case "\n": out += "\\n"
             case "\r": out += "\\r"
             case "\t": out += "\\t"
-            case _ where isControl(scalar):
+            case _ where isControl(scalar) || (escapingLayoutControls && isLayoutControl(scalar)):
                 out += "\\u" + String(repeating: "0", count: 4 - String(scalar.value, radix: 16).count)
                     + String(scalar.value, radix: 16)
             default: out.unicodeScalars.append(scalar)
