@@ -128,7 +128,8 @@ public enum ControlSocketError: Error, Sendable, Hashable, CustomStringConvertib
 /// - Oversized, non-UTF-8 and slow requests get an error line (`rejectionReply`, which
 ///   writes it in the protocol's own form)
 ///   and, except for invalid UTF-8, the connection is closed. Idle connections are closed
-///   after `idleTimeout`. A client that does not read its replies is dropped after
+///   after `idleTimeout`, or sooner, the longest idle first, when `maximumConnections` are
+///   open and another arrives. A client that does not read its replies is dropped after
 ///   `writeTimeout`. No client can block another or the accept loop.
 /// - Each connection is served by its own OS thread with non-blocking I/O and `poll`
 ///   deadlines; the handler runs as a Swift task. All descriptors are close-on-exec, and
@@ -152,7 +153,9 @@ public final class ControlServer: Sendable {
         public var idleTimeout: Duration = .seconds(60)
         /// How long writing one reply may take. Default 5 s.
         public var writeTimeout: Duration = .seconds(5)
-        /// Connections served at once; further ones get an error line. Default 128.
+        /// Connections served at once. One more closes the connection that has waited
+        /// longest for a request and takes its place; when every connection is in the
+        /// middle of a request, it gets an error line instead. Default 128.
         public var maximumConnections: Int = 128
         /// Permission bits of the socket file. Default 0600.
         public var socketMode: mode_t = 0o600
@@ -229,9 +232,19 @@ public final class ControlServer: Sendable {
 private final class ServerCore: Sendable {
     private struct State {
         var connections = 0
+        /// The connections waiting for their next request with nothing of it read yet, by
+        /// number: their descriptor and since when (`admit` closes the longest waiting to
+        /// make room).
+        var idle: [Int: IdleConnection] = [:]
+        var lastConnection = 0
         var acceptorRunning = true
         var stopRequested = false
         var waiters: [CheckedContinuation<Void, Never>] = []
+    }
+
+    private struct IdleConnection {
+        let fd: Int32
+        let since: ContinuousClock.Instant
     }
 
     let configuration: ControlServer.Configuration
@@ -385,12 +398,21 @@ private final class ServerCore: Sendable {
             return
         }
         let limit = configuration.maximumConnections
-        let admitted = state.withLock { state -> Bool in
-            guard state.connections < limit else { return false }
+        let number = state.withLock { state -> Int? in
+            if state.connections >= limit {
+                // Full: the connection that has waited longest for a request makes room, so
+                // that a client leaking idle connections cannot lock the others out. Its
+                // thread reads the end of input, closes it and counts itself out; the
+                // descriptor is still open (a thread leaves `idle` before it closes).
+                guard let (oldest, idle) = state.idle.min(by: { $0.value.since < $1.value.since }) else { return nil }
+                state.idle[oldest] = nil
+                shutdown(idle.fd, Int32(SHUT_RD))
+            }
             state.connections += 1
-            return true
+            state.lastConnection += 1
+            return state.lastConnection
         }
-        guard admitted else {
+        guard let number else {
             // Best effort and brief: a fresh socket's send buffer takes a short line at once.
             _ = writeLine(fd, rejectionReply(.tooManyConnections(limit: limit)),
                           deadline: .now.advanced(by: .milliseconds(100)))
@@ -398,7 +420,7 @@ private final class ServerCore: Sendable {
             return
         }
         startThread(name: "dk-ctl-conn") { [self] in
-            serve(fd, peer)
+            serve(fd, peer, number: number)
             closeDescriptor(fd)
             finished(connection: true)
         }
@@ -408,7 +430,19 @@ private final class ServerCore: Sendable {
 
     private enum ReadOutcome { case data, timedOut, closed, stopping }
 
-    private func serve(_ fd: Int32, _ peer: PeerCredentials) {
+    /// Marks connection `number` as waiting for a request (`idle`), or not.
+    private func setIdle(_ number: Int, fd: Int32, _ idle: Bool) {
+        state.withLock { state in
+            if !idle {
+                state.idle[number] = nil
+            } else if state.idle[number] == nil {
+                state.idle[number] = IdleConnection(fd: fd, since: .now)
+            }
+        }
+    }
+
+    private func serve(_ fd: Int32, _ peer: PeerCredentials, number: Int) {
+        defer { setIdle(number, fd: fd, false) }
         guard configuration.authorize(peer) else {
             _ = writeLine(fd, rejectionReply(.peerNotPermitted(peer)),
                           deadline: .now.advanced(by: configuration.writeTimeout))
@@ -449,9 +483,13 @@ private final class ServerCore: Sendable {
             }
             let deadline = lineStarted.map { $0.advanced(by: configuration.requestTimeout) }
                 ?? .now.advanced(by: configuration.idleTimeout)
+            setIdle(number, fd: fd, lineStarted == nil)
             switch read(fd, into: &buffer, deadline: deadline) {
             case .data:
-                if lineStarted == nil && !buffer.isEmpty { lineStarted = .now }
+                if lineStarted == nil && !buffer.isEmpty {
+                    lineStarted = .now
+                    setIdle(number, fd: fd, false)
+                }
             case .timedOut:
                 if lineStarted != nil {
                     _ = writeLine(fd, rejectionReply(.timedOut), deadline: .now.advanced(by: .milliseconds(100)))

@@ -298,19 +298,59 @@ struct ControlServerTests {
         }
     }
 
-    @Test func tooManyConnectionsAreRefusedWithAnError() async throws {
+    /// A server of `limit` connections whose handler holds a request `hold` until released.
+    static func holdingFixture(limit: Int, release: Collector<Bool>) throws -> Fixture {
         var configuration = ControlServer.Configuration()
-        configuration.maximumConnections = 2
-        let fixture = try Fixture(configuration: configuration)
+        configuration.maximumConnections = limit
+        return try Fixture(configuration: configuration) { request, _ in
+            if request == "hold" { _ = await release.waitFor(timeout: .seconds(60)) { !$0.isEmpty } }
+            return "echo:\(request)"
+        }
+    }
+
+    @Test func tooManyConnectionsAreRefusedWithAnError() async throws {
+        let release = Collector<Bool>()
+        let fixture = try Self.holdingFixture(limit: 2, release: release)
         let first = try RawConnection(fixture.path)
         let second = try RawConnection(fixture.path)
-        first.send("a\n")
-        second.send("b\n")
-        #expect(await onThread { first.readLines(1).lines } == ["echo:a"])
-        #expect(await onThread { second.readLines(1).lines } == ["echo:b"])
+        // Both are busy with a request (in the handler): neither can make room.
+        first.send("hold\n")
+        second.send("hold\n")
+        #expect(await eventually { fixture.peers.all.count == 2 })
         let third = try RawConnection(fixture.path)
         let (lines, _) = await onThread { third.readLines(1) }
         #expect(lines.first?.contains("\"too_many_connections\"") == true)
+        release.append(true)
+        #expect(await onThread { first.readLines(1).lines } == ["echo:hold"])
+        #expect(await onThread { second.readLines(1).lines } == ["echo:hold"])
+        await fixture.finish()
+    }
+
+    /// A client that leaks connections cannot lock the others out: when every slot is
+    /// taken, the connection that has waited longest for a request is closed to make room.
+    @Test func theConnectionIdleLongestMakesRoomForANewOne() async throws {
+        let release = Collector<Bool>()
+        let fixture = try Self.holdingFixture(limit: 3, release: release)
+        var open: [RawConnection] = []
+        for _ in 0..<3 {
+            open.append(try RawConnection(fixture.path))
+            let count = open.count
+            #expect(await eventually { fixture.server.connectionCount == count })
+        }
+        let busy = open[0]  // the oldest, but in the middle of a request: not idle
+        busy.send("hold\n")
+        #expect(await eventually { fixture.peers.all.count == 1 })
+        for round in 1...2 {
+            let newcomer = try RawConnection(fixture.path)
+            newcomer.send("hello \(round)\n")
+            #expect(await onThread { newcomer.readLines(1).lines } == ["echo:hello \(round)"])
+            // The one idle longest was closed: the second, then the third.
+            let closed = open[round]
+            #expect(await onThread { closed.waitForEOF(timeout: .seconds(10)) })
+            open.append(newcomer)
+        }
+        release.append(true)
+        #expect(await onThread { busy.readLines(1).lines } == ["echo:hold"])
         await fixture.finish()
     }
 

@@ -165,6 +165,21 @@ import TestSupport
         #expect(await h.stop() == 0)
     }
 
+    /// A client that leaks connections (here 128, every slot) does not lock the operator
+    /// out: `modhostctl list` still answers, at once.
+    @Test func leakedIdleConnectionsDoNotLockModhostctlOut() async throws {
+        let h = try DaemonLifecycleTests.Harness(["Counter"])
+        #expect(await h.waitFor("started 1 module: counter"))
+        let leaked = try (0..<128).map { _ in try RawConnection(h.socket) }
+        let started = ContinuousClock.now
+        let list = try h.ctl("list")
+        #expect(list.status == 0, "\(list.standardOutput)\(list.standardError)")
+        #expect(list.standardOutput.contains("counter"))
+        #expect(ContinuousClock.now - started < .seconds(5))
+        _ = leaked
+        #expect(await h.stop() == 0)
+    }
+
     // MARK: Names from plugin files
 
     /// A valid C plugin whose manifest claims `name`.
