@@ -27,8 +27,9 @@ public final class CrashGuard: Sendable {
         public var plugin: String
         /// The file's content hash; "" when it died before the file was hashed.
         public var hash: String
-        /// "validation", "copy", "entry", "init", "start", or "run" (after start); "trial" for
-        /// a file that crashed or hung a trial load (in a child process: the host lived on).
+        /// "validation", "copy", "entry" (dlopen and the entry point), "init", "start", or
+        /// "run" (after start); "trial" for a file that crashed or hung a trial load (in a
+        /// child process: the host lived on).
         public var phase: String
         /// When the host was about to run it, or died (ISO 8601).
         public var time: String

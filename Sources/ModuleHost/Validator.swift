@@ -65,8 +65,10 @@ public struct Validator: Sendable {
             contents = try ReadOnlyFile.opening(path, followSymlinks: false)
         } catch .cannotRead(_, ELOOP) {
             guard let target = realPath(path) else {
+                let loop = errno == ELOOP
                 let target = symlinkTarget(path).map { " (to \($0))" } ?? ""
-                throw fail(.location, "symlink leads nowhere\(target)", "point the symlink at an existing plugin file or remove it")
+                throw fail(.location, "\(loop ? "symlinks lead in a loop" : "symlink leads nowhere")\(target)",
+                           "point the symlink at an existing plugin file or remove it")
             }
             resolved = target
             if let directory, let base = realPath(directory), !target.hasPrefix(base + "/") {

@@ -207,6 +207,17 @@ import TestSupport
         #expect(await h.stop() == 0)
     }
 
+    /// A symlink that leads back to itself is refused as a loop, not as leading nowhere.
+    @Test func aSymlinkLoopIsRefusedAsALoop() throws {
+        let dir = TemporaryDirectory("symlink-loop")
+        let plugins = dir.directory("plugins")
+        #expect(symlink("libLoop.so", plugins + "/libLoop.so") == 0)
+        let verify = try run(BuildProducts.modhostctl, ["verify", plugins])
+        #expect(verify.status == 1)
+        #expect(verify.standardOutput.contains("\(plugins)/libLoop.so: location check failed: symlinks lead in a loop (to libLoop.so). Fix: point the symlink at an existing plugin file or remove it"),
+                "\(verify.standardOutput)")
+    }
+
     /// C plugins A <- B (B depends on A).
     func chain(in directory: String) throws {
         let factory = PluginFactory(directory: directory)
