@@ -10,6 +10,9 @@ import Glibc
 ///   and close-on-exec (child processes never inherit the lock).
 /// - While held, the file contains the owner's pid and a newline; a second process (or a
 ///   second lock in this process) gets `.held` with that pid, without waiting.
+/// - With `lockingDirectory`, the directory holding the file is locked too, first: deleting
+///   the lock file (taking it for a stale one) then lets no second holder in, since a
+///   directory with files in it cannot be deleted the same way.
 public final class ExclusiveLock: Sendable {
     /// Why a lock could not be taken.
     public enum Failure: Error, Sendable, Hashable, CustomStringConvertible {
@@ -30,16 +33,40 @@ public final class ExclusiveLock: Sendable {
     /// The lock file's path.
     public let path: String
     private let fd: Int32
+    /// The locked directory holding the file (`lockingDirectory`), else -1.
+    private let directoryFD: Int32
 
-    /// Takes the lock on `path` or throws at once (never blocks).
-    public init(path: String) throws(Failure) {
+    /// Takes the lock on `path` (and on its directory with `lockingDirectory`) or throws at
+    /// once (never blocks).
+    public init(path: String, lockingDirectory: Bool = false) throws(Failure) {
         self.path = path
+        var directoryFD: Int32 = -1
+        if lockingDirectory {
+            let directory = path.lastIndex(of: "/").map { $0 == path.startIndex ? "/" : String(path[..<$0]) } ?? "."
+            directoryFD = open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+            guard directoryFD >= 0 else { throw .system(.current("open", subject: directory)) }
+            if flock(directoryFD, LOCK_EX | LOCK_NB) != 0 {
+                let error = SystemError.current("flock", subject: directory)
+                closeDescriptor(directoryFD)
+                guard error.wouldBlock else { throw .system(error) }
+                // The holder's pid, when its lock file is still there.
+                let file = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW)
+                let holder = file >= 0 ? Self.readPID(file) : nil
+                if file >= 0 { closeDescriptor(file) }
+                throw .held(path: path, pid: holder)
+            }
+        }
         let fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0o600)
-        guard fd >= 0 else { throw .system(.current("open", subject: path)) }
+        guard fd >= 0 else {
+            let error = SystemError.current("open", subject: path)
+            if directoryFD >= 0 { closeDescriptor(directoryFD) }
+            throw .system(error)
+        }
         if flock(fd, LOCK_EX | LOCK_NB) != 0 {
             let error = SystemError.current("flock", subject: path)
             let holder = Self.readPID(fd)
             closeDescriptor(fd)
+            if directoryFD >= 0 { closeDescriptor(directoryFD) }
             if error.wouldBlock { throw .held(path: path, pid: holder) }
             throw .system(error)
         }
@@ -47,10 +74,14 @@ public final class ExclusiveLock: Sendable {
         _ = ftruncate(fd, 0)
         _ = text.withUnsafeBytes { pwrite(fd, $0.baseAddress, $0.count, 0) }
         self.fd = fd
+        self.directoryFD = directoryFD
     }
 
-    /// Releases the lock (closing the file drops it).
-    deinit { closeDescriptor(fd) }
+    /// Releases the lock (closing the files drops it).
+    deinit {
+        closeDescriptor(fd)
+        if directoryFD >= 0 { closeDescriptor(directoryFD) }
+    }
 
     private static func readPID(_ fd: Int32) -> Int32? {
         var buffer = [UInt8](repeating: 0, count: 32)

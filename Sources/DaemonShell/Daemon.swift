@@ -231,16 +231,17 @@ public actor Daemon: DaemonControl {
             DaemonError(code: "already_running",
                         message: "another modhostd\(pid.map { " (pid \($0))" } ?? "") is using \(what); this one exits without loading any plugin. Fix: stop it, or give this one its own --state-dir and --socket")
         }
-        func lock(_ path: String, _ what: String, code: String) throws(DaemonError) -> ExclusiveLock {
+        func lock(_ path: String, _ what: String, code: String, lockingDirectory: Bool = false) throws(DaemonError) -> ExclusiveLock {
             do {
-                return try ExclusiveLock(path: path)
+                return try ExclusiveLock(path: path, lockingDirectory: lockingDirectory)
             } catch .held(_, let pid) {
                 throw alreadyRunning(what, pid)
             } catch {
                 throw DaemonError(code: code, message: "cannot lock \(what): \(error)")
             }
         }
-        stateLock = try lock(stateDirectory + "/modhostd.lock", "the state directory \(stateDirectory)", code: "state_directory")
+        stateLock = try lock(stateDirectory + "/modhostd.lock", "the state directory \(stateDirectory)", code: "state_directory",
+                             lockingDirectory: true)
         // Before anything is created next to it (its lock, its directory).
         if let problem = UnixSocketAddress.problem(with: socketPath) {
             throw DaemonError(code: "control_socket", message: "the control socket path \(socketPath) \(problem). Fix: pass a shorter --socket")

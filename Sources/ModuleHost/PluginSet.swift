@@ -203,7 +203,7 @@ public actor PluginSet {
         try Self.checkStateDirectory(stateDirectory)
         let lock: ExclusiveLock
         do {
-            lock = try ExclusiveLock(path: stateDirectory + "/modhostd.lock")
+            lock = try ExclusiveLock(path: stateDirectory + "/modhostd.lock", lockingDirectory: true)
         } catch .held(_, let pid) {
             throw PluginSetError(code: "already_running",
                                  message: "another process\(pid.map { " (pid \($0))" } ?? "") is using the state directory \(stateDirectory). Fix: stop it, or give this one its own state directory")

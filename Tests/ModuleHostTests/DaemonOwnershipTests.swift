@@ -28,7 +28,7 @@ import TestSupport
         ((try? FileManager.default.contentsOfDirectory(atPath: directory)) ?? []).filter { $0.hasPrefix("marker-") }.sorted()
     }
 
-    @Test(arguments: ["state directory", "socket"])
+    @Test(arguments: ["state directory", "state directory, its lock file deleted", "socket"])
     func aSecondDaemonExits71BeforeRunningAnyPluginCode(shared: String) async throws {
         let scratch = TemporaryDirectory("marker")
         let marks = scratch.directory("marks")
@@ -40,13 +40,15 @@ import TestSupport
 
         // Same plugins; shares either the state directory or the socket with the first.
         let other = TemporaryDirectory("second")
-        let state = shared == "state directory" ? h.state : other.file("state")
+        let state = shared.hasPrefix("state directory") ? h.state : other.file("state")
         let socket = shared == "socket" ? h.socket : other.file("modhostd.sock")
+        // An operator who takes the lock file for a stale one does not let a second daemon in.
+        if shared.hasSuffix("deleted") { #expect(unlink(h.state + "/modhostd.lock") == 0) }
         let second = try RunningProcess(BuildProducts.modhostd, ["--plugins", h.plugins, "--state-dir", state, "--socket", socket])
         #expect(await second.wait(timeout: .seconds(20)) == 71)
         let log = second.text
         #expect(log.contains("another modhostd"), "\(log)")
-        #expect(log.contains(shared == "state directory" ? h.state : h.socket), "\(log)")
+        #expect(log.contains(shared.hasPrefix("state directory") ? h.state : h.socket), "\(log)")
         #expect(log.split(separator: "\n").count == 1, "one clear line: \(log)")
         // The second daemon ran no plugin code, and the first still serves.
         #expect(markers(marks) == ["marker-\(h.daemon.pid)"])
