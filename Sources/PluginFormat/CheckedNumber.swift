@@ -19,9 +19,14 @@ public enum CheckedNumber {
         return .milliseconds(Int64((seconds * 1000).rounded()))
     }
 
-    /// A number of seconds typed on a command line (`Double`'s text form), within `range`.
+    /// A number of seconds typed on a command line, within `range`: decimal digits with an
+    /// optional fraction (`5`, `0.25`). No sign, exponent, hexadecimal form, `inf` or `nan`,
+    /// which `Double` would read as something other than the text shows (`-1e-400` as 0,
+    /// `0x1p3` as 8).
     public static func duration(secondsText text: String, in range: ClosedRange<Double>) -> Duration? {
-        Double(text).flatMap { duration(seconds: $0, in: range) }
+        let parts = text.utf8.split(separator: UInt8(ascii: "."), maxSplits: 1, omittingEmptySubsequences: false)
+        guard parts.allSatisfy({ !$0.isEmpty && $0.allSatisfy { $0 >= UInt8(ascii: "0") && $0 <= UInt8(ascii: "9") } }) else { return nil }
+        return Double(text).flatMap { duration(seconds: $0, in: range) }
     }
 
     /// The range in words, for messages: "from -1000 to 1000".

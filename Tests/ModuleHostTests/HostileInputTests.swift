@@ -67,14 +67,14 @@ import TestSupport
         return (status, daemon.text)
     }
 
-    @Test(arguments: ["inf", "1e300", "-1", "0", "nan", "-inf", "3601"])
+    @Test(arguments: ["inf", "1e300", "-1", "0", "nan", "-inf", "3601", "0x1p3", "-1e-400", "1e1", " 5", "5.", ".5", ""])
     func aDaemonDeadlineOutOfRangeIsAUsageError(value: String) async throws {
         let (status, output) = try await refusedStart(["--plugins", "/nonexistent", "--event-deadline", value])
         #expect(status == 64, "\(output)")
         #expect(output.contains("--event-deadline must be a number of seconds from 0.001 to 3600, not '\(value)'"), "\(output)")
     }
 
-    @Test(arguments: ["1e300", "inf", "-5", "0", "nan", "86401"])
+    @Test(arguments: ["1e300", "inf", "-5", "0", "nan", "86401", "0x1p3", "-1e-400", "1e1"])
     func aClientTimeoutOutOfRangeIsAUsageError(value: String) throws {
         let result = try run(BuildProducts.modhostctl, ["--socket", "/nonexistent/sock", "list", "--timeout", value])
         #expect(!result.signalled)
