@@ -94,7 +94,7 @@ public struct TextLogBackend: LogBackend {
     }
 
     private static func needsQuotes(_ value: String) -> Bool {
-        value.isEmpty || value.unicodeScalars.contains { $0 == " " || $0 == "\"" || $0 == "=" || $0.value < 0x20 || (0x7f...0x9f).contains($0.value) }
+        value.isEmpty || value.unicodeScalars.contains { $0 == " " || $0 == "\"" || $0 == "=" } || JSONValue.hasControlCharacters(value)
     }
 
     /// The message, with control characters escaped so that it stays on its line; a JSON

@@ -653,7 +653,7 @@ public final class IsolatedPlugin: Sendable {
     func log(_ message: JSONValue, pid: pid_t) {
         guard logLines.admit() else { return }
         let level = message.integer("level").flatMap(LogLevel.init(rawValue:)) ?? .info
-        var logger = Logger(label: message.text("label") ?? "modhostd")
+        var logger = Logger(label: LogLineRate.bounded(message.text("label") ?? "modhostd"))
         if case .array(let pairs) = message["metadata"] ?? .null {
             for case .array(let pair) in pairs.prefix(LogLineRate.maximumPairs) where pair.count == 2 {
                 guard let key = pair[0].stringValue, let value = pair[1].stringValue, key != "plugin", key != "worker",

@@ -19,6 +19,17 @@ struct LogBackendsTests {
         #expect(line.filter { $0 == "\n" }.count == 1)
     }
 
+    /// Text that would reorder or break the shown line (a right-to-left override, an
+    /// isolate, a line separator) is escaped wherever it is: message, label, value.
+    @Test func aLineShowsWhatItHolds() {
+        let backend = TextLogBackend()
+        let line = backend.format(level: .info, label: "x\u{202E}y", message: "file \u{202E}txt.exe",
+                                  metadata: [("plugin", "a\u{2066}b"), ("note", "c\u{2028}d"), ("eq", "k=\u{200F}")])
+        #expect(line == #"info "x\u202ey": file \u202etxt.exe plugin="a\u2066b" note="c\u2028d" eq="k=\u200f""# + "\n")
+        let json = JSONLogBackend(timestamps: false).format(level: .info, label: "l", message: "m\u{202E}", metadata: [])
+        #expect(json.contains(#""message":"m\u202e""#), "\(json)")
+    }
+
     /// A key (a module's, or one an isolated plugin's worker sends) cannot fake other pairs:
     /// only letters, digits, `_`, `.` and `-` are written as they are, the rest as `%XX`.
     @Test func aKeyCannotFakeOtherPairs() {

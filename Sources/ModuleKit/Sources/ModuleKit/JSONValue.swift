@@ -179,8 +179,13 @@ public enum JSONValue: Sendable, Hashable, Codable, CustomStringConvertible {
     /// (U+2028, U+2029) are escaped: in a terminal or a log viewer they would make a line
     /// show something else than it holds.
     public static func escapingControlCharacters(_ text: String) -> String {
-        guard text.unicodeScalars.contains(where: { isControl($0) || isLayoutControl($0) }) else { return text }
-        return String(quote(text, escapingLayoutControls: true).dropFirst().dropLast())
+        guard hasControlCharacters(text) else { return text }
+        return String(quote(text).dropFirst().dropLast())
+    }
+
+    /// Whether `text` holds a character `escapingControlCharacters` escapes.
+    public static func hasControlCharacters(_ text: String) -> Bool {
+        text.unicodeScalars.contains { isControl($0) || isLayoutControl($0) }
     }
 
     /// C0 controls, DEL and C1 controls (0x9B alone starts a terminal escape sequence).
@@ -196,13 +201,11 @@ public enum JSONValue: Sendable, Hashable, Codable, CustomStringConvertible {
         }
     }
 
-    /// `text` as a JSON string literal with its quotes; `"`, `\\` and control characters
-    /// (C0, DEL and C1) escaped, so the result is always one line.
+    /// `text` as a JSON string literal with its quotes; `"`, `\\`, control characters (C0,
+    /// DEL and C1) and the characters that reorder or break a shown line (as
+    /// `escapingControlCharacters`) escaped, so the result is always one line that shows
+    /// what it holds.
     public static func quote(_ text: String) -> String {
-        quote(text, escapingLayoutControls: false)
-    }
-
-    private static func quote(_ text: String, escapingLayoutControls: Bool) -> String {
         var out = "\""
         for scalar in text.unicodeScalars {
             switch scalar {
@@ -211,7 +214,7 @@ public enum JSONValue: Sendable, Hashable, Codable, CustomStringConvertible {
             case "\n": out += "\\n"
             case "\r": out += "\\r"
             case "\t": out += "\\t"
-            case _ where isControl(scalar) || (escapingLayoutControls && isLayoutControl(scalar)):
+            case _ where isControl(scalar) || isLayoutControl(scalar):
                 out += "\\u" + String(repeating: "0", count: 4 - String(scalar.value, radix: 16).count)
                     + String(scalar.value, radix: 16)
             default: out.unicodeScalars.append(scalar)
