@@ -37,12 +37,11 @@ public enum PluginName {
         isValid(name) ? nil : "\(shown(name)), not a name: \(grammar)"
     }
 
-    /// `text` quoted for a one-line message: control characters escaped as in log lines
-    /// (`JSONValue.escapingControlCharacters`), at most 80 characters.
+    /// `text` quoted for a one-line message (`JSONValue.quote`: quotes, backslashes and
+    /// control characters escaped as in log lines), at most 80 characters.
     public static func shown(_ text: String) -> String {
-        let cut = text.unicodeScalars.count > 80
-        let kept = cut ? String(String.UnicodeScalarView(text.unicodeScalars.prefix(80))) : text
-        return "\"" + JSONValue.escapingControlCharacters(kept) + (cut ? "…" : "") + "\""
+        guard text.unicodeScalars.count > 80 else { return JSONValue.quote(text) }
+        return String(JSONValue.quote(String(String.UnicodeScalarView(text.unicodeScalars.prefix(80)))).dropLast()) + "…\""
     }
 }
 

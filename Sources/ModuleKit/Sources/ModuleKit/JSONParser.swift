@@ -133,7 +133,7 @@ extension JSONValue {
                 let key = try string()
                 let duplicate = keys.count < Self.linearMemberLimit ? keys.contains(key) : !seen.insert(key).inserted
                 guard !duplicate else {
-                    throw JSONSyntaxError(offset: keyOffset, message: "duplicate member name \"\(JSONValue.escapingControlCharacters(key))\"")
+                    throw JSONSyntaxError(offset: keyOffset, message: "duplicate member name \(JSONValue.quote(key))")
                 }
                 keys.append(key)
                 if keys.count == Self.linearMemberLimit { seen = Set(keys) }
