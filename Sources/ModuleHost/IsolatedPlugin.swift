@@ -1185,7 +1185,8 @@ final class WorkerConnection: Sendable {
     }
 
     /// A frame of the control socket (from the worker poller): a reply to its waiter, a
-    /// log line or a notification to the plugin, a question (`locate`) answered.
+    /// log line or a notification to the plugin, a question (`locate`) answered; any other
+    /// frame gets the worker killed, as one that is not JSON does.
     func received(_ message: WorkerMessage) {
         if let id = message.integer("id") {
             pending.withLock { $0.waiters.removeValue(forKey: id) }?.complete(.reply(message))
@@ -1201,7 +1202,8 @@ final class WorkerConnection: Sendable {
             post(WorkerFrame.encode(plugin.locate(message.json)), on: control, until: .now + deadline,
                  overdue: .init("read the answer to its locate", within: deadline))
         case "ready", "failed": readiness.complete(.reply(message))
-        default: break
+        case let op:
+            kill(reason: "it wrote a frame with \(op.map { "op \(PluginName.shown($0))" } ?? "no op and no id"), which the protocol does not have, on its control socket (3)")
         }
     }
 

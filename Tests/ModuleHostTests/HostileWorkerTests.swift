@@ -15,7 +15,8 @@ struct HostileWorkerTests {
     /// daemon's on its standard error, a line on its standard output (no fflush), 1000 lines
     /// on standard error, then (1.1 s later) an escape sequence and no newline, and closes
     /// both; on `garbage`, writes bytes that are no frame on
-    /// the socket of ordered requests (4); on `close`, closes descriptors 3, 4 and 5; on
+    /// the socket of ordered requests (4); on `unknown`, a frame with an op the protocol does
+    /// not have on the control socket (3); on `close`, closes descriptors 3, 4 and 5; on
     /// `segv`, crashes. It exports `liar_add(a, b)` and `liar_slow(ms)`, which returns after
     /// `ms` milliseconds.
     static func liar(in directory: String, events: String = "/dev/null") throws -> String {
@@ -38,6 +39,11 @@ struct HostileWorkerTests {
                 if (fd >= 0) { if (write(fd, line, (size_t)length) < 0) {} close(fd); }
                 if (strcmp(event, "garbage") == 0) { if (write(4, "garbage!garbage!", 16) < 0) {} }
                 if (strcmp(event, "close") == 0) { close(3); close(4); close(5); }
+                if (strcmp(event, "unknown") == 0) {
+                    static const char unknown[] = "{\\"op\\":\\"launch\\"}";
+                    unsigned char header[4] = {0, 0, 0, (unsigned char)(sizeof unknown - 1)};
+                    if (write(3, header, 4) != 4 || write(3, unknown, sizeof unknown - 1) < 0) {}
+                }
                 if (strcmp(event, "segv") == 0 || strcmp(event, "crashnote") == 0) { volatile int *nowhere = 0; *nowhere = 1; }
                 if (strcmp(event, "hangnote") == 0) pause();
                 if (strcmp(event, "lie") == 0) {
@@ -136,8 +142,8 @@ struct HostileWorkerTests {
         await Self.stop(h)
     }
 
-    @Test("a worker that writes what is no frame, or closes its sockets, is ended, named and restarted",
-          .timeLimit(.minutes(3)), arguments: ["garbage", "close"])
+    @Test("a worker that writes what is no frame, or a frame the protocol does not have, or closes its sockets, is ended, named and restarted",
+          .timeLimit(.minutes(3)), arguments: ["garbage", "unknown", "close"])
     func aWorkerWhoseSocketsNoLongerWorkIsRestarted(fault: String) async throws {
         let scratch = TemporaryDirectory("hostile-worker")
         let events = scratch.file("events.log")
@@ -153,7 +159,7 @@ struct HostileWorkerTests {
         #expect(restarted.met, "the worker was not restarted: \(h.daemon.text)")
         #expect(restarted.fast, "list answers took \(restarted.times)")
         let ended = h.daemon.text.split(separator: "\n").first { $0.contains("plugin Liar's worker (pid \(pid))") } ?? ""
-        #expect(ended.contains(fault == "garbage" ? "no frame" : "closed"), "\(ended)")
+        #expect(ended.contains(["garbage": "no frame", "unknown": #"op "launch", which the protocol does not have"#][fault] ?? "closed"), "\(ended)")
         // The new worker gets events again.
         let now = try #require(try h.modules()["liar"]?["workerPid"] as? Int)
         #expect(now != pid)
