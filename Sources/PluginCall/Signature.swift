@@ -10,14 +10,26 @@
 /// `T()`. Example: `i32(i32,i32)` is `int32_t f(int32_t, int32_t)`.
 /// A `Signature` is an immutable value: it can be shared between threads freely.
 public struct Signature: Sendable, Hashable, CustomStringConvertible {
+    /// The most arguments a signature may have. Far more than a function called by name
+    /// needs; a call pins each argument in a nested scope, so the bound keeps it shallow.
+    public static let maximumArguments = 64
+
     /// The type the function returns (`void` for none).
     public let returnType: ValueType
     /// The argument types in order; never contains `void`.
     public let argumentTypes: [ValueType]
 
     /// Builds a signature from its parts.
-    /// - Throws: `SignatureError` when an argument type is `void`.
+    /// - Throws: `SignatureError` when an argument type is `void`, or there are more than
+    ///   `maximumArguments`.
     public init(returning returnType: ValueType, arguments: [ValueType]) throws(SignatureError) {
+        if arguments.count > Self.maximumArguments {
+            let text = Self.canonicalText(returnType, arguments)
+            let offset = returnType.rawValue.count + 1
+                + arguments[..<Self.maximumArguments].reduce(0) { $0 + $1.rawValue.count + 1 }
+            throw SignatureError(text: text, offset: offset, expected: "\")\" after at most \(Self.maximumArguments) arguments",
+                                 found: "argument \(Self.maximumArguments + 1)", hint: nil)
+        }
         if let index = arguments.firstIndex(of: .void) {
             let text = Self.canonicalText(returnType, arguments)
             // Offset of the offending token in the canonical text: "R(" then "a,b,...".
@@ -96,6 +108,11 @@ public struct Signature: Sendable, Hashable, CustomStringConvertible {
                 position += 1
             } else {
                 while true {
+                    if arguments.count == Signature.maximumArguments {
+                        throw SignatureError(text: text, offset: position,
+                                             expected: "\")\" after at most \(Signature.maximumArguments) arguments",
+                                             found: "argument \(Signature.maximumArguments + 1)", hint: nil)
+                    }
                     let type = try parseType(
                         expecting: Signature.argumentTypeList, allowVoid: false,
                         hint: "void is only allowed as the result type; write () for no arguments")
@@ -192,8 +209,10 @@ public struct SignatureError: Error, Sendable, Equatable, CustomStringConvertibl
         self.hint = hint
     }
 
+    /// One line; a signature longer than 100 characters is shown cut (with `…`).
     public var description: String {
-        "invalid signature \"\(text)\" at offset \(offset): expected \(expected), found \(found)"
+        let shown = text.count > 100 ? String(text.prefix(100)) + "…" : text
+        return "invalid signature \"\(shown)\" at offset \(offset): expected \(expected), found \(found)"
             + (hint.map { " (\($0))" } ?? "")
     }
 }

@@ -26,6 +26,22 @@ struct SignatureTests {
         #expect(try Signature(parsing: signature.description) == signature)
     }
 
+    /// A call pins each argument in a nested scope: 4000 `buf` arguments overflowed the
+    /// daemon's stack (found by an outside run; exit 139 on the call). The grammar bounds them.
+    @Test("at most 64 arguments, parsed or built, with a short one-line error")
+    func argumentCountIsBounded() throws {
+        let most = "i32(" + Array(repeating: "buf", count: 64).joined(separator: ",") + ")"
+        #expect(try Signature(parsing: most).argumentTypes.count == 64)
+        let tooMany = "i32(" + Array(repeating: "buf", count: 4000).joined(separator: ",") + ")"
+        #expect {
+            try Signature(parsing: tooMany)
+        } throws: { error in
+            let text = "\(error)"
+            return text.contains("at offset 260: expected \")\" after at most 64 arguments, found argument 65") && text.count < 300
+        }
+        #expect(throws: SignatureError.self) { try Signature(returning: .i32, arguments: Array(repeating: .buf, count: 65)) }
+    }
+
     @Test("C parameter count and prototype")
     func cShape() throws {
         let signature = try Signature(parsing: "buf(str,buf,i32)")
