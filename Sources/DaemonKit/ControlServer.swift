@@ -128,8 +128,9 @@ public enum ControlSocketError: Error, Sendable, Hashable, CustomStringConvertib
 /// - Oversized, non-UTF-8 and slow requests get an error line (`rejectionReply`, which
 ///   writes it in the protocol's own form)
 ///   and, except for invalid UTF-8, the connection is closed. Idle connections are closed
-///   after `idleTimeout`, or sooner, the longest idle first, when `maximumConnections` are
-///   open and another arrives. A client that does not read its replies is dropped after
+///   after `idleTimeout`. When `maximumConnections` are open and another arrives, the one
+///   that has waited longest for its next request to arrive whole (idle, or sending it
+///   slowly), for at least `evictionGrace`, is closed to make room. A client that does not read its replies is dropped after
 ///   `writeTimeout`. No client can block another or the accept loop.
 /// - Each connection is served by its own OS thread with non-blocking I/O and `poll`
 ///   deadlines; the handler runs as a Swift task. All descriptors are close-on-exec, and
@@ -154,9 +155,15 @@ public final class ControlServer: Sendable {
         /// How long writing one reply may take. Default 5 s.
         public var writeTimeout: Duration = .seconds(5)
         /// Connections served at once. One more closes the connection that has waited
-        /// longest for a request and takes its place; when every connection is in the
-        /// middle of a request, it gets an error line instead. Default 128.
+        /// longest for a request to arrive whole (idle, or with part of a line sent), if
+        /// that has been at least `evictionGrace`, and takes its place; otherwise (every
+        /// connection has a request in the handler, or has just connected) it gets an
+        /// error line. Default 128.
         public var maximumConnections: Int = 128
+        /// How long a connection waits for a request before another may take its place
+        /// (`maximumConnections`): time for a client that has just connected to send it.
+        /// Default 0.25 s.
+        public var evictionGrace: Duration = .milliseconds(250)
         /// Permission bits of the socket file. Default 0600.
         public var socketMode: mode_t = 0o600
         /// Which peers are served. Default `ControlServer.sameUserOrRoot`.
@@ -232,17 +239,16 @@ public final class ControlServer: Sendable {
 private final class ServerCore: Sendable {
     private struct State {
         var connections = 0
-        /// The connections waiting for their next request with nothing of it read yet, by
-        /// number: their descriptor and since when (`admit` closes the longest waiting to
-        /// make room).
-        var idle: [Int: IdleConnection] = [:]
+        /// The connections waiting for their next request to arrive whole, by number: their
+        /// descriptor and since when (`admit` closes the longest waiting to make room).
+        var waiting: [Int: WaitingConnection] = [:]
         var lastConnection = 0
         var acceptorRunning = true
         var stopRequested = false
         var waiters: [CheckedContinuation<Void, Never>] = []
     }
 
-    private struct IdleConnection {
+    private struct WaitingConnection {
         let fd: Int32
         let since: ContinuousClock.Instant
     }
@@ -401,12 +407,15 @@ private final class ServerCore: Sendable {
         let number = state.withLock { state -> Int? in
             if state.connections >= limit {
                 // Full: the connection that has waited longest for a request makes room, so
-                // that a client leaking idle connections cannot lock the others out. Its
-                // thread reads the end of input, closes it and counts itself out; the
-                // descriptor is still open (a thread leaves `idle` before it closes).
-                guard let (oldest, idle) = state.idle.min(by: { $0.value.since < $1.value.since }) else { return nil }
-                state.idle[oldest] = nil
-                shutdown(idle.fd, Int32(SHUT_RD))
+                // that a client leaking connections, idle or with requests it never
+                // finishes, cannot lock the others out. Its thread reads the end of input,
+                // closes it and counts itself out; the descriptor is still open (a thread
+                // leaves `waiting` before it closes).
+                guard let (oldest, waiting) = state.waiting.min(by: { $0.value.since < $1.value.since }),
+                      ContinuousClock.now - waiting.since >= configuration.evictionGrace
+                else { return nil }
+                state.waiting[oldest] = nil
+                shutdown(waiting.fd, Int32(SHUT_RD))
             }
             state.connections += 1
             state.lastConnection += 1
@@ -430,19 +439,20 @@ private final class ServerCore: Sendable {
 
     private enum ReadOutcome { case data, timedOut, closed, stopping }
 
-    /// Marks connection `number` as waiting for a request (`idle`), or not.
-    private func setIdle(_ number: Int, fd: Int32, _ idle: Bool) {
+    /// Marks connection `number` as waiting for a request to arrive whole, from now if it
+    /// was not already, or not.
+    private func setWaiting(_ number: Int, fd: Int32, _ waiting: Bool) {
         state.withLock { state in
-            if !idle {
-                state.idle[number] = nil
-            } else if state.idle[number] == nil {
-                state.idle[number] = IdleConnection(fd: fd, since: .now)
+            if !waiting {
+                state.waiting[number] = nil
+            } else if state.waiting[number] == nil {
+                state.waiting[number] = WaitingConnection(fd: fd, since: .now)
             }
         }
     }
 
     private func serve(_ fd: Int32, _ peer: PeerCredentials, number: Int) {
-        defer { setIdle(number, fd: fd, false) }
+        defer { setWaiting(number, fd: fd, false) }
         guard configuration.authorize(peer) else {
             _ = writeLine(fd, rejectionReply(.peerNotPermitted(peer)),
                           deadline: .now.advanced(by: configuration.writeTimeout))
@@ -466,6 +476,7 @@ private final class ServerCore: Sendable {
                     return
                 }
                 if line.isEmpty { continue }
+                setWaiting(number, fd: fd, false)  // a request is in hand: not to be closed for room
                 let reply: String
                 if let request = String(validating: line, as: UTF8.self) {
                     reply = callHandler(request, peer)
@@ -483,13 +494,10 @@ private final class ServerCore: Sendable {
             }
             let deadline = lineStarted.map { $0.advanced(by: configuration.requestTimeout) }
                 ?? .now.advanced(by: configuration.idleTimeout)
-            setIdle(number, fd: fd, lineStarted == nil)
+            setWaiting(number, fd: fd, true)
             switch read(fd, into: &buffer, deadline: deadline) {
             case .data:
-                if lineStarted == nil && !buffer.isEmpty {
-                    lineStarted = .now
-                    setIdle(number, fd: fd, false)
-                }
+                if lineStarted == nil && !buffer.isEmpty { lineStarted = .now }
             case .timedOut:
                 if lineStarted != nil {
                     _ = writeLine(fd, rejectionReply(.timedOut), deadline: .now.advanced(by: .milliseconds(100)))

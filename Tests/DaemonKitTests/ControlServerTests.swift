@@ -299,9 +299,10 @@ struct ControlServerTests {
     }
 
     /// A server of `limit` connections whose handler holds a request `hold` until released.
-    static func holdingFixture(limit: Int, release: Collector<Bool>) throws -> Fixture {
+    static func holdingFixture(limit: Int, release: Collector<Bool>, grace: Duration = .milliseconds(250)) throws -> Fixture {
         var configuration = ControlServer.Configuration()
         configuration.maximumConnections = limit
+        configuration.evictionGrace = grace
         return try Fixture(configuration: configuration) { request, _ in
             if request == "hold" { _ = await release.waitFor(timeout: .seconds(60)) { !$0.isEmpty } }
             return "echo:\(request)"
@@ -310,10 +311,10 @@ struct ControlServerTests {
 
     @Test func tooManyConnectionsAreRefusedWithAnError() async throws {
         let release = Collector<Bool>()
-        let fixture = try Self.holdingFixture(limit: 2, release: release)
+        let fixture = try Self.holdingFixture(limit: 2, release: release, grace: .zero)
         let first = try RawConnection(fixture.path)
         let second = try RawConnection(fixture.path)
-        // Both are busy with a request (in the handler): neither can make room.
+        // Both have a request in the handler: neither can make room.
         first.send("hold\n")
         second.send("hold\n")
         #expect(await eventually { fixture.peers.all.count == 2 })
@@ -326,31 +327,44 @@ struct ControlServerTests {
         await fixture.finish()
     }
 
-    /// A client that leaks connections cannot lock the others out: when every slot is
-    /// taken, the connection that has waited longest for a request is closed to make room.
-    @Test func theConnectionIdleLongestMakesRoomForANewOne() async throws {
+    /// A client that leaks connections, idle or with requests it never finishes, cannot
+    /// lock the others out: when every slot is taken, the connection that has waited
+    /// longest for a request (for at least the grace) is closed to make room. One with a
+    /// request in the handler never is, nor one that has only just connected.
+    @Test func theConnectionWaitingLongestMakesRoomForANewOne() async throws {
         let release = Collector<Bool>()
-        let fixture = try Self.holdingFixture(limit: 3, release: release)
-        var open: [RawConnection] = []
-        for _ in 0..<3 {
-            open.append(try RawConnection(fixture.path))
-            let count = open.count
-            #expect(await eventually { fixture.server.connectionCount == count })
-        }
-        let busy = open[0]  // the oldest, but in the middle of a request: not idle
-        busy.send("hold\n")
+        let fixture = try Self.holdingFixture(limit: 3, release: release, grace: .seconds(1))
+        let busy = try RawConnection(fixture.path)
+        busy.send("hold\n")  // in the handler
         #expect(await eventually { fixture.peers.all.count == 1 })
-        for round in 1...2 {
+        let connected = ContinuousClock.now
+        let slow = try RawConnection(fixture.path)
+        slow.send("{\"cmd\":")  // part of a request, never finished
+        let idle = try RawConnection(fixture.path)
+        #expect(await eventually { fixture.server.connectionCount == 3 })
+        // Within the grace, nobody makes room: the newcomer is refused. (Asserted only when
+        // this machine got here within the grace.)
+        let early = try RawConnection(fixture.path)
+        let refusal = await onThread { early.readLines(1).lines }
+        if ContinuousClock.now - connected < .milliseconds(900) {
+            #expect(refusal.first?.contains("\"too_many_connections\"") == true, "\(refusal)")
+        }
+        try await Task.sleep(until: connected + .milliseconds(1200))
+        var newcomers: [RawConnection] = []  // kept open: each holds its place
+        for round in 0..<2 {
             let newcomer = try RawConnection(fixture.path)
+            newcomers.append(newcomer)
             newcomer.send("hello \(round)\n")
             #expect(await onThread { newcomer.readLines(1).lines } == ["echo:hello \(round)"])
-            // The one idle longest was closed: the second, then the third.
-            let closed = open[round]
-            #expect(await onThread { closed.waitForEOF(timeout: .seconds(10)) })
-            open.append(newcomer)
         }
+        // Each newcomer took the place of one that had waited past the grace (the slow one
+        // and the idle one, in the order their threads began to wait), not of the busy one
+        // nor of the first newcomer, which had waited less.
+        #expect(await onThread { slow.waitForEOF(timeout: .seconds(10)) })
+        #expect(await onThread { idle.waitForEOF(timeout: .seconds(10)) })
         release.append(true)
         #expect(await onThread { busy.readLines(1).lines } == ["echo:hold"])
+        #expect(newcomers.count == 2)
         await fixture.finish()
     }
 
