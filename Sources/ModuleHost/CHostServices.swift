@@ -3,7 +3,7 @@ import PluginCall
 
 /// The `modhost_host_api` table one C module instance receives. C function pointers carry
 /// no context, so each function in the table is a libffi closure (`HostCallbacks`) bound
-/// to this module: `log` lines carry the module's name and `post_notification` reaches the
+/// to this module: `log` lines carry the module's name (and are cut to 4096 bytes) and `post_notification` reaches the
 /// module's own host instance, with no context argument in the C signature.
 ///
 /// The table and the closures live as long as this object; a `CModule` keeps its services
@@ -22,7 +22,8 @@ public final class CHostServices {
                 hasModule: @escaping @Sendable (String) -> Bool) throws(FFIClosureError) {
         self.moduleName = moduleName
         callbacks = try HostCallbacks(
-            log: { level, message in logger.log(LogLevel(rawValue: Int(level)) ?? .info, message) },
+            // Cut as an isolated plugin's lines are (LogLineRate.maximumText), in process too.
+            log: { level, message in logger.log(LogLevel(rawValue: Int(level)) ?? .info, LogLineRate.bounded(message)) },
             postNotification: { name, payloadJSON in
                 let (payload, problem) = Self.payload(payloadJSON, name: name)
                 if let problem { logger.warning(problem) }

@@ -117,11 +117,14 @@ final class LogLineRate: Sendable {
     static let maximumText = WorkerOutput.maximumLine
     static let maximumPairs = 32
 
-    /// `text`, or its first `maximumText` bytes and how many were cut (` [N bytes cut]`).
+    /// `text`, or its first bytes and how many were cut (` [N bytes cut]`), `maximumText`
+    /// bytes at most in all: cut again (a worker's line, in the daemon), it stays as it is.
     static func bounded(_ text: String) -> String {
         let bytes = text.utf8
         guard bytes.count > maximumText else { return text }
-        return String(decoding: bytes.prefix(maximumText), as: UTF8.self) + " [\(bytes.count - maximumText) bytes cut]"
+        // Room for the note (at most 33 bytes) and a character cut in two (U+FFFD, 3 bytes).
+        let kept = maximumText - 40
+        return String(decoding: bytes.prefix(kept), as: UTF8.self) + " [\(bytes.count - kept) bytes cut]"
     }
 
     /// Whether a line may be logged now; counts it as dropped if not.

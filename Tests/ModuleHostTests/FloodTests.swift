@@ -168,6 +168,19 @@ struct FloodTests {
         await HostileWorkerTests.stop(h)
     }
 
+    /// In process, a C module's log call is cut as an isolated one's (found by an outside
+    /// run: a 200,000-byte message was one 200,045-byte log line).
+    @Test func aLongLogLineOfAnInProcessModuleIsCutToo() async throws {
+        let scratch = TemporaryDirectory("big-log")
+        let h = try DaemonLifecycleTests.Harness(["Counter"], files: [try Self.flooder(in: scratch.path)])
+        #expect(await h.waitFor("started 2 modules"), "\(h.daemon.text)")
+        #expect(try h.ctl("send", "biglog", "--to", "flooder").status == 0, "\(h.daemon.text)")
+        #expect(await h.waitFor("big line "), "\(h.daemon.text.suffix(2000))")
+        let big = try #require(h.daemon.text.split(separator: "\n").first { $0.contains("big line ") })
+        #expect(big.utf8.count < 4096 + 200 && big.contains("AAAA [55944 bytes cut] "), "\(big.prefix(200))...\(big.suffix(200))")
+        #expect(await h.stop() == 0)
+    }
+
     @Test("the daemon logs at most 200 lines a second of an isolated plugin's log calls, each at most 4096 bytes, and says how many it dropped",
           .timeLimit(.minutes(3)))
     func aLogFloodIsCutByTheDaemon() async throws {
@@ -177,7 +190,7 @@ struct FloodTests {
         #expect(try h.ctl("send", "biglog", "--to", "flooder").status == 0, "\(h.daemon.text)")
         #expect(await h.waitFor("big line "), "\(h.daemon.text.suffix(2000))")
         let big = try #require(h.daemon.text.split(separator: "\n").first { $0.contains("big line ") })
-        #expect(big.utf8.count < 4096 + 200 && big.contains("AAAA [55904 bytes cut] "), "\(big.prefix(200))...\(big.suffix(200))")
+        #expect(big.utf8.count < 4096 + 200 && big.contains("AAAA [55944 bytes cut] "), "\(big.prefix(200))...\(big.suffix(200))")
         #expect(try h.ctl("send", "logflood", "--to", "flooder").status == 0, "\(h.daemon.text)")
         #expect(await h.daemon.waitFor("log lines of plugin Flooder dropped", timeout: .seconds(10)), "\(h.daemon.text.suffix(2000))")
         let start = h.daemon.text.split(separator: "\n").count
