@@ -289,10 +289,13 @@ struct Exposition {
         return "\(value)"
     }
 
-    /// A label value: backslash, double quote and line feed escaped.
+    /// A label value: backslash, double quote and line feed escaped, and the other control
+    /// characters (`JSONValue.isControlCharacter`), which the format cannot escape,
+    /// replaced by U+FFFD: an event name a plugin posts cannot send a terminal escape
+    /// sequence or reorder the line.
     static func escapeLabelValue(_ value: String) -> String { escape(value, quotes: true) }
 
-    /// HELP text: backslash and line feed escaped.
+    /// HELP text: backslash and line feed escaped (and control characters replaced).
     static func escapeHelp(_ text: String) -> String { escape(text, quotes: false) }
 
     private static func escape(_ value: String, quotes: Bool) -> String {
@@ -302,6 +305,7 @@ struct Exposition {
             case "\\": escaped += "\\\\"
             case "\"" where quotes: escaped += "\\\""
             case "\n": escaped += "\\n"
+            case _ where JSONValue.isControlCharacter(scalar): escaped += "\u{FFFD}"
             default: escaped.unicodeScalars.append(scalar)
             }
         }

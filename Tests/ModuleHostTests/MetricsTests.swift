@@ -30,10 +30,12 @@ struct MetricsTests {
         await host.add([Listener.factory("listener")])
         await host.start()
         let hostile = "quote\" backslash\\ newline\n end"
+        let control = "esc\u{1B}[31m rlo\u{202E}txt"
         let long = String(repeating: "é", count: 100)  // 200 UTF-8 bytes
         await host.perform { host in
             host.send(.custom(name: hostile, payload: .null))
             host.send(.custom(name: long, payload: .null))
+            host.send(.custom(name: control, payload: .null))
             for index in 0..<100 { host.send(.custom(name: "e\(index)", payload: .null)) }
             host.post(notification: "note")
         }
@@ -48,18 +50,22 @@ struct MetricsTests {
         let text = report.prometheusText
         let parsed = try PrometheusText(text)
         let events = try #require(parsed.family("modhost_event_deliveries_total")).samples
-        // 64 names counted apart (the hostile one, the long one cut, e0...e61), the rest as (other).
+        // 64 names counted apart (the hostile one, the long one cut, the one with control
+        // characters, e0...e60), the rest as (other).
         #expect(events.count == HostMetrics.maximumEventNames + 1)
         #expect(parsed.value("modhost_event_deliveries_total", ["event": hostile]) == 1)
         #expect(parsed.value("modhost_event_deliveries_total", ["event": String(repeating: "é", count: 32)]) == 1)
-        #expect(parsed.value("modhost_event_deliveries_total", ["event": "e61"]) == 1)
-        #expect(parsed.value("modhost_event_deliveries_total", ["event": "e62"]) == nil)
-        // e62...e99 and the notification "note", past the bound.
-        #expect(parsed.value("modhost_event_deliveries_total", ["event": HostMetrics.otherEventName]) == 39)
+        #expect(parsed.value("modhost_event_deliveries_total", ["event": "e60"]) == 1)
+        #expect(parsed.value("modhost_event_deliveries_total", ["event": "e61"]) == nil)
+        // e61...e99 and the notification "note", past the bound.
+        #expect(parsed.value("modhost_event_deliveries_total", ["event": HostMetrics.otherEventName]) == 40)
+        // Control characters, which the format cannot escape, are replaced.
+        #expect(parsed.value("modhost_event_deliveries_total", ["event": "esc\u{FFFD}[31m rlo\u{FFFD}txt"]) == 1)
+        #expect(!text.unicodeScalars.contains { $0 != "\n" && JSONValue.isControlCharacter($0) })
         #expect(text.contains(#"event="quote\" backslash\\ newline\n end""#))
         #expect(events.allSatisfy { $0.labels["event"]!.utf8.count <= HostMetrics.maximumEventNameLength })
-        // init, start, 102 custom events, 1 notification.
-        #expect(parsed.value("modhost_module_events_delivered_total", ["module": "listener", "plugin": "Test"]) == 105)
+        // init, start, 103 custom events, 1 notification.
+        #expect(parsed.value("modhost_module_events_delivered_total", ["module": "listener", "plugin": "Test"]) == 106)
         // Synchronous deliveries are timed one in 64: the 1st and the 65th.
         #expect(parsed.value("modhost_module_handler_seconds_count", ["module": "listener"]) == 2)
         await host.shutdown()

@@ -185,7 +185,13 @@ public enum JSONValue: Sendable, Hashable, Codable, CustomStringConvertible {
 
     /// Whether `text` holds a character `escapingControlCharacters` escapes.
     public static func hasControlCharacters(_ text: String) -> Bool {
-        text.unicodeScalars.contains { isControl($0) || isLayoutControl($0) }
+        text.unicodeScalars.contains(where: isControlCharacter)
+    }
+
+    /// Whether `escapingControlCharacters` escapes `scalar`: C0, DEL, C1, and the
+    /// characters that reorder or break a shown line.
+    public static func isControlCharacter(_ scalar: Unicode.Scalar) -> Bool {
+        isControl(scalar) || isLayoutControl(scalar)
     }
 
     /// C0 controls, DEL and C1 controls (0x9B alone starts a terminal escape sequence).
