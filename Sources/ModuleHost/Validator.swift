@@ -67,11 +67,12 @@ public struct Validator: Sendable {
             guard let target = realPath(path) else {
                 let loop = errno == ELOOP
                 let target = symlinkTarget(path).map { " (to \($0))" } ?? ""
-                throw fail(.location, "\(loop ? "symlinks lead in a loop" : "symlink leads nowhere")\(target)",
+                throw fail(.location, "\(loop ? "symlinks lead in a loop, or through more than 40 links" : "symlink leads nowhere")\(target)",
                            "point the symlink at an existing plugin file or remove it")
             }
             resolved = target
-            if let directory, let base = realPath(directory), !target.hasPrefix(base + "/") {
+            // A link to the directory itself is not out of it: it is refused as a directory.
+            if let directory, let base = realPath(directory), !target.hasPrefix(base + "/"), target != base {
                 throw fail(.location, "symlink leads out of the plugin directory \(base) to \(target)",
                            "copy the plugin into the directory instead of linking to it")
             }

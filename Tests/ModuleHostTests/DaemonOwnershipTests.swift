@@ -209,15 +209,20 @@ import TestSupport
         #expect(await h.stop() == 0)
     }
 
-    /// A symlink that leads back to itself is refused as a loop, not as leading nowhere.
+    /// A symlink that leads back to itself is refused as a loop, not as leading nowhere; one
+    /// to the plugin directory itself as a directory, not as leading out of it.
     @Test func aSymlinkLoopIsRefusedAsALoop() throws {
         let dir = TemporaryDirectory("symlink-loop")
         let plugins = dir.directory("plugins")
         #expect(symlink("libLoop.so", plugins + "/libLoop.so") == 0)
         let verify = try run(BuildProducts.modhostctl, ["verify", plugins])
         #expect(verify.status == 1)
-        #expect(verify.standardOutput.contains("\(plugins)/libLoop.so: location check failed: symlinks lead in a loop (to libLoop.so). Fix: point the symlink at an existing plugin file or remove it"),
+        #expect(verify.standardOutput.contains("\(plugins)/libLoop.so: location check failed: symlinks lead in a loop, or through more than 40 links (to libLoop.so). Fix: point the symlink at an existing plugin file or remove it"),
                 "\(verify.standardOutput)")
+        // A link to the directory itself is a directory, not a way out of it.
+        #expect(symlink(".", plugins + "/libDot.so") == 0)
+        let dot = try run(BuildProducts.modhostctl, ["verify", plugins])
+        #expect(dot.standardOutput.contains("\(plugins)/libDot.so: file type check failed: not a regular file (a directory)"), "\(dot.standardOutput)")
     }
 
     /// C plugins A <- B (B depends on A).

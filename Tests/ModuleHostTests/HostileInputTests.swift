@@ -271,6 +271,10 @@ import TestSupport
             .replacingOccurrences(of: #".version = "1.0""#, with: #".version = "\#(long)""#),
                            manifest: PluginFactory.manifest(plugin: "Tall", modules: ["tall"]))
         try scratch.copy(tall, as: "plugins/libTall.so")
+        // verify --load says so too, from its trial load.
+        let trial = try run(BuildProducts.modhostctl, ["verify", "--load", plugins])
+        #expect(trial.status == 1)
+        #expect(trial.standardOutput.contains("module tall's version is longer than 64 bytes"), "\(trial.standardOutput)")
         let report = PluginLoader().load(directories: [plugins])
         #expect(report.loaded.isEmpty)
         #expect(report.refused.map(\.description) == [
