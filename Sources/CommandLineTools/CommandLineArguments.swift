@@ -7,6 +7,15 @@ public struct UsageError: Error, Sendable {
     public init(_ message: String) { self.message = message }
 }
 
+/// `argument` as a usage error shows it: in single quotes, with control characters
+/// escaped (`JSONValue.escapingControlCharacters`) and cut after 80 characters, so a typo
+/// cannot break the line or fill the terminal.
+func shownArgument(_ argument: String) -> String {
+    let cut = argument.unicodeScalars.count > 80
+    let kept = cut ? String(String.UnicodeScalarView(argument.unicodeScalars.prefix(80))) : argument
+    return "'" + JSONValue.escapingControlCharacters(kept) + (cut ? "…'" : "'")
+}
+
 /// This process's arguments after the program name, each required to be UTF-8:
 /// `CommandLine.arguments` replaces bad bytes with U+FFFD silently, so a `--payload` or a
 /// name would not be what was typed. The first argument that is not UTF-8 is a usage error
@@ -50,7 +59,7 @@ struct Arguments {
             }
             if argument == "--" { onlyPositionals = true; continue }
             if argument == "-h" || argument == "--help" { flags.insert("help"); continue }
-            guard argument.hasPrefix("--") else { throw UsageError("unknown option '\(argument)'") }
+            guard argument.hasPrefix("--") else { throw UsageError("unknown option \(shownArgument(argument))") }
             var name = String(argument.dropFirst(2))
             var inlineValue: String?
             if let equals = name.firstIndex(of: "=") {
@@ -58,13 +67,13 @@ struct Arguments {
                 name = String(name[..<equals])
             }
             if flagOptions.contains(name) {
-                guard inlineValue == nil else { throw UsageError("option '--\(name)' takes no value") }
+                guard inlineValue == nil else { throw UsageError("option \(shownArgument("--" + name)) takes no value") }
                 flags.insert(name)
             } else if valueOptions.contains(name) {
-                guard let value = inlineValue ?? iterator.next() else { throw UsageError("option '--\(name)' needs a value") }
+                guard let value = inlineValue ?? iterator.next() else { throw UsageError("option \(shownArgument("--" + name)) needs a value") }
                 values[name, default: []].append(value)
             } else {
-                throw UsageError("unknown option '--\(name)'")
+                throw UsageError("unknown option \(shownArgument("--" + name))")
             }
         }
     }

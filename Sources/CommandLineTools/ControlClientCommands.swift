@@ -119,7 +119,7 @@ extension ControlCommand {
         default: Self.commonOptions
         }
         if let stray = (Array(parsed.values.keys) + Array(parsed.flags)).sorted().first(where: { !allowed.contains($0) }) {
-            throw UsageError("option '--\(stray)' is not valid for \(command)")
+            throw UsageError("option \(shownArgument("--" + stray)) is not valid for \(command)")
         }
         let json = parsed.has("json")
         var fields: [String: JSONValue] = [:]
@@ -149,12 +149,12 @@ extension ControlCommand {
             fields["args"] = .array(operands.dropFirst(2).map(JSONValue.string))
             fields["argsForm"] = "text"
         default:
-            throw UsageError("unknown command '\(command)'")
+            throw UsageError("unknown command \(shownArgument(command))")
         }
         var timeout = Duration.seconds(30)
         if let text = parsed.value("timeout") {
             guard let checked = CheckedNumber.duration(secondsText: text, in: Self.timeoutRange) else {
-                throw UsageError("--timeout must be a number of seconds \(CheckedNumber.describe(Self.timeoutRange)), not '\(text)'")
+                throw UsageError("--timeout must be a number of seconds \(CheckedNumber.describe(Self.timeoutRange)), not \(shownArgument(text))")
             }
             timeout = checked
         }

@@ -115,7 +115,7 @@ public struct ControlCommand: Sendable {
         case _ where Self.daemonCommands.contains(command):
             return try await daemonCommand(command, operands, parsed)
         default:
-            throw UsageError("unknown command '\(command)'")
+            throw UsageError("unknown command \(shownArgument(command))")
         }
     }
 

@@ -69,7 +69,7 @@ public struct DaemonCommand: Sendable {
                 output.out(Self.help)
                 return .failure(.success)
             }
-            guard parsed.positionals.isEmpty else { throw UsageError("unexpected argument '\(parsed.positionals[0])'") }
+            guard parsed.positionals.isEmpty else { throw UsageError("unexpected argument \(shownArgument(parsed.positionals[0]))") }
             var options = DaemonOptions()
             options.pluginDirectories = parsed.values["plugins"] ?? []
             for (flag, values) in [("plugins", options.pluginDirectories), ("state-dir", [parsed.value("state-dir")].compactMap { $0 }),
@@ -99,7 +99,7 @@ public struct DaemonCommand: Sendable {
                 guard let text = parsed.value(flag) else { continue }
                 let range = DaemonConfiguration.durationRange
                 guard let duration = CheckedNumber.duration(secondsText: text, in: range) else {
-                    throw UsageError("--\(flag) must be a number of seconds \(CheckedNumber.describe(range)), not '\(text)'")
+                    throw UsageError("--\(flag) must be a number of seconds \(CheckedNumber.describe(range)), not \(shownArgument(text))")
                 }
                 set(&options, duration)
             }

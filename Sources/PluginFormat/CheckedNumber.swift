@@ -19,13 +19,16 @@ public enum CheckedNumber {
         return .milliseconds(Int64((seconds * 1000).rounded()))
     }
 
-    /// A number of seconds typed on a command line, within `range`: decimal digits with an
-    /// optional fraction (`5`, `0.25`). No sign, exponent, hexadecimal form, `inf` or `nan`,
-    /// which `Double` would read as something other than the text shows (`-1e-400` as 0,
-    /// `0x1p3` as 8).
+    /// A number of seconds typed on a command line, within `range`: at most 15 decimal
+    /// digits with an optional fraction (`5`, `0.25`). No sign, exponent, hexadecimal form,
+    /// `inf` or `nan`, which `Double` would read as something other than the text shows
+    /// (`-1e-400` as 0, `0x1p3` as 8); and no more digits than a `Double` holds, past which
+    /// `3600.000000000000000001` would read as 3600.
     public static func duration(secondsText text: String, in range: ClosedRange<Double>) -> Duration? {
         let parts = text.utf8.split(separator: UInt8(ascii: "."), maxSplits: 1, omittingEmptySubsequences: false)
-        guard parts.allSatisfy({ !$0.isEmpty && $0.allSatisfy { $0 >= UInt8(ascii: "0") && $0 <= UInt8(ascii: "9") } }) else { return nil }
+        guard parts.allSatisfy({ !$0.isEmpty && $0.allSatisfy { $0 >= UInt8(ascii: "0") && $0 <= UInt8(ascii: "9") } }),
+              parts.reduce(0, { $0 + $1.count }) <= 15
+        else { return nil }
         return Double(text).flatMap { duration(seconds: $0, in: range) }
     }
 

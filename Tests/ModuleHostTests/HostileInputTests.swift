@@ -67,11 +67,25 @@ import TestSupport
         return (status, daemon.text)
     }
 
-    @Test(arguments: ["inf", "1e300", "-1", "0", "nan", "-inf", "3601", "0x1p3", "-1e-400", "1e1", " 5", "5.", ".5", ""])
+    @Test(arguments: ["inf", "1e300", "-1", "0", "nan", "-inf", "3601", "0x1p3", "-1e-400", "1e1", " 5", "5.", ".5", "",
+                      "3600.00000000000000000001", "0.00099999999999999999999"])
     func aDaemonDeadlineOutOfRangeIsAUsageError(value: String) async throws {
         let (status, output) = try await refusedStart(["--plugins", "/nonexistent", "--event-deadline", value])
         #expect(status == 64, "\(output)")
         #expect(output.contains("--event-deadline must be a number of seconds from 0.001 to 3600, not '\(value)'"), "\(output)")
+    }
+
+    /// A mistyped argument is shown on one short line, whatever it holds.
+    @Test func aBadArgumentIsShownEscapedAndCut() throws {
+        let long = String(repeating: "9", count: 400)
+        for (arguments, shown) in [(["--event-deadline", "5\n\u{1B}[31m\u{202E}"], #"not '5\n\u001b[31m\u202e'"#),
+                                   (["--event-deadline", long], "not '\(String(repeating: "9", count: 80))…'"),
+                                   (["--bogus\u{1B}["], #"unknown option '--bogus\u001b['"#)] {
+            let result = try run(BuildProducts.modhostd, arguments)
+            #expect(result.status == 64)
+            let first = result.standardError.split(separator: "\n").first ?? ""
+            #expect(first.contains(shown) && !first.contains("\u{1B}") && first.utf8.count < 200, "\(result.standardError)")
+        }
     }
 
     @Test(arguments: ["1e300", "inf", "-5", "0", "nan", "86401", "0x1p3", "-1e-400", "1e1"])
