@@ -56,6 +56,21 @@ import TestSupport
         #expect(await h.stop() == 0)
     }
 
+    /// A state directory inside another daemon's (its images) is refused before anything
+    /// is created there: that daemon would take its files for leftovers of its own.
+    @Test func aStateDirectoryInsideAnotherDaemonsIsRefused() async throws {
+        let h = try Harness(["Counter"])
+        #expect(await h.waitFor("started 1 module: counter"))
+        let other = TemporaryDirectory("nested-state")
+        let nested = h.state + "/images/nested/state"
+        let second = try RunningProcess(BuildProducts.modhostd, ["--plugins", h.plugins, "--state-dir", nested, "--socket", other.file("s.sock")])
+        #expect(await second.wait(timeout: .seconds(20)) == 71)
+        #expect(second.text.contains("the state directory \(nested) lies inside \(h.state), the state directory of another modhostd"), "\(second.text)")
+        #expect(!FileManager.default.fileExists(atPath: h.state + "/images/nested"))
+        #expect(try h.ctl("status").status == 0)
+        #expect(await h.stop() == 0)
+    }
+
     /// The state directory cases the daemon refuses: another user's, one anyone may write
     /// (not silently made private), and an `images` that is a symlink, to a directory of
     /// another user or to one of ours.
