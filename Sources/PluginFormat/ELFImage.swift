@@ -230,6 +230,11 @@ public struct ELFImage: Sendable {
             let header = programHeader(at: index)
             if header.type == ProgramHeader.load { loads.append(AddressRange(start: header.address, size: header.memorySize)) }
         }
+        // Each address below is looked up among them: a plugin has a few, a crafted file
+        // could have 65,535 (and a dynamic segment of millions of entries).
+        guard loads.count <= Self.maximumLoadSegments else {
+            return "\(loads.count) loadable segments, more than the \(Self.maximumLoadSegments) a plugin may have"
+        }
         func mapped(_ start: UInt64, size: UInt64) -> Bool {
             let range = AddressRange(start: start, size: size)
             return !range.overflows && loads.contains { !$0.overflows && range.start >= $0.start && range.end <= $0.end }
@@ -254,33 +259,36 @@ public struct ELFImage: Sendable {
         let table = FileBytes(try source.read(FileArithmetic.range("the dynamic segment", offset: dynamic.offset,
                                                                     size: dynamic.fileSize, within: fileSize)))
         // ld.so keeps the last entry of each tag, so every entry of an address tag is
-        // checked, with the last size given for it.
-        func lastValue(of tag: UInt64) -> UInt64? {
-            var value: UInt64?
-            var base = 0
-            while base + 16 <= table.count, table.u64(base) != 0 {
-                if table.u64(base) == tag { value = table.u64(base + 8) }
-                base += 16
-            }
-            return value
-        }
-        var base = 0
+        // checked, with the last size given for it: a first pass finds the end (DT_NULL) and
+        // the last value of each size tag, the second checks the addresses. (Twice linear:
+        // a table of a million entries costs two passes, not a million.)
+        var sizes = [UInt64?](repeating: nil, count: Self.sizeTags.count)
+        var end = 0
         while true {
-            guard base + 16 <= table.count else {
+            guard end + 16 <= table.count else {
                 return "the dynamic segment has no DT_NULL entry to end it within its \(table.count) bytes"
             }
-            let tag = table.u64(base)
+            let tag = table.u64(end)
             if tag == 0 { break }
-            if let described = Self.addressTag(tag) {
-                let address = table.u64(base + 8), size = described.sizeTag.flatMap(lastValue(of:)) ?? 1
-                guard mapped(address, size: size) else {
-                    return "\(described.name) points to address \(hex(address))\(size > 1 ? " with \(size) bytes" : ""), outside the loadable segments"
-                }
+            if let slot = Self.sizeTags.firstIndex(of: tag) { sizes[slot] = table.u64(end + 8) }
+            end += 16
+        }
+        for base in stride(from: 0, to: end, by: 16) {
+            guard let described = Self.addressTag(table.u64(base)) else { continue }
+            let address = table.u64(base + 8)
+            let size = described.sizeTag.flatMap { Self.sizeTags.firstIndex(of: $0) }.flatMap { sizes[$0] } ?? 1
+            guard mapped(address, size: size) else {
+                return "\(described.name) points to address \(hex(address))\(size > 1 ? " with \(size) bytes" : ""), outside the loadable segments"
             }
-            base += 16
         }
         return nil
     }
+
+    /// The most loadable segments a plugin may have (linkers make two to five).
+    static let maximumLoadSegments = 64
+
+    /// The tags whose value is the size of what an `AddressTag` points to.
+    static let sizeTags: [UInt64] = [2, 8, 10, 18, 27, 28, 33]
 
     /// A dynamic entry whose value is an address in the image the loader reads or calls:
     /// its name, and the tag of the entry giving its size when it has one.

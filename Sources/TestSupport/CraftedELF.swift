@@ -162,6 +162,8 @@ public struct ELFMutation: Sendable, CustomStringConvertible {
         // ld.so takes the last entry of a tag, so a later duplicate counts as much as the first.
         ELFMutation("a second DT_SYMTAB, outside the image, after the first") { elf in
             let spare = elf.dynamicEntryValue(tag: 0)! - 8  // the first DT_NULL; the linker leaves spare ones after it
+            // Another must follow, or the file would be refused for having no DT_NULL instead.
+            precondition(elf.u64(spare + 16) == 0, "the linker left no second DT_NULL in .dynamic")
             elf.set64(6, at: spare)
             elf.set64(0x7fff_ffff_0000, at: spare + 8)
         },

@@ -87,6 +87,26 @@ import TestSupport
         }
     }
 
+    /// The loader check reads a dynamic segment in two passes, whatever its size: looking up
+    /// each address's size anew (e317616) took time growing with the square of the entries,
+    /// minutes for a file of a few MiB.
+    @Test(.timeLimit(.minutes(1))) func aHugeDynamicSegmentIsCheckedInLinearTime() throws {
+        var elf = try CraftedELF(contentsOf: Self.good)
+        let strtab = elf.u64(try #require(elf.dynamicEntryValue(tag: 5)))
+        func append(_ value: UInt64) { for index in 0..<8 { elf.bytes.append(UInt8(truncatingIfNeeded: value >> (8 * UInt64(index)))) } }
+        let start = elf.bytes.count
+        for _ in 0..<200_000 {
+            append(10); append(16)       // DT_STRSZ 16
+            append(5); append(strtab)   // DT_STRTAB, where the real one is
+        }
+        append(0); append(0)
+        let dynamic = try #require(elf.programHeader(ofType: 2))
+        elf.set64(UInt64(start), at: dynamic + 8)
+        elf.set64(UInt64(elf.bytes.count - start), at: dynamic + 32)
+        let path = try elf.write(to: Self.dir.file("huge-dynamic.so"))
+        #expect(try ELFImage(path: path).loaderAddressProblem() == nil)
+    }
+
     @Test func theUnchangedFileReadsCleanly() throws {
         #expect(readEverything(Self.good).isEmpty)
         let image = try ELFImage(path: Self.good)
