@@ -230,15 +230,20 @@ public final class HostMetrics: Sendable {
         }
     }
 
-    /// `name` cut to at most `maximumEventNameLength` UTF-8 bytes, at a scalar boundary.
+    /// `name` cut to at most `maximumEventNameLength` UTF-8 bytes, at a scalar boundary,
+    /// with its control characters (`JSONValue.isControlCharacter`) but the line feed
+    /// replaced by U+FFFD: the metrics exposition cannot escape them, and names that differ only there are counted
+    /// as one (two series of one name would make a scraper refuse the whole exposition).
     static func boundedName(_ name: String) -> String {
-        guard name.utf8.count > maximumEventNameLength else { return name }
+        guard name.utf8.count > maximumEventNameLength || name.unicodeScalars.contains(where: { JSONValue.isControlCharacter($0) && $0 != "\n" })
+        else { return name }
         var length = 0
         var scalars = String.UnicodeScalarView()
         for scalar in name.unicodeScalars {
-            length += String(scalar).utf8.count
+            let kept = JSONValue.isControlCharacter(scalar) && scalar != "\n" ? "\u{FFFD}" : scalar
+            length += String(kept).utf8.count
             guard length <= maximumEventNameLength else { break }
-            scalars.append(scalar)
+            scalars.append(kept)
         }
         return String(scalars)
     }
