@@ -220,25 +220,37 @@ public actor PluginSet {
     /// Checks, before anything is read or written there, that nobody else can change the
     /// state directory `directory` or its `images` (the private plugin copies a plugin set
     /// loads): each must be a real directory (not a symlink) of this process's user that
-    /// group and others cannot write, and `directory` must not lie inside another state
-    /// directory (one holding `modhostd.lock` and `images`). Missing ones are created with
+    /// group and others cannot write, and `directory` must not lie in another state
+    /// directory's `images` (beside a `modhostd.lock`). Missing ones are created with
     /// mode 0700 (parents as needed); existing ones are never changed. Throws `state_directory` naming the
     /// directory, what is wrong and the fix (`alternative`: how to use another directory).
     public static func checkStateDirectory(_ directory: String, alternative: String = "use another state directory")
         throws(PluginSetError) {
-        // Not inside another state directory (its images, say): that daemon would count this
-        // one's files as its own and delete them as leftovers at its next start.
-        var ancestor = realPath(PathText.parent(of: directory)) ?? PathText.parent(of: directory)
+        // Not inside another daemon's private copies (STATE/images): that daemon would count
+        // this one's files as its own and delete them as leftovers at its next start. The
+        // path as the system would resolve it: its deepest existing ancestor resolved (links,
+        // `..`), the rest as given.
+        var existing = directory, rest: [String] = []
+        var resolved = directory
         while true {
-            // A state directory holds both (a socket named modhostd has its lock beside it).
-            var lock = stat(), images = stat()
-            if lstat(ancestor + "/modhostd.lock", &lock) == 0, lstat(ancestor + "/images", &images) == 0,
-               images.st_mode & S_IFMT == S_IFDIR {
-                throw PluginSetError(code: "state_directory", message: "the state directory \(directory) lies inside \(ancestor), the state directory of another modhostd (it holds modhostd.lock and images). Fix: \(alternative), outside it")
+            if let real = realPath(existing) {
+                resolved = rest.reversed().reduce(real) { $0 == "/" ? "/" + $1 : $0 + "/" + $1 }
+                break
             }
-            let up = PathText.parent(of: ancestor)
-            if up == ancestor { break }
-            ancestor = up
+            let up = PathText.parent(of: existing)
+            if up == existing { break }
+            rest.append(PathText.lastComponent(of: existing))
+            existing = up
+        }
+        var ancestor = resolved
+        while true {
+            var lock = stat()
+            let owner = PathText.parent(of: ancestor)
+            if PathText.lastComponent(of: ancestor) == "images", lstat(owner + "/modhostd.lock", &lock) == 0 {
+                throw PluginSetError(code: "state_directory", message: "the state directory \(directory) lies in \(ancestor), the private plugin copies of the modhostd whose state directory is \(owner) (it takes what it finds there for copies of its own). Fix: \(alternative), outside it")
+            }
+            if owner == ancestor { break }
+            ancestor = owner
         }
         try? FileManager.default.createDirectory(atPath: PathText.parent(of: directory), withIntermediateDirectories: true)
         let checked = [

@@ -65,7 +65,13 @@ import TestSupport
         let nested = h.state + "/images/nested/state"
         let second = try RunningProcess(BuildProducts.modhostd, ["--plugins", h.plugins, "--state-dir", nested, "--socket", other.file("s.sock")])
         #expect(await second.wait(timeout: .seconds(20)) == 71)
-        #expect(second.text.contains("the state directory \(nested) lies inside \(h.state), the state directory of another modhostd"), "\(second.text)")
+        #expect(second.text.contains("the state directory \(nested) lies in \(h.state)/images, the private plugin copies of the modhostd whose state directory is \(h.state)"), "\(second.text)")
+        // The same through a link to it.
+        let link = other.file("link")
+        #expect(symlink(h.state + "/images", link) == 0)
+        let linked = try RunningProcess(BuildProducts.modhostd, ["--plugins", h.plugins, "--state-dir", link + "/new/state", "--socket", other.file("s.sock")])
+        #expect(await linked.wait(timeout: .seconds(20)) == 71)
+        #expect(linked.text.contains("lies in \(h.state)/images, the private plugin copies"), "\(linked.text)")
         #expect(!FileManager.default.fileExists(atPath: h.state + "/images/nested"))
         #expect(try h.ctl("status").status == 0)
         #expect(await h.stop() == 0)
