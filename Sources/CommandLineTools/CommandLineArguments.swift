@@ -8,12 +8,12 @@ public struct UsageError: Error, Sendable {
 }
 
 /// `argument` as a usage error shows it: in single quotes, with control characters
-/// escaped (`JSONValue.escapingControlCharacters`) and cut after 80 characters, so a typo
-/// cannot break the line or fill the terminal.
+/// escaped (`JSONValue.escapingControlCharacters`), then cut after 80 characters, so a
+/// typo cannot break the line or fill the terminal.
 func shownArgument(_ argument: String) -> String {
-    let cut = argument.unicodeScalars.count > 80
-    let kept = cut ? String(String.UnicodeScalarView(argument.unicodeScalars.prefix(80))) : argument
-    return "'" + JSONValue.escapingControlCharacters(kept) + (cut ? "…'" : "'")
+    let escaped = JSONValue.escapingControlCharacters(argument)
+    guard escaped.unicodeScalars.count > 80 else { return "'" + escaped + "'" }
+    return "'" + String(String.UnicodeScalarView(escaped.unicodeScalars.prefix(80))) + "…'"
 }
 
 /// This process's arguments after the program name, each required to be UTF-8:

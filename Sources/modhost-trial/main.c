@@ -148,18 +148,20 @@ static int load(int argc, char **argv) {
      * it would refuse stops the list here (the daemon's loader then says why). */
     uint32_t stride = module != NULL && plugin->module_count > 0 ? ((const modhost_module *)module)->struct_size : 0;
     if (stride < offsetof(modhost_module, name) + sizeof(const char *) || stride > sizeof(modhost_module)) module = NULL;
+    /* Every module's version as the daemon's loader requires it (VersionText: at most 64
+     * bytes), before the list, which may stop when the verdict is full. */
+    for (uint32_t i = 0; module != NULL && i < plugin->module_count && stride >= offsetof(modhost_module, version) + sizeof(const char *); i++) {
+        const modhost_module *described = (const modhost_module *)(module + (size_t)i * stride);
+        if (described->name == NULL) break;
+        if (described->version == NULL || strnlen(described->version, 65) > 64) {
+            snprintf(verdict, sizeof verdict, "descriptor: module %.64s's version is %s", described->name,
+                     described->version == NULL ? "NULL" : "longer than 64 bytes (versions are at most 64 bytes)");
+            return 1;
+        }
+    }
     for (uint32_t i = 0; module != NULL && i < plugin->module_count; i++, module += stride) {
         const char *module_name = ((const modhost_module *)module)->name;
         if (module_name == NULL) break;
-        /* A version as the daemon's loader requires it (VersionText: at most 64 bytes). */
-        if (stride >= offsetof(modhost_module, version) + sizeof(const char *)) {
-            const char *module_version = ((const modhost_module *)module)->version;
-            if (module_version == NULL || strnlen(module_version, 65) > 64) {
-                snprintf(verdict, sizeof verdict, "descriptor: module %.64s's version is %s", module_name,
-                         module_version == NULL ? "NULL" : "longer than 64 bytes (versions are at most 64 bytes)");
-                return 1;
-            }
-        }
         size_t length = strnlen(module_name, 256);
         if (used + 1 + length + 1 > sizeof verdict) break;
         verdict[used++] = '\n';

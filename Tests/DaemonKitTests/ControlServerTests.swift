@@ -349,7 +349,8 @@ struct ControlServerTests {
         if ContinuousClock.now - connected < .milliseconds(900) {
             #expect(refusal.first?.contains("\"too_many_connections\"") == true, "\(refusal)")
         }
-        try await Task.sleep(until: connected + .milliseconds(1200))
+        // Past the grace for both, with a second to spare for their threads to start waiting.
+        try await Task.sleep(until: connected + .seconds(2))
         var newcomers: [RawConnection] = []  // kept open: each holds its place
         for round in 0..<2 {
             let newcomer = try RawConnection(fixture.path)
