@@ -42,7 +42,7 @@ public final class ExclusiveLock: Sendable {
         self.path = path
         var directoryFD: Int32 = -1
         if lockingDirectory {
-            let directory = path.lastIndex(of: "/").map { $0 == path.startIndex ? "/" : String(path[..<$0]) } ?? "."
+            let directory = PathText.parent(of: path)
             directoryFD = open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
             guard directoryFD >= 0 else { throw .system(.current("open", subject: directory)) }
             if flock(directoryFD, LOCK_EX | LOCK_NB) != 0 {

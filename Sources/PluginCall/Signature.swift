@@ -27,8 +27,7 @@ public struct Signature: Sendable, Hashable, CustomStringConvertible {
             let text = Self.canonicalText(returnType, arguments)
             let offset = returnType.rawValue.count + 1
                 + arguments[..<Self.maximumArguments].reduce(0) { $0 + $1.rawValue.count + 1 }
-            throw SignatureError(text: text, offset: offset, expected: "\")\" after at most \(Self.maximumArguments) arguments",
-                                 found: "argument \(Self.maximumArguments + 1)", hint: nil)
+            throw .tooManyArguments(in: text, at: offset)
         }
         if let index = arguments.firstIndex(of: .void) {
             let text = Self.canonicalText(returnType, arguments)
@@ -108,11 +107,7 @@ public struct Signature: Sendable, Hashable, CustomStringConvertible {
                 position += 1
             } else {
                 while true {
-                    if arguments.count == Signature.maximumArguments {
-                        throw SignatureError(text: text, offset: position,
-                                             expected: "\")\" after at most \(Signature.maximumArguments) arguments",
-                                             found: "argument \(Signature.maximumArguments + 1)", hint: nil)
-                    }
+                    if arguments.count == Signature.maximumArguments { throw .tooManyArguments(in: text, at: position) }
                     let type = try parseType(
                         expecting: Signature.argumentTypeList, allowVoid: false,
                         hint: "void is only allowed as the result type; write () for no arguments")
@@ -207,6 +202,12 @@ public struct SignatureError: Error, Sendable, Equatable, CustomStringConvertibl
         self.expected = expected
         self.found = found
         self.hint = hint
+    }
+
+    /// `text` has an argument past `Signature.maximumArguments`, starting at `offset`.
+    static func tooManyArguments(in text: String, at offset: Int) -> SignatureError {
+        SignatureError(text: text, offset: offset, expected: "\")\" after at most \(Signature.maximumArguments) arguments",
+                       found: "argument \(Signature.maximumArguments + 1)", hint: nil)
     }
 
     /// One line; a signature longer than 100 characters is shown cut (with `…`).

@@ -220,7 +220,7 @@ public enum JSONValue: Sendable, Hashable, Codable, CustomStringConvertible {
             case "\n": out += "\\n"
             case "\r": out += "\\r"
             case "\t": out += "\\t"
-            case _ where isControl(scalar) || isLayoutControl(scalar):
+            case _ where isControlCharacter(scalar):
                 out += "\\u" + String(repeating: "0", count: 4 - String(scalar.value, radix: 16).count)
                     + String(scalar.value, radix: 16)
             default: out.unicodeScalars.append(scalar)

@@ -235,12 +235,12 @@ public final class HostMetrics: Sendable {
     /// replaced by U+FFFD: the metrics exposition cannot escape them, and names that differ only there are counted
     /// as one (two series of one name would make a scraper refuse the whole exposition).
     static func boundedName(_ name: String) -> String {
-        guard name.utf8.count > maximumEventNameLength || name.unicodeScalars.contains(where: { JSONValue.isControlCharacter($0) && $0 != "\n" })
-        else { return name }
+        func replaced(_ scalar: Unicode.Scalar) -> Bool { scalar != "\n" && JSONValue.isControlCharacter(scalar) }
+        guard name.utf8.count > maximumEventNameLength || name.unicodeScalars.contains(where: replaced) else { return name }
         var length = 0
         var scalars = String.UnicodeScalarView()
         for scalar in name.unicodeScalars {
-            let kept = JSONValue.isControlCharacter(scalar) && scalar != "\n" ? "\u{FFFD}" : scalar
+            let kept = replaced(scalar) ? "\u{FFFD}" : scalar
             length += String(kept).utf8.count
             guard length <= maximumEventNameLength else { break }
             scalars.append(kept)
