@@ -9,7 +9,11 @@ import PluginCall
 /// The table and the closures live as long as this object; a `CModule` keeps its services
 /// until after the module's `destroy` has returned. The functions may be called from any
 /// thread: the handlers are `Sendable`.
-public final class CHostServices {
+///
+/// `@unchecked Sendable`: it wraps the C table, written once in `init` and only read after
+/// (by the module's C code and by `deinit`), and the closures it points at, which are
+/// themselves `Sendable`; every stored property is a `let`.
+public final class CHostServices: @unchecked Sendable {
     public let moduleName: String
     let table: UnsafeMutablePointer<modhost_host_api>
     private let callbacks: HostCallbacks

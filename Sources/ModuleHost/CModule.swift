@@ -243,14 +243,16 @@ private final class AdmittedName: Sendable {
 /// One C module instance: the pointer `create` returned and the host services it was
 /// given, which must outlive `destroy`.
 ///
-/// `@unchecked Sendable`: it is handed to the module's `PluginWorker`, and every read and
-/// write of its mutable fields happens inside jobs of that one serial queue, so they are
-/// never touched concurrently.
-private final class CModuleInstance: @unchecked Sendable {
+/// Its calls into the module run as jobs of the module's one serial queue (`PluginWorker`),
+/// which orders them; the pointer is atomic only so that no data race is possible even if
+/// a caller broke that rule. Once `destroy` has run (or `create` returned NULL), nothing
+/// more reaches the module.
+private final class CModuleInstance: Sendable {
     let descriptor: ModuleDescriptor
     let services: CHostServices
-    private var pointer: UnsafeMutableRawPointer?
-    private var destroyed = false
+    /// The address `create` returned (a pointer is not `Sendable`; its address is); 0
+    /// before it, when it returned NULL and once destroyed.
+    private let address = Atomic<UInt>(0)
 
     init(descriptor: ModuleDescriptor, services: CHostServices) {
         self.descriptor = descriptor
@@ -260,13 +262,14 @@ private final class CModuleInstance: @unchecked Sendable {
     /// Calls `create`; false when it returned NULL (the module is refused).
     func create(configuration: String) -> Bool {
         guard let create = descriptor.create else { return false }
-        pointer = configuration.withCString { create(services.table, $0) }
-        return pointer != nil
+        let created = configuration.withCString { create(services.table, $0) }
+        address.store(UInt(bitPattern: created), ordering: .releasing)
+        return created != nil
     }
 
     /// Calls `receive` with `kind` when the plugin set it (ABI 1.1), else `handle_event`.
     func deliver(_ kind: CEventKind, _ name: String, _ payload: JSONValue?) {
-        guard !destroyed, let pointer else { return }
+        guard let pointer = UnsafeMutableRawPointer(bitPattern: address.load(ordering: .acquiring)) else { return }
         if let receive = descriptor.receive {
             Self.withCStrings(name, payload) { receive(pointer, kind.value, $0, $1) }
         } else if let handle = descriptor.handleEvent {
@@ -286,11 +289,11 @@ private final class CModuleInstance: @unchecked Sendable {
         }
     }
 
+    /// Calls `destroy` once, if `create` gave an instance.
     func destroy() {
-        guard !destroyed else { return }
-        destroyed = true
-        if let pointer { descriptor.destroy?(pointer) }
-        pointer = nil
+        if let pointer = UnsafeMutableRawPointer(bitPattern: address.exchange(0, ordering: .acquiringAndReleasing)) {
+            descriptor.destroy?(pointer)
+        }
     }
 }
 
