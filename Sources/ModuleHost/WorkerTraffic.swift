@@ -12,8 +12,10 @@ import Synchronization
 ///   its frame to be read, never for delivery, and says nothing: a plugin that posts faster
 ///   than the daemon delivers loses the excess; nothing else does.
 /// - They are delivered in the order the worker made them, on the host's context, at most
-///   `batch` per turn: a flooding plugin holds the host for one batch at a time, so what
-///   other modules post (each source its own turn) waits behind a batch, never a backlog.
+///   `batch` per turn and no more once a turn has lasted `turnBudget`: a flooding plugin
+///   holds the host for one short turn at a time (one handler, when its handlers are slow),
+///   so what other modules post (each source its own turn) waits behind one turn, never a
+///   backlog.
 /// - `post` never waits (the worker poller calls it for every worker).
 final class NotificationQueue: Sendable {
     /// The most notifications of one plugin waiting for delivery in the daemon.
@@ -22,6 +24,11 @@ final class NotificationQueue: Sendable {
     static let byteLimit = 16 << 20
     /// The most delivered in one turn on the host's context.
     static let batch = 16
+    /// How long a turn goes on delivering: once its deliveries have taken this long, the
+    /// rest wait for the next turn, behind what else waits for the host. A plugin whose
+    /// handlers are slow (each within its deadline) thus holds the host one handler at a
+    /// time, as a module in process does, not `batch` handlers.
+    static let turnBudget = Duration.milliseconds(10)
 
     private struct Waiting: Sendable {
         let name: String
@@ -68,26 +75,39 @@ final class NotificationQueue: Sendable {
         }
     }
 
-    /// Delivers what waits, a batch per turn on the host's context, until nothing does.
+    /// Delivers what waits, a turn at a time on the host's context, until nothing does.
     private func drain() async {
-        while true {
-            let batch = state.withLock { state -> [Waiting] in
-                let batch = Array(state.waiting.prefix(Self.batch))
-                state.waiting.removeFirst(batch.count)
-                state.bytes -= batch.reduce(0) { $0 + $1.bytes }
-                if batch.isEmpty { state.draining = false }
-                return batch
+        while await host.perform({ host in self.deliverTurn(host) }) {}
+    }
+
+    /// One turn: delivers what waits, in order, until `batch` are delivered or the turn has
+    /// lasted `turnBudget` (a handler may take up to its deadline, so a turn is at most one
+    /// handler longer). False once nothing waits: the queue is no longer draining.
+    private func deliverTurn(_ host: isolated HostInstance) -> Bool {
+        let start = ContinuousClock.now
+        for _ in 0..<Self.batch {
+            guard let notification = next() else { return false }
+            if let module = notification.module {
+                host.send(.notification(name: notification.name, payload: notification.payload), to: module)
+            } else {
+                host.post(notification: notification.name, payload: notification.payload)
             }
-            guard !batch.isEmpty else { return }
-            await host.perform { host in
-                for notification in batch {
-                    if let module = notification.module {
-                        host.send(.notification(name: notification.name, payload: notification.payload), to: module)
-                    } else {
-                        host.post(notification: notification.name, payload: notification.payload)
-                    }
-                }
+            if ContinuousClock.now - start >= Self.turnBudget { break }
+        }
+        return true
+    }
+
+    /// The first notification waiting, taken from the queue; nil (and no longer draining)
+    /// when none is.
+    private func next() -> Waiting? {
+        state.withLock { state in
+            guard !state.waiting.isEmpty else {
+                state.draining = false
+                return nil
             }
+            let first = state.waiting.removeFirst()
+            state.bytes -= first.bytes
+            return first
         }
     }
 }

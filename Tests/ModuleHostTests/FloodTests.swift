@@ -168,6 +168,68 @@ struct FloodTests {
         await HostileWorkerTests.stop(h)
     }
 
+    /// A C plugin `Slow` (module `slow`, which listens to `slow.tick` and takes 600 ms over
+    /// each, well within its deadline) that posts 20 `slow.tick` on event `slowflood`.
+    static func slowListener(in directory: String) throws -> String {
+        let source = """
+            #include <modulehost.h>
+            #include <string.h>
+            #include <unistd.h>
+            static void *create(const modhost_host_api *host, const char *config) { (void)config; return (void *)host; }
+            static void handle(void *instance, const char *event, const char *payload) {
+                const modhost_host_api *host = instance;
+                (void)payload;
+                if (strcmp(event, "slowflood") == 0) for (int i = 0; i < 20; i++) host->post_notification("slow.tick", NULL);
+                if (strcmp(event, "slow.tick") == 0) usleep(600000);
+            }
+            static void destroy(void *instance) { (void)instance; }
+            static const char *const notes[] = {"slow.tick", NULL};
+            static const modhost_module modules[] = {{ sizeof(modhost_module), MODHOST_MODULE_C, "slow", "1.0",
+                notes, create, handle, destroy, 0 }};
+            static const modhost_plugin plugin = MODHOST_PLUGIN_INIT("Slow", modules);
+            MODHOST_PLUGIN_ENTRY { return &plugin; }
+            """
+        return try PluginFactory(directory: directory).buildC("Slow", source: source,
+                                                              manifest: PluginFactory.manifest(plugin: "Slow", modules: ["slow"]))
+    }
+
+    /// Found by an outside run: an isolated plugin posting itself notifications whose handler
+    /// takes most of its deadline held the daemon's host for 16 handlers at a time (72 s with
+    /// 4.5 s handlers), delaying every other module's events, notifications and most control
+    /// requests, with no overrun to show for it.
+    @Test("an isolated plugin's slow notification handlers hold up other modules for one handler at a time, not a batch",
+          .timeLimit(.minutes(3)))
+    func slowNotificationHandlersTakeTurns() async throws {
+        let scratch = TemporaryDirectory("slow-flood")
+        let events = scratch.file("events.log")
+        let files = [try Self.slowListener(in: scratch.directory("slow")),
+                     try Self.listener("Near", in: scratch.directory("near"), events: events),
+                     try Self.listener("Far", in: scratch.directory("far"), events: events)]
+        let h = try DaemonLifecycleTests.Harness([], files: files,
+                                                 config: #"{"plugins": {"Slow": {"isolation": "process"}, "Far": {"isolation": "process"}}}"#)
+        #expect(await h.waitFor("control socket ready"), "\(h.daemon.text)")
+        let clock = ContinuousClock()
+        func untilBothGot(_ payload: String, since start: ContinuousClock.Instant) async -> Duration? {
+            while clock.now - start < .seconds(20) {
+                let lines = ((try? String(contentsOfFile: events, encoding: .utf8)) ?? "").split(separator: "\n")
+                if lines.contains("near \(payload)") && lines.contains("far \(payload)") { return clock.now - start }
+                try? await Task.sleep(for: .milliseconds(5))
+            }
+            return nil
+        }
+        #expect(try h.ctl("send", "slowflood", "--to", "slow").status == 0, "\(h.daemon.text)")
+        // The 20 ticks take 12 s in Slow's worker; meanwhile a post reaches both listeners
+        // after at most the tick being handled (600 ms), twice in a row.
+        for round in 1...2 {
+            let posted = clock.now
+            let post = try h.ctl("post", "ping", "--payload", #""during \#(round)""#)
+            #expect(post.status == 0, "\(post.standardOutput)\(post.standardError)")
+            let took = await untilBothGot(#""during \#(round)""#, since: posted)
+            #expect(took.map { $0 < .seconds(3) } == true, "round \(round): the post took \(took.map { "\($0)" } ?? "more than 20 s")")
+        }
+        await HostileWorkerTests.stop(h)
+    }
+
     /// In process, a C module's log call is cut as an isolated one's (found by an outside
     /// run: a 200,000-byte message was one 200,045-byte log line).
     @Test func aLongLogLineOfAnInProcessModuleIsCutToo() async throws {
