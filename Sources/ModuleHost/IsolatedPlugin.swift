@@ -1169,9 +1169,15 @@ final class WorkerConnection: Sendable {
     }
 
     /// Socket 5 ended (the worker ended) or went out of step: every waiting call is `gone`,
-    /// and so is every later one. A frame that is not a reply gets the worker killed.
+    /// and so is every later one. A frame that is not a reply gets the worker killed, and so
+    /// does a socket the worker closed while it runs on (a worker never does; its plugin
+    /// may), a second later unless it ends.
     func endCalls(_ end: FrameReader.End) {
-        if case .invalid(let reason) = end { kill(reason: "it sent an invalid reply to a call (\(reason))") }
+        if case .invalid(let reason) = end {
+            kill(reason: "it sent an invalid reply to a call (\(reason))")
+        } else {
+            killLater(reason: "its socket of calls (5) was closed (\(end)) and it did not end")
+        }
         let waiters = callReplies.withLock { replies in
             defer {
                 replies.waiters = [:]

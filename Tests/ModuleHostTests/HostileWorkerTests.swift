@@ -39,6 +39,7 @@ struct HostileWorkerTests {
                 if (fd >= 0) { if (write(fd, line, (size_t)length) < 0) {} close(fd); }
                 if (strcmp(event, "garbage") == 0) { if (write(4, "garbage!garbage!", 16) < 0) {} }
                 if (strcmp(event, "close") == 0) { close(3); close(4); close(5); }
+                if (strcmp(event, "closecalls") == 0) close(5);
                 if (strcmp(event, "unknown") == 0) {
                     static const char unknown[] = "{\\"op\\":\\"launch\\"}";
                     unsigned char header[4] = {0, 0, 0, (unsigned char)(sizeof unknown - 1)};
@@ -146,7 +147,7 @@ struct HostileWorkerTests {
     }
 
     @Test("a worker that writes what is no frame, or a frame the protocol does not have, or closes its sockets, is ended, named and restarted",
-          .timeLimit(.minutes(3)), arguments: ["garbage", "unknown", "close"])
+          .timeLimit(.minutes(3)), arguments: ["garbage", "unknown", "close", "closecalls"])
     func aWorkerWhoseSocketsNoLongerWorkIsRestarted(fault: String) async throws {
         let scratch = TemporaryDirectory("hostile-worker")
         let events = scratch.file("events.log")
@@ -154,6 +155,9 @@ struct HostileWorkerTests {
         let h = try await Self.daemon(isolating: "Liar", file: liar, arguments: ["--event-deadline", "1"])
         let pid = try #require(try h.modules()["liar"]?["workerPid"] as? Int)
         _ = try h.ctl("send", fault, "--to", "liar")
+        // Socket 5 (calls) closed is seen at the next call (outside run: every call then
+        // failed with "worker ended" for good, while the worker ran on).
+        if fault == "closecalls" { _ = try h.ctl("call", "Liar", "liar_add", "2", "3") }
         // The daemon sees it at once (garbage) or when the worker neither answers nor ends.
         #expect(await h.waitFor("plugin Liar's worker (pid \(pid))"), "\(h.daemon.text)")
         let restarted = try await StuckModuleTests.listUntil(h.socket) { rows in
@@ -169,6 +173,9 @@ struct HostileWorkerTests {
         #expect(try h.ctl("send", "after", "--to", "liar").status == 0)
         let lines = ((try? String(contentsOfFile: events, encoding: .utf8)) ?? "").split(separator: "\n")
         #expect(lines.contains("after \(now)"), "\(lines)")
+        // And calls by name.
+        let sum = try h.ctl("call", "Liar", "liar_add", "2", "3")
+        #expect(sum.status == 0 && sum.standardOutput == "5\n", "\(sum.standardOutput)\(sum.standardError)")
         await Self.stop(h)
     }
 
