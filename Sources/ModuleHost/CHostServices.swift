@@ -25,10 +25,12 @@ public final class CHostServices: @unchecked Sendable {
                 post: @escaping @Sendable (String, JSONValue) -> Void,
                 hasModule: @escaping @Sendable (String) -> Bool) throws(FFIClosureError) {
         self.moduleName = moduleName
+        let lifecyclePosts = DropReport.lifecycleNamedNotifications(poster: "module \(moduleName)", logger: logger)
         callbacks = try HostCallbacks(
             // Cut as an isolated plugin's lines are (LogLineRate.maximumText), in process too.
             log: { level, message in logger.log(LogLevel(rawValue: Int(level)) ?? .info, LogLineRate.bounded(message)) },
             postNotification: { name, payloadJSON in
+                if ModuleEvent.lifecycleNames.contains(name) { return lifecyclePosts.count() }
                 let (payload, problem) = Self.payload(payloadJSON, name: name)
                 if let problem { logger.warning(problem) }
                 post(name, payload)

@@ -172,6 +172,8 @@ public final class IsolatedPlugin: Sendable {
     private let posts: NotificationQueue
     /// How many of its workers' log lines the daemon logs a second.
     private let logLines: LogLineRate
+    /// Notifications its workers posted under a lifecycle name, refused.
+    private let lifecyclePosts: DropReport
 
     struct ModuleRecord {
         var configuration: JSONValue
@@ -206,6 +208,7 @@ public final class IsolatedPlugin: Sendable {
         deadline = host.eventDeadline
         posts = NotificationQueue(host: host, plugin: file.name, logger: logger)
         logLines = LogLineRate(plugin: file.name, logger: logger)
+        lifecyclePosts = .lifecycleNamedNotifications(poster: "plugin \(file.name)", logger: logger.with("plugin", file.name))
     }
 
     /// The worker now.
@@ -668,9 +671,12 @@ public final class IsolatedPlugin: Sendable {
     /// Swift module's `host.post`): to every module of the daemon's host that listens, this
     /// plugin's included, or to the one it names (`send(.notification, to:)`), in the order
     /// the worker made them; at most `NotificationQueue.limit` wait for delivery, and what
-    /// the worker posts beyond that is dropped (counted, and said once a second).
+    /// the worker posts beyond that is dropped (counted, and said once a second). A
+    /// notification named like a lifecycle event is refused here (counted, and said once a
+    /// second, naming this plugin), never handed to the modules that listen.
     func post(_ message: JSONValue) {
         guard let notification = message.text("name") else { return }
+        if ModuleEvent.lifecycleNames.contains(notification) { return lifecyclePosts.count() }
         posts.post(notification, payload: message["payload"] ?? .null, to: message.text("module"))
     }
 

@@ -191,3 +191,15 @@ final class DropReport: Sendable {
         }
     }
 }
+
+extension DropReport {
+    /// Notifications `poster` (e.g. "plugin NAME") posted under a lifecycle name
+    /// (`ModuleEvent.lifecycleNames`), which only the host sends: refused where they are
+    /// posted, so that no module that listens logs one warning per post in its own name.
+    static func lifecycleNamedNotifications(poster: String, logger: Logger) -> DropReport {
+        DropReport { count in
+            logger.warning("\(count) notifications named like a lifecycle event posted by \(poster) not delivered: only the host sends \(ModuleEvent.lifecycleNames.sorted().joined(separator: ", "))",
+                           [("refused", "\(count)")])
+        }
+    }
+}

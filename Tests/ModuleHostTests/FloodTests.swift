@@ -13,7 +13,7 @@ struct FloodTests {
     /// `flood`, starts a thread posting `flood.tick` as fast as it can, forever; on
     /// `logflood`, a thread logging `log flood N` as fast as it can; on `forge`, logs a
     /// message whose text looks like another plugin's metadata; on `biglog`, logs a line of
-    /// 60,000 bytes.
+    /// 60,000 bytes; on `lifecycleflood`, posts `willTerminate` 3,000 times.
     static func flooder(in directory: String) throws -> String {
         let source = """
             #define _GNU_SOURCE
@@ -36,6 +36,7 @@ struct FloodTests {
                 if (strcmp(event, "flood") == 0) pthread_create(&thread, NULL, posts, NULL);
                 if (strcmp(event, "logflood") == 0) pthread_create(&thread, NULL, logs, NULL);
                 if (strcmp(event, "forge") == 0) api->log(MODHOST_LOG_WARNING, "innocent plugin=Near worker=1 module=near");
+                if (strcmp(event, "lifecycleflood") == 0) for (int i = 0; i < 3000; i++) api->post_notification("willTerminate", NULL);
                 if (strcmp(event, "biglog") == 0) {
                     static char big[60001];
                     memset(big, 'A', sizeof big - 1);
@@ -56,8 +57,8 @@ struct FloodTests {
 
     /// A C plugin `name` whose module (its name lowercased) appends `EVENT PAYLOAD` to
     /// `events` for each `ping` it gets, and on event `relay PAYLOAD` posts `ping` with that
-    /// payload itself.
-    static func listener(_ name: String, in directory: String, events: String) throws -> String {
+    /// payload itself. It listens to `ping` and to the notifications `alsoListening`.
+    static func listener(_ name: String, in directory: String, events: String, alsoListening: [String] = []) throws -> String {
         let module = name.lowercased()
         let source = """
             #define _GNU_SOURCE
@@ -77,7 +78,7 @@ struct FloodTests {
                 if (fd >= 0) { if (write(fd, line, (size_t)n) < 0) {} close(fd); }
             }
             static void destroy(void *instance) { (void)instance; }
-            static const char *const notes[] = {"ping", NULL};
+            static const char *const notes[] = {"ping", \(alsoListening.map { "\"\($0)\", " }.joined())NULL};
             static const modhost_module modules[] = {{ sizeof(modhost_module), MODHOST_MODULE_C, "\(module)", "1.0",
                 notes, create, handle, destroy, 0 }};
             static const modhost_plugin plugin = MODHOST_PLUGIN_INIT("\(name)", modules);
@@ -165,6 +166,44 @@ struct FloodTests {
         let metrics = try h.ctl("metrics").standardOutput
         let counted = metrics.split(separator: "\n").first { $0.hasPrefix(#"modhost_worker_dropped_total{plugin="Flooder",what="notification"}"#) }
         #expect(counted.flatMap { Double($0.split(separator: " ").last ?? "") }.map { $0 > 0 } == true, "\(metrics)")
+        await HostileWorkerTests.stop(h)
+    }
+
+    /// Found by an outside run: an isolated plugin posting `willTerminate` in a loop made
+    /// every module listening to that name log a warning per post, in its own name, with no
+    /// bound (an isolated listener's own lines were then dropped for its rate). Such a post
+    /// is refused where it is made, in lines that name the module and its plugin, at most
+    /// one a second.
+    @Test("a notification named like a lifecycle event is refused where it is posted, naming its plugin, not logged per listener",
+          .timeLimit(.minutes(3)))
+    func aLifecycleNamedNotificationIsRefusedAtItsSource() async throws {
+        let scratch = TemporaryDirectory("lifecycle-flood")
+        let events = scratch.file("events.log")
+        let files = [try Self.flooder(in: scratch.directory("flooder")),
+                     try Self.listener("Near", in: scratch.directory("near"), events: events, alsoListening: ["willTerminate"]),
+                     try Self.listener("Far", in: scratch.directory("far"), events: events, alsoListening: ["willTerminate"])]
+        let h = try DaemonLifecycleTests.Harness([], files: files,
+                                                 config: #"{"plugins": {"Flooder": {"isolation": "process"}, "Far": {"isolation": "process"}}}"#)
+        #expect(await h.waitFor("control socket ready"), "\(h.daemon.text)")
+        #expect(try h.ctl("send", "lifecycleflood", "--to", "flooder").status == 0, "\(h.daemon.text)")
+        // Refused in the worker, by the module's host services, so logged as the plugin's line.
+        #expect(await h.daemon.waitFor("posted by module flooder", timeout: .seconds(10)), "\(h.daemon.text.suffix(3000))")
+        // Every post reached the daemon (the worker's frames are read in order): a ping
+        // posted after them arrives, and the log is complete up to it.
+        #expect(try h.ctl("post", "ping", "--payload", #""after""#).status == 0)
+        let clock = ContinuousClock(), start = clock.now
+        while clock.now - start < .seconds(10),
+              !((try? String(contentsOfFile: events, encoding: .utf8)) ?? "").contains("far \"after\"") {
+            try await Task.sleep(for: .milliseconds(10))
+        }
+        try await Task.sleep(for: .seconds(1.5))  // the once-a-second line
+        let lines = h.daemon.text.split(separator: "\n").filter { $0.contains("willTerminate") || $0.contains("lifecycle") }
+        #expect(lines.count < 10, "\(lines.count) lines:\n\(lines.prefix(5).joined(separator: "\n"))")
+        #expect(!lines.contains { $0.contains("module=near") || $0.contains("module=far") }, "\(lines.prefix(5))")
+        let said = lines.filter { $0.contains("posted by module flooder") }
+        #expect(!said.isEmpty && said.allSatisfy { $0.contains("plugin=Flooder") }, "\(lines)")
+        let counted = said.compactMap { $0.split(separator: " ").dropFirst(2).first.flatMap { Int($0) } }.reduce(0, +)
+        #expect(counted == 3000, "\(said)")
         await HostileWorkerTests.stop(h)
     }
 
