@@ -925,6 +925,11 @@ final class WorkerConnection: Sendable {
         }
     }
 
+    /// The checks a worker makes itself, which its failed frame may name: those of
+    /// `PluginLoader.open`, of loading the plugins it depends on, and its own setup.
+    static let checksOfAWorker: Set<LoadFailure.Check> = [.dlopen, .entrySymbol, .descriptor, .sdkLinkage, .exports, .manifest,
+                                                           .dependency, .isolation]
+
     /// The worker's ready frame (its modules), its failed frame, or its end.
     func ready(within deadline: Duration) async -> Result<Void, LoadFailure> {
         let outcome = await readiness.wait(upTo: deadline)
@@ -949,7 +954,10 @@ final class WorkerConnection: Sendable {
             described.withLock { $0 = modules }
             return .success(())
         case .reply(let message):
-            let check = message.text("check").flatMap(LoadFailure.Check.init(rawValue:)) ?? .isolation
+            // The plugin's code may have written this frame too: it may name only a check
+            // the worker makes, never one of the daemon's (a crash guard's quarantine...).
+            var check = message.text("check").flatMap(LoadFailure.Check.init(rawValue:)) ?? .isolation
+            if !Self.checksOfAWorker.contains(check) { check = .isolation }
             return .failure(LoadFailure(file: plugin.file.path, check: check, problem: "in its worker: \(message.text("problem") ?? "it failed")",
                                         fix: message.text("fix") ?? "see the log"))
         case .timedOut:

@@ -278,12 +278,19 @@ struct HostileWorkerTests {
     }
 
     /// A plugin's constructor runs in its worker before the worker is ready, so it can write
-    /// a ready frame of its own: one naming modules plugin.json does not list (to take
-    /// another plugin's module names) refuses the plugin, and no module of that name appears.
-    @Test("a ready frame the plugin forged cannot claim module names", .timeLimit(.minutes(3)))
-    func aForgedReadyFrameIsRefused() async throws {
+    /// a ready or failed frame of its own: a ready frame naming modules plugin.json does not
+    /// list (to take another plugin's module names) refuses the plugin, and no module of that
+    /// name appears; a failed frame cannot name a check only the daemon makes (found by an
+    /// outside run: a forged "crash guard" failure read as the daemon's own verdict).
+    @Test("a ready or failed frame the plugin forged cannot claim module names or the daemon's checks", .timeLimit(.minutes(3)),
+          arguments: [
+              (#"{"op":"ready","pid":1,"modules":[{"name":"forger","version":"1.0"},{"name":"ghost","version":"6.6"}]}"#,
+               "ready frame did not list the modules plugin.json lists (forger)"),
+              (#"{"op":"failed","check":"crash guard","problem":"plugin Counter crashed the host process","fix":"remove libCounter.so"}"#,
+               "isolation check failed: in its worker: plugin Counter crashed the host process"),
+          ])
+    func aForgedReadyFrameIsRefused(frame: String, refused: String) async throws {
         let scratch = TemporaryDirectory("forged-ready")
-        let frame = #"{"op":"ready","pid":1,"modules":[{"name":"forger","version":"1.0"},{"name":"ghost","version":"6.6"}]}"#
         let source = """
             #define _GNU_SOURCE
             #include <modulehost.h>
@@ -314,7 +321,8 @@ struct HostileWorkerTests {
         #expect(rows["counter"]?["state"] as? String == "running", "\(rows)")
         let refusal = try #require(rows.values.first { ($0["file"] as? String ?? "").hasSuffix("libForger.so") }, "\(rows)")
         #expect(refusal["state"] as? String == "refused", "\(refusal)")
-        #expect("\(refusal)".contains("ready frame did not list the modules plugin.json lists (forger)"), "\(refusal)")
+        #expect("\(refusal)".contains(refused), "\(refusal)")
+        #expect(!h.daemon.text.contains("crash guard check failed"), "\(h.daemon.text)")
         await Self.stop(h)
     }
 
