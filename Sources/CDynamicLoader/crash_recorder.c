@@ -138,23 +138,30 @@ static const char *signal_name(int sig) {
 
 static void on_fatal_signal(int sig, siginfo_t *info, void *context) {
     int saved = errno;
-    /* A fault of this process (si_code > 0), or raise/abort in it; not a kill from outside. */
-    if (info->si_code > 0 || info->si_pid == getpid()) {
-        const ucontext_t *state = context;
-        uintptr_t pc = 0, sp = 0;
-#if defined(__x86_64__)
-        pc = (uintptr_t)state->uc_mcontext.gregs[REG_RIP];
-        sp = (uintptr_t)state->uc_mcontext.gregs[REG_RSP];
-#elif defined(__aarch64__)
-        pc = (uintptr_t)state->uc_mcontext.pc;
-        sp = (uintptr_t)state->uc_mcontext.sp;
-#else
-        (void)state;
-#endif
-        const struct plugin_image *image = image_containing(pc, NULL);
-        if (image == NULL) image = scan_stack(sp);
-        modhost_crash_recorder_write(image, "run", signal_name(sig));
+    /* Sent by another process (kill): nothing crashed here, so nothing is recorded or
+     * backtraced, and the signal ends the process by its default action (the Swift
+     * runtime's backtracer would print a crash and let the process go on). */
+    if (info->si_code <= 0 && info->si_pid != getpid()) {
+        signal(sig, SIG_DFL);
+        raise(sig);
+        errno = saved;
+        return;
     }
+    /* A fault of this process (si_code > 0), or raise/abort in it. */
+    const ucontext_t *state = context;
+    uintptr_t pc = 0, sp = 0;
+#if defined(__x86_64__)
+    pc = (uintptr_t)state->uc_mcontext.gregs[REG_RIP];
+    sp = (uintptr_t)state->uc_mcontext.gregs[REG_RSP];
+#elif defined(__aarch64__)
+    pc = (uintptr_t)state->uc_mcontext.pc;
+    sp = (uintptr_t)state->uc_mcontext.sp;
+#else
+    (void)state;
+#endif
+    const struct plugin_image *image = image_containing(pc, NULL);
+    if (image == NULL) image = scan_stack(sp);
+    modhost_crash_recorder_write(image, "run", signal_name(sig));
     /* The handler that was there before gets the signal: a fault repeats when this
      * returns; a raised signal is raised again (it stays blocked until this returns). */
     sigaction(sig, &previous[sig], NULL);

@@ -148,6 +148,25 @@ import TestSupport
         #expect(status == 0, "log: \(h.daemon.text)")
     }
 
+    /// Found by an outside run: a worker's `kill(getppid(), SIGSEGV)` (or anyone's `kill
+    /// -SEGV`) made the daemon print a crash backtrace and go on, without its fatal-signal
+    /// recorder from then on. A fatal signal sent from outside ends the daemon by that
+    /// signal, as docs/daemon.md says, blames no plugin, and the next start loads them all.
+    @Test func aFatalSignalSentFromOutsideEndsTheDaemonAndBlamesNoPlugin() async throws {
+        let setup = try Setup()
+        let daemon = try setup.start()
+        #expect(await daemon.waitFor("control socket ready", timeout: .seconds(60)))
+        daemon.send(SIGSEGV)
+        #expect(await daemon.wait(timeout: .seconds(10)) == 128 + SIGSEGV, "\(daemon.text)")
+        #expect(!daemon.text.contains("Program crashed"), "\(daemon.text)")
+        let again = try setup.start()
+        #expect(await again.waitFor("control socket ready", timeout: .seconds(60)))
+        #expect(!again.text.contains("quarantined"), "\(again.text)")
+        #expect(try setup.row(ofFile: "Counter")?["state"] as? String == "running")
+        again.send(SIGTERM)
+        #expect(await again.wait() == 0)
+    }
+
     // MARK: - Finding 9: exit() from plugin code
 
     @Test func aPluginCallingExitInInitEndsTheDaemonWithAFailureAndIsQuarantined() async throws {
