@@ -166,6 +166,8 @@ public final class IsolatedPlugin: Sendable {
     /// Where a module's event that its worker did not answer in time is recorded (the
     /// daemon fails that event's request as it fails one a stuck module overran).
     let workers: PluginWorkers
+    /// Where its workers' process groups are recorded (`WorkerGroups`).
+    let groups: WorkerGroups
     let logger: Logger
     let deadline: Duration
     /// What its workers post, waiting for delivery in the daemon (bounded).
@@ -196,8 +198,9 @@ public final class IsolatedPlugin: Sendable {
     private let state = Mutex(State())
 
     init(file: PluginFile, preloads: [String], settings: PluginIsolationSettings, policy: IsolationPolicy,
-         host: HostInstance, workers: PluginWorkers, logger: Logger) {
+         groups: WorkerGroups, host: HostInstance, workers: PluginWorkers, logger: Logger) {
         name = file.name
+        self.groups = groups
         self.workers = workers
         self.file = file
         self.preloads = preloads
@@ -905,6 +908,7 @@ final class WorkerConnection: Sendable {
             for fd in ours { close(fd) }
             throw TrialProcess.SpawnError(description: "pidfd_open: \(problem) (isolated plugins need Linux 5.3 or later)")
         }
+        plugin.groups.started(pid, plugin: plugin.name)
         let connection = WorkerConnection(pid: pid, fds: ours, plugin: plugin)
         WorkerPoller.shared.watch(connection, pidfd: pidfd)
         return connection
@@ -1251,6 +1255,7 @@ final class WorkerConnection: Sendable {
         }
         var status: Int32 = 0
         while waitpid(pid, &status, 0) < 0 && errno == EINTR {}
+        plugin.groups.ended(pid)
         var ending: String
         if status & 0x7f == 0 {
             ending = "exited with status \((status >> 8) & 0xff)"

@@ -52,6 +52,9 @@ public actor PluginSet {
     /// are `host.metrics`).
     public nonisolated let metrics = PluginSetMetrics()
     nonisolated let crashGuard: CrashGuard
+    /// The process groups of the workers it started, recorded in the crash guard's (state)
+    /// directory, so that its next start ends what a killed run's workers left.
+    nonisolated let workerGroups: WorkerGroups
     nonisolated let imagesDirectory: String
     nonisolated let trialLoader: (any TrialLoader)?
     nonisolated let logger: Logger
@@ -173,6 +176,7 @@ public actor PluginSet {
         self.directories = directories
         self.imagesDirectory = imagesDirectory
         self.crashGuard = crashGuard
+        workerGroups = WorkerGroups(stateDirectory: crashGuard.directory, logger: logger)
         self.validator = validator
         self.registry = registry
         self.workers = workers

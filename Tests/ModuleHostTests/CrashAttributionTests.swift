@@ -50,11 +50,16 @@ import TestSupport
         var plugins: String { scratch.file("plugins") }
         var state: String { scratch.file("state") }
         var socket: String { scratch.file("sock") }
-        var arguments: [String] { ["--plugins", plugins, "--state-dir", state, "--socket", socket] }
+        var arguments: [String] {
+            ["--plugins", plugins, "--state-dir", state, "--socket", socket] + (hasConfig ? ["--config", scratch.file("modhostd.json")] : [])
+        }
+        let hasConfig: Bool
 
-        init(_ examples: [String] = ["Counter"]) throws {
+        init(_ examples: [String] = ["Counter"], config: String? = nil) throws {
             _ = scratch.directory("plugins")
             for name in examples { try scratch.copy(BuildProducts.plugin(name), as: "plugins/lib\(name).so") }
+            hasConfig = config != nil
+            if let config { try scratch.write("modhostd.json", text: config) }
         }
 
         func start() throws -> RunningProcess { try RunningProcess(BuildProducts.modhostd, arguments) }
@@ -163,6 +168,47 @@ import TestSupport
         #expect(await again.waitFor("control socket ready", timeout: .seconds(60)))
         #expect(!again.text.contains("quarantined"), "\(again.text)")
         #expect(try setup.row(ofFile: "Counter")?["state"] as? String == "running")
+        again.send(SIGTERM)
+        #expect(await again.wait() == 0)
+    }
+
+    /// Found by an outside run: after `kill -9` of the daemon, its workers die (by
+    /// PR_SET_PDEATHSIG), but a child a plugin forked in its worker's process group stayed,
+    /// an orphan, even after the next start. The next start ends what is left of the groups
+    /// of the workers an earlier run started, and says so.
+    @Test(.timeLimit(.minutes(3)))
+    func theNextStartEndsWhatAKilledDaemonsWorkersForked() async throws {
+        let scratch = TemporaryDirectory("leftover-groups")
+        let pidFile = scratch.file("child.pid")
+        let forker = try Self.plugin("Forker", in: scratch.directory("forker"), extra: """
+            #include <sys/stat.h>
+            __attribute__((constructor)) static void spawn(void) {
+                struct stat status;
+                if (fstat(3, &status) != 0 || !S_ISSOCK(status.st_mode)) return;  /* only in its worker */
+                if (fork() == 0) {
+                    FILE *out = fopen("\(pidFile).tmp", "w");
+                    if (out) { fprintf(out, "%d", (int)getpid()); fclose(out); rename("\(pidFile).tmp", "\(pidFile)"); }
+                    for (;;) pause();
+                }
+            }
+            """)
+        let setup = try Setup(config: #"{"plugins": {"Forker": {"isolation": "process"}}}"#)
+        try setup.scratch.copy(forker, as: "plugins/libForker.so")
+        let first = try setup.start()
+        #expect(await first.waitFor("control socket ready", timeout: .seconds(60)), "\(first.text)")
+        #expect(await eventually { FileManager.default.fileExists(atPath: pidFile) })
+        let child = pid_t(try String(contentsOfFile: pidFile, encoding: .utf8)) ?? 0
+        try #require(child > 0)
+        defer { kill(child, SIGKILL) }
+        first.send(SIGKILL)
+        _ = await first.wait()
+        // The worker dies with the daemon; the child it forked is left, an orphan.
+        try await Task.sleep(for: .milliseconds(500))
+        #expect(!Self.isGone(child))
+        let again = try setup.start()
+        #expect(await again.waitFor("control socket ready", timeout: .seconds(60)), "\(again.text)")
+        #expect(await eventually { Self.isGone(child) }, "\(again.text)")
+        #expect(again.text.contains("of plugin Forker's worker"), "\(again.text)")
         again.send(SIGTERM)
         #expect(await again.wait() == 0)
     }
