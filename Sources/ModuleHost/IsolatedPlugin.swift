@@ -523,6 +523,16 @@ public final class IsolatedPlugin: Sendable {
 
     /// Called by the connection (on the worker poller) once its worker has ended and been reaped.
     func ended(_ connection: WorkerConnection, _ ending: String) {
+        if connection.wasStopped, state.withLock({ $0.connection !== connection }) {
+            // Stopped by the daemon (no restart follows): a worker whose sockets close kills
+            // its own group, so it dies by SIGKILL; any other end came from the plugin's
+            // code (an exit in destroy, say), and is said.
+            if !ending.hasPrefix("was killed by signal \(SIGKILL) ") {
+                logger.warning("plugin \(name)'s worker (pid \(connection.pid)) \(ending) while the daemon stopped it",
+                               [("pid", "\(connection.pid)"), ("cause", ending)])
+            }
+            return
+        }
         let now = ContinuousClock.now
         let hung = connection.killedAfterItsDeadline
         let decision: (quarantined: Bool, delay: Duration, crashes: Int, hangsCounted: Bool)? = state.withLock { state in
@@ -1279,6 +1289,9 @@ final class WorkerConnection: Sendable {
 
     /// Whether it was killed because it did not answer (or read) within its deadline.
     var killedAfterItsDeadline: Bool { life.withLock { $0.hung } }
+
+    /// Whether the daemon stopped it on purpose (`stop`).
+    var wasStopped: Bool { life.withLock { $0.stopping } }
 
     /// How the worker ended, once it has been reaped; nil while it runs.
     var ending: String? {

@@ -277,6 +277,30 @@ struct HostileWorkerTests {
         await Self.stop(h)
     }
 
+    /// Found by an outside run: a worker that exited in its module's destroy while the
+    /// daemon shut down was not logged (the same exit during `disable` was).
+    @Test("a worker that exits by itself during the shutdown is logged", .timeLimit(.minutes(3)))
+    func aWorkerExitingDuringTheShutdownIsLogged() async throws {
+        let scratch = TemporaryDirectory("quitter")
+        let source = """
+            #include <modulehost.h>
+            #include <unistd.h>
+            static void *create(const modhost_host_api *host, const char *config) { (void)config; return (void *)host; }
+            static void handle(void *instance, const char *event, const char *payload) { (void)instance; (void)event; (void)payload; }
+            static void destroy(void *instance) { (void)instance; _exit(3); }
+            static const modhost_module modules[] = {{ sizeof(modhost_module), MODHOST_MODULE_C, "quitter", "1.0",
+                NULL, create, handle, destroy, 0 }};
+            static const modhost_plugin plugin = MODHOST_PLUGIN_INIT("Quitter", modules);
+            MODHOST_PLUGIN_ENTRY { return &plugin; }
+            """
+        let quitter = try PluginFactory(directory: scratch.directory("quitter"))
+            .buildC("Quitter", source: source, manifest: PluginFactory.manifest(plugin: "Quitter", modules: ["quitter"]))
+        let h = try await Self.daemon(isolating: "Quitter", file: quitter)
+        let pid = try #require(try h.modules()["quitter"]?["workerPid"] as? Int)
+        await Self.stop(h)
+        #expect(h.daemon.text.contains("plugin Quitter's worker (pid \(pid)) exited with status 3"), "\(h.daemon.text)")
+    }
+
     /// A plugin's constructor runs in its worker before the worker is ready, so it can write
     /// a ready or failed frame of its own: a ready frame naming modules plugin.json does not
     /// list (to take another plugin's module names) refuses the plugin, and no module of that
