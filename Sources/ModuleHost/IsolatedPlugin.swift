@@ -902,7 +902,8 @@ final class WorkerConnection: Sendable {
             theirs.append(ends[1])
         }
         let workerEnds = theirs
-        let (code, pid) = SpawnThread.run { spawnProcess(executable, sockets: workerEnds) }
+        let token = WorkerGroups.newToken()
+        let (code, pid) = SpawnThread.run { spawnProcess(executable, sockets: workerEnds, token: token) }
         for fd in theirs { close(fd) }
         guard code == 0 else {
             for fd in ours { close(fd) }
@@ -918,7 +919,7 @@ final class WorkerConnection: Sendable {
             for fd in ours { close(fd) }
             throw TrialProcess.SpawnError(description: "pidfd_open: \(problem) (isolated plugins need Linux 5.3 or later)")
         }
-        plugin.groups.started(pid, plugin: plugin.name)
+        plugin.groups.started(pid, plugin: plugin.name, token: token)
         let connection = WorkerConnection(pid: pid, fds: ours, plugin: plugin)
         WorkerPoller.shared.watch(connection, pidfd: pidfd)
         return connection
@@ -928,10 +929,11 @@ final class WorkerConnection: Sendable {
     /// all above 9, so no dup2 overwrites another's source), standard input /dev/null, in a
     /// process group of its own, with a clean environment: nothing of the daemon's reaches
     /// plugin code, and no Swift backtrace on a crash (it delays the end by a quarter of a
-    /// second or more). (error, pid).
-    private static func spawnProcess(_ executable: String, sockets: [Int32]) -> (Int32, pid_t) {
+    /// second or more), but `token` (`WorkerGroups`). (error, pid).
+    private static func spawnProcess(_ executable: String, sockets: [Int32], token: String) -> (Int32, pid_t) {
         TrialProcess.spawnInGroup(executable, arguments: [],
-                                  environment: ["PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "SWIFT_BACKTRACE": "enable=no"]) {
+                                  environment: ["PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "SWIFT_BACKTRACE": "enable=no",
+                                                WorkerGroups.tokenVariable: token]) {
             actions in
             posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
             let targets = [WorkerProcess.socketDescriptor, WorkerProcess.orderedDescriptor, WorkerProcess.callsDescriptor]
@@ -1263,9 +1265,10 @@ final class WorkerConnection: Sendable {
             Glibc.kill(-pid, SIGKILL)
             return life.killReason
         }
+        // Forgotten while the zombie still holds its pid (no new worker can have it yet).
+        plugin.groups.ended(pid)
         var status: Int32 = 0
         while waitpid(pid, &status, 0) < 0 && errno == EINTR {}
-        plugin.groups.ended(pid)
         var ending: String
         if status & 0x7f == 0 {
             ending = "exited with status \((status >> 8) & 0xff)"

@@ -4,18 +4,28 @@ import Glibc
 import ModuleKit
 import PluginFormat
 
-/// The process groups of the workers a host process started, one record each in
-/// `STATE/workers/` (a file named by the group's id, which is its worker's pid), so that a
-/// start after the host was killed ends what an earlier run left: its workers die with it
-/// (PR_SET_PDEATHSIG), but what their plugins forked in their groups does not.
+/// What the isolated workers a host process started leave behind if the host is killed:
+/// the workers die with it (PR_SET_PDEATHSIG), but what their plugins forked does not.
+/// Each worker is started with a random token in its environment
+/// (`MODHOST_WORKER_TOKEN`), which the processes its plugin starts inherit, and recorded in
+/// `STATE/workers/` (one file per worker, named by its pid) with the token and the host
+/// process that started it. A later start ends every process holding the token of a record
+/// whose host is gone.
 ///
-/// A record holds the boot and the worker's start time. A group is ended only in the boot
-/// that recorded it, and only while its worker is gone or is still the process recorded:
-/// the kernel gives no new process a pid still used as a group's id, so while a group of
-/// that id has members it is the one recorded. Safe to call from any thread.
+/// Nothing but the token picks a process: not a pid nor a process group, which the kernel
+/// reuses. A record is acted on only in the boot that wrote it, once its host process (pid
+/// and start time) has ended, so two plugin sets sharing a state directory, or a host on
+/// another machine, leave each other's workers alone. A process that clears its environment
+/// escapes, as one that leaves its group does (docs/isolation.md). Safe to call from any
+/// thread.
 final class WorkerGroups: Sendable {
+    /// The variable every worker's environment holds, with its own token.
+    static let tokenVariable = "MODHOST_WORKER_TOKEN"
+
     let directory: String
     private let logger: Logger
+    /// This host process, as its records name it.
+    private let owner: (pid: pid_t, start: UInt64?) = (getpid(), ProcessIdentity.startTime(of: getpid()))
 
     /// Records in `stateDirectory`/workers, created (mode 0700) if needed.
     init(stateDirectory: String, logger: Logger) {
@@ -27,10 +37,20 @@ final class WorkerGroups: Sendable {
         }
     }
 
-    /// Records worker `pid` (the leader of its group) of plugin `plugin`.
-    func started(_ pid: pid_t, plugin: String) {
-        guard let boot = ProcessIdentity.bootID, let start = ProcessIdentity.startTime(of: pid) else { return }
-        let record = JSONValue.object(["boot": .string(boot), "start": .number(Double(start)), "plugin": .string(plugin)])
+    /// A new token for a worker's environment: 128 random bits, in hex.
+    static func newToken() -> String {
+        var generator = SystemRandomNumberGenerator()
+        return (0..<2).map { _ in
+            let text = String(generator.next() as UInt64, radix: 16)
+            return String(repeating: "0", count: 16 - text.count) + text
+        }.joined()
+    }
+
+    /// Records worker `pid` of plugin `plugin`, started with `token`.
+    func started(_ pid: pid_t, plugin: String, token: String) {
+        guard let boot = ProcessIdentity.bootID, let ownerStart = owner.start else { return }
+        let record = JSONValue.object(["boot": .string(boot), "owner": .number(Double(owner.pid)), "ownerStart": .number(Double(ownerStart)),
+                                       "token": .string(token), "plugin": .string(plugin)])
         do {
             try AtomicFile.write(Array(record.jsonText.utf8), to: path(pid), mode: 0o600)
         } catch {
@@ -38,29 +58,45 @@ final class WorkerGroups: Sendable {
         }
     }
 
-    /// Forgets worker `pid`, whose group has been killed and which has been reaped.
+    /// Forgets worker `pid`, whose process group has been killed.
     func ended(_ pid: pid_t) { unlink(path(pid)) }
 
-    /// Kills what is left of the groups an earlier run recorded, saying so, and forgets
-    /// every record. Call it before this run starts any worker.
+    /// Kills every process that holds the token of a worker an earlier host process (now
+    /// gone) recorded, saying so per plugin, and forgets those records. Call it before this
+    /// process starts any worker.
     func endLeftovers() {
-        guard let names = try? FileManager.default.contentsOfDirectory(atPath: directory) else { return }
+        guard let names = try? FileManager.default.contentsOfDirectory(atPath: directory), !names.isEmpty else { return }
         let boot = ProcessIdentity.bootID
+        var tokens: [String: String] = [:]  // "VARIABLE=TOKEN" -> plugin
         for name in names {
             let path = directory + "/" + name
-            defer { unlink(path) }
-            guard let group = pid_t(name), group > 1,
-                  let bytes = try? BoundedFile.read(path, limit: 4096), let record = try? JSONValue.parse(bytes),
-                  let recordedBoot = record.text("boot"), recordedBoot == boot, let start = record["start"]?.numberValue
+            guard let bytes = try? BoundedFile.read(path, limit: 4096), let record = try? JSONValue.parse(bytes),
+                  record.text("boot") == boot, boot != nil,
+                  let ownerPid = record.integer("owner"), let ownerStart = record["ownerStart"]?.numberValue,
+                  let token = record.text("token"), token.utf8.count == 32, token.utf8.allSatisfy({ $0 < 0x80 })
+            else {
+                unlink(path)  // unreadable, or written in another boot: nothing of it runs
+                continue
+            }
+            // Its host process still runs (another plugin set, this one): not a leftover.
+            if let start = ProcessIdentity.startTime(of: pid_t(clamping: ownerPid)), Double(start) == ownerStart { continue }
+            tokens[Self.tokenVariable + "=" + token] = record.text("plugin").map { PluginName.isValid($0) ? $0 : PluginName.shown($0) } ?? "?"
+            unlink(path)
+        }
+        guard !tokens.isEmpty else { return }
+        var killed: [String: Int] = [:]
+        for entry in (try? FileManager.default.contentsOfDirectory(atPath: "/proc")) ?? [] {
+            guard let pid = pid_t(entry), pid > 1, pid != getpid(),
+                  let environment = try? BoundedFile.read("/proc/\(pid)/environ", limit: 1 << 20)
             else { continue }
-            // Its worker's pid now names another process: the group ended long ago.
-            if let now = ProcessIdentity.startTime(of: group), Double(now) != start { continue }
-            guard kill(-group, 0) == 0 else { continue }
-            kill(-group, SIGKILL)
-            // Written by the host, but read back from disk: shown as a name only if it is one.
-            let plugin = record.text("plugin").map { PluginName.isValid($0) ? $0 : PluginName.shown($0) } ?? "?"
-            logger.warning("killed the processes left in process group \(group) of plugin \(plugin)'s worker, which an earlier run started and did not stop (it ended without stopping its workers, e.g. killed)",
-                           [("plugin", plugin), ("group", "\(group)")])
+            for variable in environment.split(separator: 0) where variable.count == Self.tokenVariable.utf8.count + 33 {
+                guard let plugin = tokens[String(decoding: variable, as: UTF8.self)] else { continue }
+                if kill(pid, SIGKILL) == 0 { killed[plugin, default: 0] += 1 }
+            }
+        }
+        for (plugin, count) in killed.sorted(by: { $0.key < $1.key }) {
+            logger.warning("killed \(count) processes left by plugin \(plugin)'s worker, which an earlier run started and did not stop (it ended without stopping its workers, e.g. killed)",
+                           [("plugin", plugin), ("killed", "\(count)")])
         }
     }
 
