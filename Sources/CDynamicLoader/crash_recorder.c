@@ -138,16 +138,18 @@ static const char *signal_name(int sig) {
 
 static void on_fatal_signal(int sig, siginfo_t *info, void *context) {
     int saved = errno;
-    /* Sent by another process (kill): nothing crashed here, so nothing is recorded or
-     * backtraced, and the signal ends the process by its default action (the Swift
-     * runtime's backtracer would print a crash and let the process go on). */
-    if (info->si_code <= 0 && info->si_pid != getpid()) {
+    /* raise(), abort() or pthread_kill() in this process: the kernel lets no other process
+     * send a signal with these codes and this pid. */
+    int raised_here = (info->si_code == SI_USER || info->si_code == SI_TKILL) && info->si_pid == getpid();
+    /* Sent by another process (kill, sigqueue): nothing crashed here, so nothing is
+     * recorded or backtraced, and the signal ends the process by its default action. */
+    if (info->si_code <= 0 && !raised_here) {
         signal(sig, SIG_DFL);
         raise(sig);
         errno = saved;
         return;
     }
-    /* A fault of this process (si_code > 0), or raise/abort in it. */
+    /* A fault of this process (si_code > 0), or raised in it. */
     const ucontext_t *state = context;
     uintptr_t pc = 0, sp = 0;
 #if defined(__x86_64__)
@@ -162,10 +164,19 @@ static void on_fatal_signal(int sig, siginfo_t *info, void *context) {
     const struct plugin_image *image = image_containing(pc, NULL);
     if (image == NULL) image = scan_stack(sp);
     modhost_crash_recorder_write(image, "run", signal_name(sig));
-    /* The handler that was there before gets the signal: a fault repeats when this
-     * returns; a raised signal is raised again (it stays blocked until this returns). */
-    sigaction(sig, &previous[sig], NULL);
-    if (info->si_code <= 0) raise(sig);
+    if (info->si_code > 0 || sig == SIGABRT) {
+        /* The handler that was there before (the Swift runtime's backtracer, or the default
+         * action) gets the signal: a fault repeats when this returns, and abort() raises
+         * SIGABRT again with the default action once its handler has returned. */
+        sigaction(sig, &previous[sig], NULL);
+        if (info->si_code <= 0) raise(sig);
+    } else {
+        /* Raised otherwise (raise(SIGSEGV), pthread_kill): the backtracer, handed a signal
+         * that is no fault, would print a crash and let the process go on; the default
+         * action ends it once this handler returns (the signal is blocked until then). */
+        signal(sig, SIG_DFL);
+        raise(sig);
+    }
     errno = saved;
 }
 
