@@ -243,10 +243,10 @@ private final class AdmittedName: Sendable {
 /// One C module instance: the pointer `create` returned and the host services it was
 /// given, which must outlive `destroy`.
 ///
-/// Its calls into the module run as jobs of the module's one serial queue (`PluginWorker`),
-/// which orders them; the pointer is atomic only so that no data race is possible even if
-/// a caller broke that rule. Once `destroy` has run (or `create` returned NULL), nothing
-/// more reaches the module.
+/// Its calls into the module run as jobs of the module's one serial queue (`PluginWorker`):
+/// that queue orders them, and so keeps every call after `destroy` from using the instance
+/// (once it has run, or `create` returned NULL, nothing more reaches the module). The
+/// address is atomic so that the Swift field itself is free of data races.
 private final class CModuleInstance: Sendable {
     let descriptor: ModuleDescriptor
     let services: CHostServices

@@ -237,7 +237,7 @@ public final class IsolatedPlugin: Sendable {
             $0.phase = .running
         }
         // A worker that ended between its ready frame and now was not ours yet to restart.
-        if let ending = connection.ending { ended(connection, ending) }
+        if let ending = connection.ending { ended(connection, ending, stoppedQuietly: false) }
         return connection.modules
     }
 
@@ -522,12 +522,14 @@ public final class IsolatedPlugin: Sendable {
     }
 
     /// Called by the connection (on the worker poller) once its worker has ended and been reaped.
-    func ended(_ connection: WorkerConnection, _ ending: String) {
-        if connection.wasStopped, state.withLock({ $0.connection !== connection }) {
-            // Stopped by the daemon (no restart follows): a worker whose sockets close kills
-            // its own group, so it dies by SIGKILL; any other end came from the plugin's
-            // code (an exit in destroy, say), and is said.
-            if !ending.hasPrefix("was killed by signal \(SIGKILL) ") {
+    /// `stoppedQuietly`: it died by SIGKILL, which the daemon sent for no reason of its
+    /// own (the end of a worker it stopped: one whose sockets close kills its own group).
+    func ended(_ connection: WorkerConnection, _ ending: String, stoppedQuietly: Bool) {
+        if state.withLock({ $0.phase == .stopped && $0.connection !== connection }) {
+            // Stopped by the daemon (no restart follows): an end other than the quiet one
+            // came from the plugin's code (an exit in destroy, say) or from a kill for a
+            // reason (not answering deinit in time), and is said.
+            if !stoppedQuietly {
                 logger.warning("plugin \(name)'s worker (pid \(connection.pid)) \(ending) while the daemon stopped it",
                                [("pid", "\(connection.pid)"), ("cause", ending)])
             }
@@ -608,7 +610,7 @@ public final class IsolatedPlugin: Sendable {
             return
         }
         if let ending = connection.ending {
-            ended(connection, ending)
+            ended(connection, ending, stoppedQuietly: false)
             return
         }
         logger.info("restarted plugin \(name)'s worker (pid \(connection.pid), restart \(restarts))", [("pid", "\(connection.pid)")])
@@ -649,13 +651,17 @@ public final class IsolatedPlugin: Sendable {
         state.withLock { $0.restartsEnded = true }
     }
 
-    func stop() {
+    /// Stops its worker, if one runs, and returns its connection (whose `ending` says when
+    /// it has been reaped).
+    @discardableResult
+    func stop() -> WorkerConnection? {
         let connection = state.withLock { state -> WorkerConnection? in
             state.phase = .stopped
             defer { state.connection = nil }
             return state.connection
         }
         connection?.stop()
+        return connection
     }
 
     /// The logger lines of the worker are logged here, with the plugin's name and pid, at
@@ -943,7 +949,7 @@ final class WorkerConnection: Sendable {
 
     /// The checks a worker makes itself, which its failed frame may name: those of
     /// `PluginLoader.open`, of loading the plugins it depends on, and its own setup.
-    static let checksOfAWorker: Set<LoadFailure.Check> = [.dlopen, .entrySymbol, .descriptor, .sdkLinkage, .exports, .manifest,
+    static let checksOfAWorker: Set<LoadFailure.Check> = [.dlopen, .entrySymbol, .descriptor, .abi, .sdkLinkage, .exports, .manifest,
                                                            .dependency, .isolation]
 
     /// The worker's ready frame (its modules), its failed frame, or its end.
@@ -1276,12 +1282,13 @@ final class WorkerConnection: Sendable {
             let signal = status & 0x7f
             ending = "was killed by signal \(signal) (\(String(cString: strsignal(signal))))"
         }
+        let stoppedQuietly = status & 0x7f == SIGKILL && reason == nil
         if let reason { ending += ": \(reason)" }
         finished.complete(.reply(WorkerMessage(keys: ["ending"], values: [.string(ending)])))
         // The reader, and a caller reading an ordered reply, stop (a process the plugin
         // forked may still hold the other ends).
         shutDown()
-        plugin.ended(self, ending)
+        plugin.ended(self, ending, stoppedQuietly: stoppedQuietly)
     }
 
     private func shutDown() {
@@ -1292,9 +1299,6 @@ final class WorkerConnection: Sendable {
 
     /// Whether it was killed because it did not answer (or read) within its deadline.
     var killedAfterItsDeadline: Bool { life.withLock { $0.hung } }
-
-    /// Whether the daemon stopped it on purpose (`stop`).
-    var wasStopped: Bool { life.withLock { $0.stopping } }
 
     /// How the worker ended, once it has been reaped; nil while it runs.
     var ending: String? {

@@ -347,8 +347,14 @@ public actor PluginSet {
         for record in records.values { record.loaded.isolated?.endRestarts() }
     }
 
-    func stopWorkers() {
-        for record in records.values { record.loaded.isolated?.stop() }
+    /// Stops every worker and waits, 2 s at most, until each has been reaped: how it ended
+    /// is logged and its record removed (`WorkerGroups`) before the host process exits. A
+    /// stopped worker ends at once (its closed sockets make it kill its own group), or is
+    /// killed a second later.
+    func stopWorkers() async {
+        let stopped = records.values.compactMap { $0.loaded.isolated?.stop() }
+        let until = ContinuousClock.now + .seconds(2)
+        for connection in stopped { _ = await connection.ending(within: max(until - .now, .zero)) }
     }
 
     /// Which plugins run in a worker process, from the next load or replacement of each

@@ -258,13 +258,14 @@ struct FloodTests {
         }
         #expect(try h.ctl("send", "slowflood", "--to", "slow").status == 0, "\(h.daemon.text)")
         // The 20 ticks take 12 s in Slow's worker; meanwhile a post reaches both listeners
-        // after at most the tick being handled (600 ms), twice in a row.
+        // after at most the tick being handled (600 ms) and modhostctl's start, twice in a row.
         for round in 1...2 {
             let posted = clock.now
             let post = try h.ctl("post", "ping", "--payload", #""during \#(round)""#)
             #expect(post.status == 0, "\(post.standardOutput)\(post.standardError)")
             let took = await untilBothGot(#""during \#(round)""#, since: posted)
-            #expect(took.map { $0 < .seconds(3) } == true, "round \(round): the post took \(took.map { "\($0)" } ?? "more than 20 s")")
+            // 9.6 s before (16 handlers); the bound leaves room for modhostctl's own start.
+            #expect(took.map { $0 < .seconds(5) } == true, "round \(round): the post took \(took.map { "\($0)" } ?? "more than 20 s")")
         }
         await HostileWorkerTests.stop(h)
     }
