@@ -166,8 +166,8 @@ public final class IsolatedPlugin: Sendable {
     /// Where a module's event that its worker did not answer in time is recorded (the
     /// daemon fails that event's request as it fails one a stuck module overran).
     let workers: PluginWorkers
-    /// Where its workers' process groups are recorded (`WorkerGroups`).
-    let groups: WorkerGroups
+    /// Where its workers are recorded, so that a later start can end what they leave (`WorkerRecords`).
+    let workerRecords: WorkerRecords
     let logger: Logger
     let deadline: Duration
     /// What its workers post, waiting for delivery in the daemon (bounded).
@@ -198,9 +198,9 @@ public final class IsolatedPlugin: Sendable {
     private let state = Mutex(State())
 
     init(file: PluginFile, preloads: [String], settings: PluginIsolationSettings, policy: IsolationPolicy,
-         groups: WorkerGroups, host: HostInstance, workers: PluginWorkers, logger: Logger) {
+         workerRecords: WorkerRecords, host: HostInstance, workers: PluginWorkers, logger: Logger) {
         name = file.name
-        self.groups = groups
+        self.workerRecords = workerRecords
         self.workers = workers
         self.file = file
         self.preloads = preloads
@@ -908,7 +908,7 @@ final class WorkerConnection: Sendable {
             theirs.append(ends[1])
         }
         let workerEnds = theirs
-        let token = WorkerGroups.newToken()
+        let token = WorkerRecords.newToken()
         let (code, pid) = SpawnThread.run { spawnProcess(executable, sockets: workerEnds, token: token) }
         for fd in theirs { close(fd) }
         guard code == 0 else {
@@ -925,7 +925,7 @@ final class WorkerConnection: Sendable {
             for fd in ours { close(fd) }
             throw TrialProcess.SpawnError(description: "pidfd_open: \(problem) (isolated plugins need Linux 5.3 or later)")
         }
-        plugin.groups.started(pid, plugin: plugin.name, token: token)
+        plugin.workerRecords.started(pid, plugin: plugin.name, token: token)
         let connection = WorkerConnection(pid: pid, fds: ours, plugin: plugin)
         WorkerPoller.shared.watch(connection, pidfd: pidfd)
         return connection
@@ -935,11 +935,11 @@ final class WorkerConnection: Sendable {
     /// all above 9, so no dup2 overwrites another's source), standard input /dev/null, in a
     /// process group of its own, with a clean environment: nothing of the daemon's reaches
     /// plugin code, and no Swift backtrace on a crash (it delays the end by a quarter of a
-    /// second or more), but `token` (`WorkerGroups`). (error, pid).
+    /// second or more), but `token` (`WorkerRecords`). (error, pid).
     private static func spawnProcess(_ executable: String, sockets: [Int32], token: String) -> (Int32, pid_t) {
         TrialProcess.spawnInGroup(executable, arguments: [],
                                   environment: ["PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "SWIFT_BACKTRACE": "enable=no",
-                                                WorkerGroups.tokenVariable: token]) {
+                                                WorkerRecords.tokenVariable: token]) {
             actions in
             posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
             let targets = [WorkerProcess.socketDescriptor, WorkerProcess.orderedDescriptor, WorkerProcess.callsDescriptor]
@@ -1272,7 +1272,7 @@ final class WorkerConnection: Sendable {
             return life.killReason
         }
         // Forgotten while the zombie still holds its pid (no new worker can have it yet).
-        plugin.groups.ended(pid)
+        plugin.workerRecords.ended(pid)
         var status: Int32 = 0
         while waitpid(pid, &status, 0) < 0 && errno == EINTR {}
         var ending: String

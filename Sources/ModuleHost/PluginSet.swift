@@ -52,9 +52,9 @@ public actor PluginSet {
     /// are `host.metrics`).
     public nonisolated let metrics = PluginSetMetrics()
     nonisolated let crashGuard: CrashGuard
-    /// The process groups of the workers it started, recorded in the crash guard's (state)
-    /// directory, so that its next start ends what a killed run's workers left.
-    nonisolated let workerGroups: WorkerGroups
+    /// The workers it started, recorded in the crash guard's (state) directory, so that
+    /// its next start ends what a killed run's workers left.
+    nonisolated let workerRecords: WorkerRecords
     nonisolated let imagesDirectory: String
     nonisolated let trialLoader: (any TrialLoader)?
     nonisolated let logger: Logger
@@ -176,7 +176,7 @@ public actor PluginSet {
         self.directories = directories
         self.imagesDirectory = imagesDirectory
         self.crashGuard = crashGuard
-        workerGroups = WorkerGroups(stateDirectory: crashGuard.directory, logger: logger)
+        workerRecords = WorkerRecords(stateDirectory: crashGuard.directory, logger: logger)
         self.validator = validator
         self.registry = registry
         self.workers = workers
@@ -348,7 +348,7 @@ public actor PluginSet {
     }
 
     /// Stops every worker and waits, 2 s at most, until each has been reaped: how it ended
-    /// is logged and its record removed (`WorkerGroups`) before the host process exits. A
+    /// is logged and its record removed (`WorkerRecords`) before the host process exits. A
     /// stopped worker ends at once (its closed sockets make it kill its own group), or is
     /// killed a second later.
     func stopWorkers() async {

@@ -22,7 +22,7 @@ extension PluginSet {
         if !imagesSwept {
             imagesSwept = true
             deleteLeftoverImages()
-            workerGroups.endLeftovers()
+            workerRecords.endLeftovers()
         }
         // What is on disk now, in the directories as they are when the scan starts.
         let directories = self.directories
@@ -408,7 +408,7 @@ extension PluginSet {
     func isolate(_ image: PluginFile, replacing: [String: String] = [:]) async throws(LoadFailure) -> LoadedPlugin {
         let isolated = IsolatedPlugin(file: image, preloads: dependencyImages(of: image.manifest, replacing: replacing),
                                       settings: isolationPolicy.plugins[image.name] ?? PluginIsolationSettings(),
-                                      policy: isolationPolicy, groups: workerGroups, host: host, workers: workers, logger: logger)
+                                      policy: isolationPolicy, workerRecords: workerRecords, host: host, workers: workers, logger: logger)
         let modules = try await isolated.start()
         return LoadedPlugin(file: image, library: nil, modules: isolated.factories(modules, defaultOrder: image.manifest.order),
                             functions: nil, isolated: isolated)

@@ -18,7 +18,7 @@ import PluginFormat
 /// another machine, leave each other's workers alone. A process that clears its environment
 /// escapes, as one that leaves its group does (docs/isolation.md). Safe to call from any
 /// thread.
-final class WorkerGroups: Sendable {
+final class WorkerRecords: Sendable {
     /// The variable every worker's environment holds, with its own token.
     static let tokenVariable = "MODHOST_WORKER_TOKEN"
 
