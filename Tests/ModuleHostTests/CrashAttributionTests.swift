@@ -185,6 +185,8 @@ import TestSupport
             __attribute__((constructor)) static void spawn(void) {
                 struct stat status;
                 if (fstat(3, &status) != 0 || !S_ISSOCK(status.st_mode)) return;  /* only in its worker */
+                /* Only in the first daemon's worker: a child of the second's would outlive the test. */
+                if (access("\(pidFile)", F_OK) == 0) return;
                 if (fork() == 0) {
                     /* Out of the worker's group, which the worker kills when its socket
                      * closes (a race with its own end): only its token finds it. */
