@@ -24,8 +24,9 @@ final class WorkerRecords: Sendable {
 
     let directory: String
     private let logger: Logger
-    /// This host process, as its records name it.
+    /// This host process, as its records name it, and this boot (read once, not per worker).
     private let owner: (pid: pid_t, start: UInt64?) = (getpid(), ProcessIdentity.startTime(of: getpid()))
+    private let boot = ProcessIdentity.bootID
 
     /// Records in `stateDirectory`/workers, created (mode 0700) if needed.
     init(stateDirectory: String, logger: Logger) {
@@ -48,7 +49,7 @@ final class WorkerRecords: Sendable {
 
     /// Records worker `pid` of plugin `plugin`, started with `token`.
     func started(_ pid: pid_t, plugin: String, token: String) {
-        guard let boot = ProcessIdentity.bootID, let ownerStart = owner.start else { return }
+        guard let boot, let ownerStart = owner.start else { return }
         let record = JSONValue.object(["boot": .string(boot), "owner": .number(Double(owner.pid)), "ownerStart": .number(Double(ownerStart)),
                                        "token": .string(token), "plugin": .string(plugin)])
         do {
@@ -66,7 +67,6 @@ final class WorkerRecords: Sendable {
     /// process starts any worker.
     func endLeftovers() {
         guard let names = try? FileManager.default.contentsOfDirectory(atPath: directory), !names.isEmpty else { return }
-        let boot = ProcessIdentity.bootID
         var tokens: [String: String] = [:]  // "VARIABLE=TOKEN" -> plugin
         for name in names {
             let path = directory + "/" + name
