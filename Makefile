@@ -113,7 +113,7 @@ abi-baseline: abi-dump
 # keeps Swift's overflow and bounds traps and runs several times more inputs a second.
 FUZZ_SECONDS ?= 300
 FUZZ_SMOKE_SECONDS ?= 15
-FUZZ_TARGETS ?= plugin-file manifest control-request configuration
+FUZZ_TARGETS ?= plugin-file manifest control-request configuration worker-frame
 FUZZ_CONFIG ?= release
 FUZZ_SCRATCH := $(BUILD)/fuzz/.build
 # `--sanitize=fuzzer` keeps SwiftPM from renaming `main`, which libFuzzer provides; the

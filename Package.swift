@@ -145,6 +145,7 @@ if Context.environment["MODHOST_FUZZ"] == "1" {
         ("fuzz-manifest", ["PluginFormat", .product(name: "ModuleKit", package: "ModuleKit")]),
         ("fuzz-control-request", ["ControlProtocol", "DaemonKit", "PluginCall", .product(name: "ModuleKit", package: "ModuleKit")]),
         ("fuzz-configuration", ["DaemonShell"]),
+        ("fuzz-worker-frame", ["ModuleHost", .product(name: "ModuleKit", package: "ModuleKit")]),
     ]
     for target in fuzzTargets {
         package.targets.append(.executableTarget(

@@ -332,8 +332,15 @@ public final class IsolatedPlugin: Sendable {
             }
         }
         let given = workers.beginIsolated(module: module, event: event)
-        _ = request(["op": "event", "module": .string(module), "kind": .string(kind), "event": .string(event), "payload": payload],
-                    what: event, module: module)
+        if let compact = CompactFrame.Kind(kind) {
+            // The hot path: a compact frame (`CompactFrame`), the same request in bytes.
+            _ = requestOutcome(what: event, module: module) { id in
+                CompactFrame.event(id: id, kind: compact, module: module, event: event, payload: payload)
+            }
+        } else {
+            _ = request(["op": "event", "module": .string(module), "kind": .string(kind), "event": .string(event), "payload": payload],
+                        what: event, module: module)
+        }
         workers.endIsolated(module: module, given)
         if kind == "deinit" { state.withLock { $0.modules.removeAll { $0.name == module } } }
     }
@@ -417,11 +424,10 @@ public final class IsolatedPlugin: Sendable {
             throw IsolatedCallError(code: "plugin_busy",
                                     message: "plugin \(name) is busy: \(busy.function) has been running for \((ContinuousClock.now - busy.since).secondsText) in its worker; it gets no new call until that returns")
         }
-        let message: KeyValuePairs<String, JSONValue> =
-            if let texts { ["op": "call", "function": .string(function), "texts": .array(texts.map { .string($0) })] }
-            else if let json { ["op": "call", "function": .string(function), "json": .array(json)] }
-            else { ["op": "call", "function": .string(function)] }
-        switch await connection.call(message, function: function, deadline: deadline) {
+        let arguments: CompactFrame.Arguments = if let texts { .texts(texts) } else if let json { .json(json) } else { .none }
+        switch await connection.call(function: function, deadline: deadline, frame: { id in
+            CompactFrame.call(id: id, function: function, arguments: arguments)
+        }) {
         case .reply(let reply):
             if let error = reply["error"] {
                 throw IsolatedCallError(code: error.text("code") ?? "call_failed", message: error.text("message") ?? "the call failed")
@@ -454,11 +460,16 @@ public final class IsolatedPlugin: Sendable {
 
     /// `request`, saying what became of it; nil when no worker ran to send it to.
     private func requestOutcome(_ message: KeyValuePairs<String, JSONValue>, what: String, module: String? = nil) -> WorkerConnection.Outcome? {
+        requestOutcome(what: what, module: module) { id in WorkerFrame.encode(members: message, id: .number(Double(id))) }
+    }
+
+    /// `requestOutcome` of the frame `frame(id)` makes for request `id`.
+    private func requestOutcome(what: String, module: String?, frame: (Int) -> [UInt8]?) -> WorkerConnection.Outcome? {
         guard let connection = currentConnection else {
             if let module { notDelivered(module, what) }
             return nil
         }
-        let outcome = connection.request(message, deadline: deadline)
+        let outcome = connection.request(deadline: deadline, frame: frame)
         check(outcome, connection, what: what, module: module)
         return outcome
     }
@@ -1001,6 +1012,12 @@ final class WorkerConnection: Sendable {
     /// out or failed, the socket is out of step: every later one is `gone` (the caller kills
     /// the worker on `timedOut`; `reap` ends the socket when it ends).
     func request(_ message: KeyValuePairs<String, JSONValue>, deadline: Duration) -> Outcome {
+        request(deadline: deadline) { id in WorkerFrame.encode(members: message, id: .number(Double(id))) }
+    }
+
+    /// `request(_:deadline:)` of the frame `frame(id)` makes for request `id` (nil: too
+    /// large, `gone`).
+    func request(deadline: Duration, frame: (Int) -> [UInt8]?) -> Outcome {
         let until = ContinuousClock.now + deadline
         // A timeout already past tries the gate without reading the clock (it is nearly always
         // free: one thread at a time sends the plugin its events).
@@ -1011,7 +1028,7 @@ final class WorkerConnection: Sendable {
             guard reader != nil else { return .gone }
             let id = nextID.add(1, ordering: .relaxed).oldValue
             var outcome = Outcome.gone
-            switch ordered.send(frame: WorkerFrame.encode(members: message, id: .number(Double(id))), until: until) {
+            switch ordered.send(frame: frame(id), until: until) {
             case .sent:
                 do throws(FrameReader.End) {
                     let reply = try reader!.next(until: until)
@@ -1083,7 +1100,8 @@ final class WorkerConnection: Sendable {
         return await waiter.wait(upTo: max(until - .now, .zero), unread: { control.hasUnreadInput }, grace: deadline)
     }
 
-    /// Sends a call by name (socket 5) and waits for its reply, up to `deadline` if given:
+    /// Sends call `function` (socket 5), the frame `frame(id)` makes for request `id` (nil:
+    /// too large, `gone`), and waits for its reply, up to `deadline` if given:
     /// `timedOut` then (the function goes on in the worker; its late reply is dropped). Its
     /// frame must be written whole by `deadline`, or else by the event deadline: a worker
     /// that has not read it by then is killed (it no longer reads, or the stream is out of
@@ -1094,10 +1112,10 @@ final class WorkerConnection: Sendable {
     /// caller's, as a bare socket round trip does. Replies it reads for other calls go to
     /// their callers; once it stops reading with calls still waiting, the worker poller
     /// reads on for them.
-    func call(_ message: KeyValuePairs<String, JSONValue>, function: String, deadline: Duration?) async -> Outcome {
+    func call(function: String, deadline: Duration?, frame: (Int) -> [UInt8]?) async -> Outcome {
         let start = ContinuousClock.now
         let id = nextID.add(1, ordering: .relaxed).oldValue
-        let numbered = WorkerFrame.encode(members: message, id: .number(Double(id)))
+        let numbered = frame(id)
         let waiter = Waiter()
         guard callReplies.withLock({ replies -> Bool in
             guard !replies.closed else { return false }

@@ -349,10 +349,11 @@ final class WorkerService: Sendable {
                 switch event {
                 case .custom, .notification:
                     let id = message["id"] ?? .null
-                    if let stuck = delivery.deliverHere(event) {
-                        reply(id, members: ["stuck": .string(stuck.what)], on: channel)
+                    let stuck = delivery.deliverHere(event)?.what
+                    if let answer = CompactFrame.answer(id: id, stuck: stuck) {
+                        send(answer, replying: id, on: channel)
                     } else {
-                        reply(id, members: [:], on: channel)
+                        reply(id, members: stuck.map { ["stuck": .string($0)] } ?? [:], on: channel)
                     }
                     continue
                 default:
@@ -369,7 +370,17 @@ final class WorkerService: Sendable {
     func serveCalls(_ channel: WorkerChannel) {
         var reader = FrameReader(fd: channel.fd)
         while let message = try? reader.next() {
-            reply(message["id"] ?? .null, members: call(message), on: channel)
+            let id = message["id"] ?? .null
+            switch call(message) {
+            case .success(let value):
+                if let frame = CompactFrame.result(id: id, type: value.type.rawValue, value: value.json) {
+                    send(frame, replying: id, on: channel)
+                } else {
+                    reply(id, members: ["type": .string(value.type.rawValue), "value": value.json], on: channel)
+                }
+            case .failure(let error):
+                reply(id, members: ["error": ["code": .string(error.code), "message": .string(error.message)]], on: channel)
+            }
         }
     }
 
@@ -509,12 +520,12 @@ final class WorkerService: Sendable {
         }
     }
 
-    /// Calls a function by name (on the calls thread): the members of its reply, its type
-    /// and value, or the error the daemon would give in process.
-    private func call(_ message: WorkerMessage) -> KeyValuePairs<String, JSONValue> {
+    /// Calls a function by name (on the calls thread): its value, or the error the daemon
+    /// would give in process.
+    private func call(_ message: WorkerMessage) -> Result<CallValue, IsolatedCallError> {
         let function = message.text("function") ?? ""
         guard let table = plugin.functions else {
-            return ["error": ["code": "unknown_function", "message": .string("plugin \(plugin.name) exports no functions for calling by name")]]
+            return .failure(IsolatedCallError(code: "unknown_function", message: "plugin \(plugin.name) exports no functions for calling by name"))
         }
         do throws(CallError) {
             let value: CallValue
@@ -525,9 +536,9 @@ final class WorkerService: Sendable {
             } else {
                 value = try table.call(function, json: [])
             }
-            return ["type": .string(value.type.rawValue), "value": value.json]
+            return .success(value)
         } catch {
-            return ["error": ["code": .string(error.code), "message": .string(error.description)]]
+            return .failure(IsolatedCallError(code: error.code, message: error.description))
         }
     }
 

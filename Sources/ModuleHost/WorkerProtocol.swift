@@ -5,7 +5,8 @@ import Synchronization
 /// The wire format between `modhostd` and a `modhost-worker` (docs/isolation.md): over
 /// each of three UNIX stream sockets (socketpairs; descriptors 3, 4 and 5 in the worker), a
 /// sequence of frames, each a 4-byte big-endian length N (1 ≤ N ≤ `maximumSize`) followed
-/// by N bytes of one JSON object (ModuleKit's strict parser). What a frame says is in docs/isolation.md;
+/// by N bytes of one JSON object (ModuleKit's strict parser), or of a compact frame that
+/// stands for one (`CompactFrame`). What a frame says is in docs/isolation.md;
 /// this file only moves frames.
 enum WorkerFrame {
     /// The largest frame body, in bytes (16 MiB): a payload, a state or a call result
@@ -63,7 +64,7 @@ enum WorkerFrame {
 
     /// Fills in `frame`'s header (in place: the frame is not copied); false when its body
     /// is empty or too large.
-    private static func finish(_ frame: inout [UInt8]) -> Bool {
+    static func finish(_ frame: inout [UInt8]) -> Bool {
         let count = frame.count - 4
         guard count >= 1, count <= maximumSize else { return false }
         for index in 0..<4 { frame[index] = UInt8(truncatingIfNeeded: count >> (24 - 8 * index)) }
@@ -407,7 +408,8 @@ struct FrameReader {
         return length
     }
 
-    private static func message(_ body: [UInt8]) throws(End) -> WorkerMessage {
+    static func message(_ body: [UInt8]) throws(End) -> WorkerMessage {
+        if CompactFrame.isCompact(body) { return try CompactFrame.message(body) }
         let document: JSONValue.TopLevel
         do {
             document = try JSONValue.parseKeepingMembers(body)
@@ -450,6 +452,16 @@ struct FrameReader {
             end += got
         }
     }
+}
+
+/// How the daemon and its workers read a frame's body, for the worker-frame fuzz target
+/// (Tests/Fuzzing): what a plugin's code writes on a worker socket reaches the daemon here.
+package enum WorkerFrameReading {
+    /// The JSON object `body` reads as (a JSON or a compact frame), nil when it is invalid.
+    package static func message(_ body: [UInt8]) -> JSONValue? { try? FrameReader.message(body).json }
+
+    /// The body of the JSON frame that carries `message` (an object), nil when too large.
+    package static func jsonBody(_ message: JSONValue) -> [UInt8]? { WorkerFrame.encode(message).map { Array($0.dropFirst(4)) } }
 }
 
 /// The message of one frame: a JSON object, read by ModuleKit's strict parser

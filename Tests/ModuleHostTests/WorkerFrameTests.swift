@@ -138,4 +138,74 @@ import Testing
         refused(Self.header(0), "length 0 is outside 1...\(WorkerFrame.maximumSize)")
         refused(Self.header(WorkerFrame.maximumSize + 1), "length \(WorkerFrame.maximumSize + 1) is outside")
     }
+
+    /// A compact frame (docs/isolation.md, "Compact frames") reads as exactly the JSON
+    /// message it stands for, whatever its names and payload hold.
+    @Test func aCompactFrameReadsAsTheMessageItStandsFor() throws {
+        let pair = Pair()
+        var reader = FrameReader(fd: pair.ours)
+        func read(_ frame: [UInt8]?) throws -> JSONValue {
+            pair.write(try #require(frame))
+            return try reader.next(until: .now + .seconds(10)).json
+        }
+        let payload: JSONValue = ["text": "é\u{1B}\"", "list": [1, 2.5, nil, true]]
+        #expect(try read(CompactFrame.event(id: 7, kind: .custom, module: "echo", event: "tick", payload: .null))
+                == ["op": "event", "module": "echo", "kind": "custom", "event": "tick", "payload": nil, "id": 7])
+        #expect(try read(CompactFrame.event(id: 1 << 53, kind: .notification, module: "naïve", event: "", payload: payload))
+                == ["op": "event", "module": "naïve", "kind": "notification", "event": "", "payload": payload, "id": .number(0x1p53)])
+        #expect(try read(CompactFrame.answer(id: 8, stuck: nil)) == ["id": 8])
+        #expect(try read(CompactFrame.answer(id: 9, stuck: "event tick")) == ["stuck": "event tick", "id": 9])
+        #expect(try read(CompactFrame.call(id: 10, function: "echo_add", arguments: .json([2, 3])))
+                == ["op": "call", "function": "echo_add", "json": [2, 3], "id": 10])
+        #expect(try read(CompactFrame.call(id: 11, function: "greet", arguments: .texts(["a b", "ü"])))
+                == ["op": "call", "function": "greet", "texts": ["a b", "ü"], "id": 11])
+        #expect(try read(CompactFrame.call(id: 12, function: "now", arguments: .none)) == ["op": "call", "function": "now", "id": 12])
+        #expect(try read(CompactFrame.result(id: 13, type: "i32", value: 5)) == ["type": "i32", "value": 5, "id": 13])
+        // An id a compact frame cannot carry is answered in JSON.
+        #expect(CompactFrame.answer(id: -1, stuck: nil) == nil && CompactFrame.answer(id: 1.5, stuck: nil) == nil)
+        #expect(CompactFrame.result(id: .number(0x1p54), type: "i32", value: 5) == nil && CompactFrame.answer(id: "1", stuck: nil) == nil)
+    }
+
+    /// A compact frame that does not hold exactly what its lengths say, has text that is not
+    /// UTF-8 or a payload that is not one strict JSON text, is refused, as an invalid JSON
+    /// frame is.
+    @Test func aCompactFrameThatIsNotWhatItSaysIsRefused() throws {
+        func refused(_ body: [UInt8], _ reason: String, sourceLocation: SourceLocation = #_sourceLocation) {
+            do {
+                let message = try FrameReader.message(body)
+                Issue.record("read \(message.json.jsonText)", sourceLocation: sourceLocation)
+            } catch .invalid(let problem) {
+                #expect(problem.contains(reason), "\(problem)", sourceLocation: sourceLocation)
+            } catch {
+                Issue.record("\(error)", sourceLocation: sourceLocation)
+            }
+        }
+        let event = Array(try #require(CompactFrame.event(id: 7, kind: .custom, module: "echo", event: "tick", payload: [1])).dropFirst(4))
+        #expect(try FrameReader.message(event).json["payload"] == [1])
+        for cut in 1...event.count - 3 { refused(Array(event.prefix(cut)), cut < event.count - 3 ? "ends inside its" : "payload") }
+        var longName = event
+        longName[10] = 0xFF  // the module name's length, now past the frame
+        refused(longName, "ends inside its text")
+        var hugeName = event
+        hugeName[13] = 0xFF  // a length near 2^32
+        refused(hugeName, "ends inside its text")
+        var badKind = event
+        badKind[9] = 3
+        refused(badKind, "unknown kind")
+        var notUTF8 = event
+        notUTF8[14] = 0xC3  // "echo" becomes an unfinished two-byte sequence
+        refused(notUTF8, "not valid UTF-8")
+        refused(event.dropLast(3) + Array("1 2".utf8), "payload")
+        refused(event.dropLast(3) + Array(#"{"a":1,"a":2}"#.utf8), "duplicate member name")
+        var farID = event
+        farID[8] = 0x01  // 2^56
+        refused(farID, "past 2^53")
+        let call = Array(try #require(CompactFrame.call(id: 1, function: "f", arguments: .none)).dropFirst(4))
+        refused(call + [0x5B, 0x5D], "bytes after its function name")
+        var form = call
+        form[9] = 9
+        refused(form, "unknown form")
+        refused([5] + Array(repeating: 0, count: 8), "expected a value")  // not compact: read as JSON
+        refused([2, 0, 0], "ends inside its id")
+    }
 }
