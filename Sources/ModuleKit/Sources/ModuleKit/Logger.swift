@@ -99,14 +99,18 @@ public struct Logger: Sendable {
 }
 
 /// The default backend: `level label: message key=value ...` lines on standard error,
-/// which journald records as they are.
+/// which journald records as they are. One record is one line: control characters in the
+/// label, message, keys and values are escaped (`JSONValue.escapingControlCharacters`), so
+/// text from a plugin (a file name, a message) can neither start a line of its own nor send
+/// a terminal escape sequence. Values with a space are written as JSON strings.
 public struct StandardErrorBackend: LogBackend {
     public init() {}
 
     public func write(_ record: LogRecord) {
-        var line = "\(record.level) \(record.label): \(record.message)"
+        let text = JSONValue.escapingControlCharacters
+        var line = "\(record.level) \(text(record.label)): \(text(record.message))"
         for (key, value) in record.metadata {
-            line += " \(key)=\(value.contains(" ") ? JSONValue.quote(value) : value)"
+            line += " \(text(key))=\(value.contains(" ") ? JSONValue.quote(value) : text(value))"
         }
         line += "\n"
         StandardError.write(line)
