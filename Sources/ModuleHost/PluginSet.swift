@@ -209,8 +209,9 @@ public actor PluginSet {
         do {
             lock = try ExclusiveLock(path: stateDirectory + "/modhostd.lock", lockingDirectory: true)
         } catch .held(_, let pid) {
-            throw PluginSetError(code: "already_running",
-                                 message: "another process\(pid.map { " (pid \($0))" } ?? "") is using the state directory \(stateDirectory). Fix: stop it, or give this one its own state directory")
+            throw PluginSetError(code: "already_running", message: pid == getpid()
+                ? "another plugin set in this process is using the state directory \(stateDirectory). Fix: shut it down first, or give this one its own state directory"
+                : "another process\(pid.map { " (pid \($0))" } ?? "") is using the state directory \(stateDirectory). Fix: stop it, or give this one its own state directory")
         } catch {
             throw PluginSetError(code: "state_directory", message: "cannot lock the state directory \(stateDirectory): \(error)")
         }
