@@ -176,6 +176,9 @@ public final class IsolatedPlugin: Sendable {
     private let logLines: LogLineRate
     /// Notifications its workers posted under a lifecycle name, refused.
     private let lifecyclePosts: DropReport
+    /// The type each function its manifest exports returns: a worker's answer to a call
+    /// must be a value of it.
+    private let returnTypes: [String: ValueType]
 
     struct ModuleRecord {
         var configuration: JSONValue
@@ -212,6 +215,10 @@ public final class IsolatedPlugin: Sendable {
         posts = NotificationQueue(host: host, plugin: file.name, logger: logger)
         logLines = LogLineRate(plugin: file.name, logger: logger)
         lifecyclePosts = .lifecycleNamedNotifications(poster: "plugin \(file.name)", logger: logger.with("plugin", file.name))
+        // The manifest check has parsed every signature already.
+        returnTypes = Dictionary(file.manifest.exports.compactMap { export in
+            (try? Signature(parsing: export.signature)).map { (export.name, $0.returnType) }
+        }, uniquingKeysWith: { first, _ in first })
     }
 
     /// The worker now.
@@ -432,8 +439,20 @@ public final class IsolatedPlugin: Sendable {
             if let error = reply["error"] {
                 throw IsolatedCallError(code: error.text("code") ?? "call_failed", message: error.text("message") ?? "the call failed")
             }
-            guard let type = reply.text("type").flatMap(ValueType.init(rawValue:)), let value = try? type.value(fromJSON: reply["value"] ?? .null)
-            else { throw IsolatedCallError(code: "call_failed", message: "plugin \(name)'s worker gave an invalid result") }
+            // What the worker answers is the plugin's code's to write: a value of another type
+            // than plugin.json declares (or none) is no result, and ends the worker as any
+            // invalid frame does.
+            let declared = returnTypes[function]
+            guard let type = reply.text("type").flatMap(ValueType.init(rawValue:)), type == declared,
+                  let value = try? type.value(fromJSON: reply["value"] ?? .null)
+            else {
+                let given = reply.text("type").map { JSONValue.escapingControlCharacters(String($0.prefix(40))) }
+                let reason = given == declared?.rawValue
+                    ? "it answered call \(function) with a value that is no \(given ?? "")"
+                    : "it answered call \(function) with \(given.map { "a value of type \($0)" } ?? "no type"), where plugin.json declares \(declared?.rawValue ?? "no such function")"
+                connection.kill(reason: reason)
+                throw IsolatedCallError(code: "call_failed", message: "plugin \(name)'s worker gave an invalid result: \(reason); it is restarted")
+            }
             return value
         case .timedOut:
             throw IsolatedCallError(code: "deadline_exceeded",

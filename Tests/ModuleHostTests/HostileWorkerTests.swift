@@ -65,6 +65,23 @@ struct HostileWorkerTests {
             static void destroy(void *instance) { (void)instance; }
             MODHOST_EXPORT int32_t liar_add(int32_t a, int32_t b) { return a + b; }
             MODHOST_EXPORT int32_t liar_slow(int32_t ms) { usleep((useconds_t)ms * 1000); return ms; }
+            /* Answers the calls numbered 1 to count itself, on socket 5, each with a compact
+               result of type str (liar_forge returns an i32), before the worker's own answer. */
+            MODHOST_EXPORT int32_t liar_forge(int32_t count) {
+                static const char value[] = "\\\"forged\\\"";
+                for (uint64_t id = 1; id <= (uint64_t)count; id++) {
+                    unsigned char f[64];
+                    size_t n = 0, body = 1 + 8 + 4 + 3 + sizeof value - 1;
+                    f[n++] = 0; f[n++] = 0; f[n++] = 0; f[n++] = (unsigned char)body;
+                    f[n++] = 4;
+                    for (int i = 0; i < 8; i++) f[n++] = (unsigned char)(id >> (8 * i));
+                    f[n++] = 3; f[n++] = 0; f[n++] = 0; f[n++] = 0;
+                    memcpy(f + n, "str", 3); n += 3;
+                    memcpy(f + n, value, sizeof value - 1); n += sizeof value - 1;
+                    if (write(5, f, n) < 0) {}
+                }
+                return 7;
+            }
             static const char *const notes[] = {"hangnote", "crashnote", NULL};
             static const modhost_module modules[] = {{ sizeof(modhost_module), MODHOST_MODULE_C, "liar", "1.0",
                 notes, create, handle, destroy, 0 }};
@@ -73,7 +90,8 @@ struct HostileWorkerTests {
             """
         return try PluginFactory(directory: directory).buildC("Liar", source: source,
                                                               manifest: PluginFactory.manifest(plugin: "Liar", modules: ["liar"],
-                                                                                               exports: [("liar_add", "i32(i32,i32)"), ("liar_slow", "i32(i32)")]))
+                                                                                               exports: [("liar_add", "i32(i32,i32)"), ("liar_slow", "i32(i32)"),
+                                                                                                         ("liar_forge", "i32(i32)")]))
     }
 
     /// A modhostd running the example Counter in process and `plugin` (built into `file`)
@@ -174,6 +192,29 @@ struct HostileWorkerTests {
         let lines = ((try? String(contentsOfFile: events, encoding: .utf8)) ?? "").split(separator: "\n")
         #expect(lines.contains("after \(now)"), "\(lines)")
         // And calls by name.
+        let sum = try h.ctl("call", "Liar", "liar_add", "2", "3")
+        #expect(sum.status == 0 && sum.standardOutput == "5\n", "\(sum.standardOutput)\(sum.standardError)")
+        await Self.stop(h)
+    }
+
+    /// Outside attack: a call answered with a value of another type than plugin.json
+    /// declares came back as that value (a str from an i32 function), and the worker ran on.
+    @Test("a worker that answers a call with a value of another type than plugin.json declares is ended, named and restarted",
+          .timeLimit(.minutes(3)))
+    func aCallAnsweredWithAnotherTypeEndsTheWorker() async throws {
+        let scratch = TemporaryDirectory("hostile-worker")
+        let liar = try Self.liar(in: scratch.directory("liar"))
+        let h = try await Self.daemon(isolating: "Liar", file: liar)
+        let pid = try #require(try h.modules()["liar"]?["workerPid"] as? Int)
+        let forged = try h.ctl("call", "Liar", "liar_forge", "200")
+        #expect(forged.status != 0 && !forged.standardOutput.contains("forged"), "\(forged.standardOutput)\(forged.standardError)")
+        #expect(forged.standardError.contains("it answered call liar_forge with a value of type str, where plugin.json declares i32"),
+                "\(forged.standardError)")
+        #expect(await h.waitFor("plugin Liar's worker (pid \(pid))"), "\(h.daemon.text)")
+        let restarted = try await StuckModuleTests.listUntil(h.socket) { rows in
+            rows["liar"]?["restarts"] as? Int == 1 && rows["liar"]?["state"] as? String == "running"
+        }
+        #expect(restarted.met, "the worker was not restarted: \(h.daemon.text)")
         let sum = try h.ctl("call", "Liar", "liar_add", "2", "3")
         #expect(sum.status == 0 && sum.standardOutput == "5\n", "\(sum.standardOutput)\(sum.standardError)")
         await Self.stop(h)
