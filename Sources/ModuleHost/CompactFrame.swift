@@ -51,7 +51,7 @@ enum CompactFrame {
     }
 
     /// True when `body` (a frame's body) is a compact frame rather than JSON.
-    static func isCompact(_ body: [UInt8]) -> Bool { body.first.map { (eventTag...resultTag).contains($0) } ?? false }
+    static func isCompact(_ body: ArraySlice<UInt8>) -> Bool { body.first.map { (eventTag...resultTag).contains($0) } ?? false }
 
     /// How a call's arguments are given (`IsolatedPlugin.call`).
     enum Arguments {
@@ -123,8 +123,8 @@ enum CompactFrame {
     }
 
     /// The message compact frame `body` says.
-    static func message(_ body: [UInt8]) throws(FrameReader.End) -> WorkerMessage {
-        var reader = Reader(body: body)
+    static func message(_ body: ArraySlice<UInt8>) throws(FrameReader.End) -> WorkerMessage {
+        var reader = Reader(body: body, offset: body.startIndex)
         let tag = try reader.byte()
         let id = try reader.id()
         switch tag {
@@ -135,15 +135,15 @@ enum CompactFrame {
             return WorkerMessage(keys: ["op", "module", "kind", "event", "payload", "id"],
                                  values: ["event", .string(module), .string(kind.name), .string(event), try reader.json("payload"), id])
         case answerTag:
-            guard reader.offset < body.count else { return WorkerMessage(keys: ["id"], values: [id]) }
-            return WorkerMessage(keys: ["stuck", "id"], values: [.string(try reader.text(count: body.count - reader.offset)), id])
+            guard reader.offset < body.endIndex else { return WorkerMessage(keys: ["id"], values: [id]) }
+            return WorkerMessage(keys: ["stuck", "id"], values: [.string(try reader.text(count: body.endIndex - reader.offset)), id])
         case callTag:
             let form = try reader.byte()
             let function = try reader.text(count: try reader.length())
             let name: String
             switch form {
             case 0:
-                guard reader.offset == body.count else { throw .invalid("compact call without arguments has bytes after its function name") }
+                guard reader.offset == body.endIndex else { throw .invalid("compact call without arguments has bytes after its function name") }
                 return WorkerMessage(keys: ["op", "function", "id"], values: ["call", .string(function), id])
             case 1: name = "texts"
             case 2: name = "json"
@@ -159,7 +159,7 @@ enum CompactFrame {
     }
 
     private static func appendLittleEndian<T: FixedWidthInteger>(_ value: T, to frame: inout [UInt8]) {
-        withUnsafeBytes(of: value.littleEndian) { frame.append(contentsOf: $0) }
+        for shift in stride(from: 0, to: T.bitWidth, by: 8) { frame.append(UInt8(truncatingIfNeeded: value >> shift)) }
     }
 
     /// A 4-byte length and the UTF-8 of `text` (a longer text makes the frame too large).
@@ -170,11 +170,13 @@ enum CompactFrame {
 
     /// Takes the fields of a compact frame in order, each checked to lie within it.
     private struct Reader {
-        let body: [UInt8]
-        var offset = 0
+        static let null: [UInt8] = Array("null".utf8)
+        let body: ArraySlice<UInt8>
+        /// The index in `body` of the next field.
+        var offset: Int
 
         private mutating func take(_ count: Int, _ what: String) throws(FrameReader.End) -> ArraySlice<UInt8> {
-            guard count >= 0, count <= body.count - offset else {
+            guard count >= 0, count <= body.endIndex - offset else {
                 throw .invalid("compact frame of \(body.count) bytes ends inside its \(what)")
             }
             defer { offset += count }
@@ -186,21 +188,33 @@ enum CompactFrame {
             return bytes[bytes.startIndex]
         }
 
+        /// The little-endian integer of the next `count` bytes.
+        private mutating func integer(_ count: Int, _ what: String) throws(FrameReader.End) -> UInt64 {
+            let bytes = try take(count, what)
+            var value: UInt64 = 0
+            for index in bytes.indices.reversed() { value = value << 8 | UInt64(bytes[index]) }
+            return value
+        }
+
         mutating func id() throws(FrameReader.End) -> JSONValue {
-            let value = try take(8, "id").reversed().reduce(UInt64(0)) { $0 << 8 | UInt64($1) }
+            let value = try integer(8, "id")
             guard value <= UInt64(CompactFrame.maximumID) else { throw .invalid("compact frame id \(value) is past 2^53") }
             return .number(Double(value))
         }
 
-        mutating func length() throws(FrameReader.End) -> Int {
-            Int(try take(4, "length").reversed().reduce(UInt32(0)) { $0 << 8 | UInt32($1) })
-        }
+        mutating func length() throws(FrameReader.End) -> Int { Int(try integer(4, "length")) }
 
         /// The rest of the frame, one JSON text (strict, as a JSON frame's).
         mutating func json(_ what: String) throws(FrameReader.End) -> JSONValue {
             let rest = body[offset...]
-            offset = body.count
-            if rest.elementsEqual("null".utf8) { return .null }  // nearly every event's payload
+            offset = body.endIndex
+            // Nearly every event's payload, and a call's whole-number result: as the parser
+            // reads them, without its setup. (A leading zero or more digits go to the parser.)
+            if rest.count == 4, rest.elementsEqual(Self.null) { return .null }
+            if (1...15).contains(rest.count), rest.first != UInt8(ascii: "0") || rest.count == 1,
+               rest.allSatisfy({ (0x30...0x39).contains($0) }) {
+                return .number(Double(rest.reduce(0) { $0 * 10 + Int($1 - 0x30) }))
+            }
             do {
                 return try JSONValue.parse(Array(rest))
             } catch {

@@ -361,7 +361,7 @@ struct FrameReader {
         try fill(4, until: deadline)
         let length = try length(of: buffer[start..<(start + 4)])
         try fill(4 + length, until: deadline)
-        let body = Array(buffer[(start + 4)..<(start + 4 + length)])
+        let body = buffer[(start + 4)..<(start + 4 + length)]
         start += 4 + length
         return try Self.message(body)
     }
@@ -372,7 +372,7 @@ struct FrameReader {
         guard end - start >= 4 else { return nil }
         let length = try length(of: buffer[start..<(start + 4)])
         guard end - start - 4 >= length else { return nil }
-        let body = Array(buffer[(start + 4)..<(start + 4 + length)])
+        let body = buffer[(start + 4)..<(start + 4 + length)]
         start += 4 + length
         return try Self.message(body)
     }
@@ -408,11 +408,13 @@ struct FrameReader {
         return length
     }
 
-    static func message(_ body: [UInt8]) throws(End) -> WorkerMessage {
+    /// The message of frame body `body` (a slice of the reader's buffer, read before the
+    /// buffer changes again).
+    static func message(_ body: ArraySlice<UInt8>) throws(End) -> WorkerMessage {
         if CompactFrame.isCompact(body) { return try CompactFrame.message(body) }
         let document: JSONValue.TopLevel
         do {
-            document = try JSONValue.parseKeepingMembers(body)
+            document = try JSONValue.parseKeepingMembers(Array(body))
         } catch {
             throw .invalid("\(error)")
         }
@@ -458,7 +460,7 @@ struct FrameReader {
 /// (Tests/Fuzzing): what a plugin's code writes on a worker socket reaches the daemon here.
 package enum WorkerFrameReading {
     /// The JSON object `body` reads as (a JSON or a compact frame), nil when it is invalid.
-    package static func message(_ body: [UInt8]) -> JSONValue? { try? FrameReader.message(body).json }
+    package static func message(_ body: [UInt8]) -> JSONValue? { try? FrameReader.message(body[...]).json }
 
     /// The body of the JSON frame that carries `message` (an object), nil when too large.
     package static func jsonBody(_ message: JSONValue) -> [UInt8]? { WorkerFrame.encode(message).map { Array($0.dropFirst(4)) } }

@@ -170,18 +170,26 @@ import Testing
     /// UTF-8 or a payload that is not one strict JSON text, is refused, as an invalid JSON
     /// frame is.
     @Test func aCompactFrameThatIsNotWhatItSaysIsRefused() throws {
+        // Each body is read as a slice of a larger buffer too, as the reader hands it over.
         func refused(_ body: [UInt8], _ reason: String, sourceLocation: SourceLocation = #_sourceLocation) {
-            do {
-                let message = try FrameReader.message(body)
-                Issue.record("read \(message.json.jsonText)", sourceLocation: sourceLocation)
-            } catch .invalid(let problem) {
-                #expect(problem.contains(reason), "\(problem)", sourceLocation: sourceLocation)
-            } catch {
-                Issue.record("\(error)", sourceLocation: sourceLocation)
+            for slice in [body[...], ([0x7B, 0x7D] + body + [0x7B])[2..<body.count + 2]] {
+                do {
+                    let message = try FrameReader.message(slice)
+                    Issue.record("read \(message.json.jsonText)", sourceLocation: sourceLocation)
+                } catch .invalid(let problem) {
+                    #expect(problem.contains(reason), "\(problem)", sourceLocation: sourceLocation)
+                } catch {
+                    Issue.record("\(error)", sourceLocation: sourceLocation)
+                }
             }
         }
         let event = Array(try #require(CompactFrame.event(id: 7, kind: .custom, module: "echo", event: "tick", payload: [1])).dropFirst(4))
-        #expect(try FrameReader.message(event).json["payload"] == [1])
+        #expect(try FrameReader.message(event[...]).json["payload"] == [1])
+        #expect(try FrameReader.message(([9] + event + [9])[1...event.count]).json
+                == ["op": "event", "module": "echo", "kind": "custom", "event": "tick", "payload": [1], "id": 7])
+        let result = Array(try #require(CompactFrame.result(id: 5, type: "i64", value: 123_456_789_012_345)).dropFirst(4))
+        #expect(try FrameReader.message(([9] + result)[1...]).json == ["type": "i64", "value": 123_456_789_012_345, "id": 5])
+        refused(result.dropLast(15) + Array("0123".utf8), "leading zero")
         for cut in 1...event.count - 3 { refused(Array(event.prefix(cut)), cut < event.count - 3 ? "ends inside its" : "payload") }
         var longName = event
         longName[10] = 0xFF  // the module name's length, now past the frame
