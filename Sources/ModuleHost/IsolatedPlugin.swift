@@ -1221,9 +1221,10 @@ final class WorkerConnection: Sendable {
     }
 
     /// A reply read on socket 5 (by a caller, or the worker poller): to its caller (none
-    /// when that call timed out: dropped).
+    /// when that call timed out: dropped). One that answers no request ever sent gets the
+    /// worker killed.
     func callReplied(_ reply: WorkerMessage) {
-        guard let id = reply.integer("id") else { return }
+        guard let id = answeredRequest(reply, on: "socket of calls (5)") else { return }
         callReplies.withLock { replies in
             replies.overrun[id] = nil
             return replies.waiters.removeValue(forKey: id)
@@ -1267,7 +1268,8 @@ final class WorkerConnection: Sendable {
     /// log line or a notification to the plugin, a question (`locate`) answered; any other
     /// frame gets the worker killed, as one that is not JSON does.
     func received(_ message: WorkerMessage) {
-        if let id = message.integer("id") {
+        if message["id"] != nil {
+            guard let id = answeredRequest(message, on: "control socket (3)") else { return }
             pending.withLock { $0.waiters.removeValue(forKey: id) }?.complete(.reply(message))
             return
         }
@@ -1284,6 +1286,19 @@ final class WorkerConnection: Sendable {
         case let op:
             kill(reason: "it wrote a frame with \(op.map { "op \(PluginName.shown($0))" } ?? "no op and no id"), which the protocol does not have, on its control socket (3)")
         }
+    }
+
+    /// The id of the request `reply` answers; nil, with the worker killed, when it carries
+    /// none or that of a request the daemon never sent (only the plugin's code writes such
+    /// a frame). A reply to a request given up on (its deadline passed) is not this.
+    private func answeredRequest(_ reply: WorkerMessage, on socket: String) -> Int? {
+        guard let id = reply.integer("id"), id >= 1, id < nextID.load(ordering: .sequentiallyConsistent) else {
+            let given = reply["id"].map { JSONValue.escapingControlCharacters(String($0.jsonText.prefix(40))) }
+            kill(reason: given.map { "it wrote a reply to request \($0), which the daemon never sent, on its \(socket)" }
+                ?? "it wrote a reply without an id on its \(socket)")
+            return nil
+        }
+        return id
     }
 
     /// The control socket's stream ended (from the worker poller): every waiter learns the

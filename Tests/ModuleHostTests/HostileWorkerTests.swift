@@ -17,8 +17,9 @@ struct HostileWorkerTests {
     /// both; on `garbage`, writes bytes that are no frame on
     /// the socket of ordered requests (4); on `unknown`, a frame with an op the protocol does
     /// not have on the control socket (3); on `close`, closes descriptors 3, 4 and 5; on
-    /// `segv`, crashes. It exports `liar_add(a, b)` and `liar_slow(ms)`, which returns after
-    /// `ms` milliseconds.
+    /// `segv`, crashes; on `phantom`, writes on the control socket an answer to request
+    /// 1000000, never sent. It exports `liar_add(a, b)`, `liar_slow(ms)`, which returns
+    /// after `ms` milliseconds, `liar_forge(count)` and `liar_phantom(id)` (below).
     static func liar(in directory: String, events: String = "/dev/null") throws -> String {
         let frame = #"{"op":"log","level":1,"label":"modhostd","message":"claimed line","metadata":[["plugin","Honest"],["module","honest"],["worker","1"],["request","7"]]}"#
         let source = """
@@ -29,6 +30,12 @@ struct HostileWorkerTests {
             #include <string.h>
             #include <unistd.h>
             static const char frame[] = "\(frame.replacingOccurrences(of: "\"", with: "\\\""))";
+            /* A compact answer, on descriptor fd, to request id, which the daemon never sent. */
+            static void phantom(int fd, uint64_t id) {
+                unsigned char f[13] = {0, 0, 0, 9, 2};
+                for (int i = 0; i < 8; i++) f[5 + i] = (unsigned char)(id >> (8 * i));
+                if (write(fd, f, sizeof f) < 0) {}
+            }
             static void *create(const modhost_host_api *host, const char *config) { (void)config; return (void *)host; }
             static void handle(void *instance, const char *event, const char *payload) {
                 const modhost_host_api *host = instance;
@@ -40,6 +47,7 @@ struct HostileWorkerTests {
                 if (strcmp(event, "garbage") == 0) { if (write(4, "garbage!garbage!", 16) < 0) {} }
                 if (strcmp(event, "close") == 0) { close(3); close(4); close(5); }
                 if (strcmp(event, "closecalls") == 0) close(5);
+                if (strcmp(event, "phantom") == 0) phantom(3, 1000000);
                 if (strcmp(event, "unknown") == 0) {
                     static const char unknown[] = "{\\"op\\":\\"launch\\"}";
                     unsigned char header[4] = {0, 0, 0, (unsigned char)(sizeof unknown - 1)};
@@ -67,6 +75,7 @@ struct HostileWorkerTests {
             MODHOST_EXPORT int32_t liar_slow(int32_t ms) { usleep((useconds_t)ms * 1000); return ms; }
             /* Answers the calls numbered 1 to count itself, on socket 5, each with a compact
                result of type str (liar_forge returns an i32), before the worker's own answer. */
+            MODHOST_EXPORT int32_t liar_phantom(int32_t id) { phantom(5, (uint64_t)id); return 0; }
             MODHOST_EXPORT int32_t liar_forge(int32_t count) {
                 static const char value[] = "\\\"forged\\\"";
                 for (uint64_t id = 1; id <= (uint64_t)count; id++) {
@@ -91,7 +100,7 @@ struct HostileWorkerTests {
         return try PluginFactory(directory: directory).buildC("Liar", source: source,
                                                               manifest: PluginFactory.manifest(plugin: "Liar", modules: ["liar"],
                                                                                                exports: [("liar_add", "i32(i32,i32)"), ("liar_slow", "i32(i32)"),
-                                                                                                         ("liar_forge", "i32(i32)")]))
+                                                                                                         ("liar_forge", "i32(i32)"), ("liar_phantom", "i32(i32)")]))
     }
 
     /// A modhostd running the example Counter in process and `plugin` (built into `file`)
@@ -165,14 +174,19 @@ struct HostileWorkerTests {
     }
 
     @Test("a worker that writes what is no frame, or a frame the protocol does not have, or closes its sockets, is ended, named and restarted",
-          .timeLimit(.minutes(3)), arguments: ["garbage", "unknown", "close", "closecalls"])
+          .timeLimit(.minutes(3)), arguments: ["garbage", "unknown", "close", "closecalls", "phantom", "phantomcall"])
     func aWorkerWhoseSocketsNoLongerWorkIsRestarted(fault: String) async throws {
         let scratch = TemporaryDirectory("hostile-worker")
         let events = scratch.file("events.log")
         let liar = try Self.liar(in: scratch.directory("liar"), events: events)
         let h = try await Self.daemon(isolating: "Liar", file: liar, arguments: ["--event-deadline", "1"])
         let pid = try #require(try h.modules()["liar"]?["workerPid"] as? Int)
-        _ = try h.ctl("send", fault, "--to", "liar")
+        if fault == "phantomcall" {
+            // A reply on socket 5 to a call never made (outside attack: dropped unsaid).
+            _ = try h.ctl("call", "Liar", "liar_phantom", "1000000")
+        } else {
+            _ = try h.ctl("send", fault, "--to", "liar")
+        }
         // Socket 5 (calls) closed is seen at the next call (outside run: every call then
         // failed with "worker ended" for good, while the worker ran on).
         if fault == "closecalls" { _ = try h.ctl("call", "Liar", "liar_add", "2", "3") }
@@ -184,7 +198,10 @@ struct HostileWorkerTests {
         #expect(restarted.met, "the worker was not restarted: \(h.daemon.text)")
         #expect(restarted.fast, "list answers took \(restarted.times)")
         let ended = h.daemon.text.split(separator: "\n").first { $0.contains("plugin Liar's worker (pid \(pid))") } ?? ""
-        #expect(ended.contains(["garbage": "no frame", "unknown": #"op "launch", which the protocol does not have"#][fault] ?? "closed"), "\(ended)")
+        #expect(ended.contains(["garbage": "no frame", "unknown": #"op "launch", which the protocol does not have"#,
+                                "phantom": "a reply to request 1000000, which the daemon never sent, on its control socket (3)",
+                                "phantomcall": "a reply to request 1000000, which the daemon never sent, on its socket of calls (5)"][fault]
+                                ?? "closed"), "\(ended)")
         // The new worker gets events again.
         let now = try #require(try h.modules()["liar"]?["workerPid"] as? Int)
         #expect(now != pid)
