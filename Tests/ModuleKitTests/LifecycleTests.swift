@@ -444,6 +444,25 @@ struct LifecycleTests {
         #expect(recorder.all.suffix(3) == ["b.start", "b.n(1)", "b.tick(2)"])
     }
 
+    // Past the 1024 events held for a module that has not started, the rest are dropped:
+    // said once when it begins and counted once at the module's start (outside review: one
+    // warning per dropped event, with no bound).
+    @Test func eventsDroppedBeforeAModulesStartAreSaidOnceAndCountedAtItsStart() async {
+        let recorder = Recorder()
+        let host = makeHost()
+        await host.add([probe("late", recorder: recorder)])
+        let output = await capturingStandardError {
+            await host.perform { host in
+                for _ in 0..<3024 { host.send(ModuleEvent.custom(name: "tick", payload: .null)) }
+            }
+            await host.start()
+        }
+        let lines = output.split(separator: "\n").filter { $0.contains("module=late") && $0.contains("dropped") }
+        #expect(lines.count == 2, "\(lines.prefix(3))")
+        #expect(lines.last?.contains("2000 events made before its start were dropped") == true, "\(lines.last ?? "")")
+        #expect(recorder.all.filter { $0.hasPrefix("late.tick") }.count == 1024)
+    }
+
     // After shutdown the instance accepts no more modules and shutting down again is harmless.
     @Test func aShutDownInstanceStaysEmpty() async {
         let recorder = Recorder()

@@ -57,6 +57,9 @@ public actor HostInstance {
     private var heldUntilStart: [UInt64: [ModuleEvent]] = [:]
     /// The most events held for one module; later ones are dropped (logged).
     static let heldEventLimit = 1024
+    /// How many events were dropped for a module that held `heldEventLimit` already, by its
+    /// serial, until its start says how many (the first drop is said at once).
+    private var droppedBeforeStart: [UInt64: Int] = [:]
     private var updateGateWaiters: [CheckedContinuation<Void, Never>] = []
 
     private nonisolated let runningNames = Mutex<[String]>([])
@@ -271,6 +274,7 @@ public actor HostInstance {
         for serial in leaving {
             if let index = moduleManager.index(ofSerial: serial) { removed.append(moduleManager.slots.remove(at: index)) }
             heldUntilStart[serial] = nil
+            droppedBeforeStart[serial] = nil
         }
         for name in names { self.factories[name] = nil }
         publishRunningNames()
@@ -345,6 +349,7 @@ public actor HostInstance {
                 moduleManager.slots[index].serial = serial
                 moduleManager.slots[index].notifications = result.notifications
                 heldUntilStart[slot.serial] = nil
+                droppedBeforeStart[slot.serial] = nil
                 heldUntilStart[serial] = []
                 handOver(.deinitialize, to: old, slot.metrics)
                 handOver(.initialize, to: result, slot.metrics)
@@ -352,6 +357,7 @@ public actor HostInstance {
             } else {
                 moduleManager.slots.remove(at: index)
                 heldUntilStart[slot.serial] = nil
+                droppedBeforeStart[slot.serial] = nil
                 publishRunningNames()
                 removedByConfiguration.insert(slot.name)
                 handOver(.deinitialize, to: old, slot.metrics)
@@ -395,6 +401,7 @@ public actor HostInstance {
         }
         phase = .terminated
         heldUntilStart.removeAll()
+        droppedBeforeStart.removeAll()
         while let slot = moduleManager.slots.popLast() {
             publishRunningNames()
             handOver(.deinitialize, to: slot.module, slot.metrics)
@@ -730,6 +737,10 @@ public actor HostInstance {
     /// if a handler removes it). Events made for it while it starts are held too, so its
     /// start handler is never re-entered by them.
     private func startModule(_ slot: ModuleSlot) {
+        if let dropped = droppedBeforeStart.removeValue(forKey: slot.serial) {
+            logger.warning("\(dropped) events made before its start were dropped (a module holds at most \(Self.heldEventLimit))",
+                           [("module", slot.name)])
+        }
         handOver(.start, to: slot.module, slot.metrics)
         while let held = heldUntilStart.removeValue(forKey: slot.serial), !held.isEmpty {
             // Events made while these are delivered are held again, and delivered next.
@@ -752,8 +763,13 @@ public actor HostInstance {
             return
         }
         guard held.count < Self.heldEventLimit else {
-            logger.warning("module has not started and holds \(Self.heldEventLimit) events already; event dropped",
-                           [("module", slot.name), ("event", event.name)])
+            // Said once, not once per event: a flood would otherwise flood the log.
+            let dropped = droppedBeforeStart[slot.serial, default: 0] + 1
+            droppedBeforeStart[slot.serial] = dropped
+            if dropped == 1 {
+                logger.warning("module has not started and holds \(Self.heldEventLimit) events already; this event and the next until its start are dropped",
+                               [("module", slot.name), ("event", event.name)])
+            }
             return
         }
         heldUntilStart[slot.serial] = nil
@@ -775,6 +791,7 @@ public actor HostInstance {
         guard let index = moduleManager.index(ofSerial: slot.serial) else { return }
         let removed = moduleManager.slots.remove(at: index)
         heldUntilStart[removed.serial] = nil
+        droppedBeforeStart[removed.serial] = nil
         publishRunningNames()
         handOver(.deinitialize, to: removed.module, removed.metrics)
     }
