@@ -8,7 +8,7 @@
 /// Each is another spelling of a JSON message the protocol already has, and reads as
 /// exactly that message (`WorkerMessage`): whatever a compact frame can say, a JSON frame
 /// could say too, so a worker that writes them can do nothing it could not do before. Its
-/// first byte is below 0x20, which no JSON text starts with. Every length is checked against
+/// first byte (the tag, 1 to 4) is one no JSON text starts with. Every length is checked against
 /// the frame before it is used; a frame that does not hold exactly what its lengths say,
 /// or whose text is not valid UTF-8, is invalid, as a JSON frame that does not parse is.
 ///
@@ -24,8 +24,9 @@
 /// - result (tag 4): `[4][id: 8 bytes LE][type: 4-byte LE length, UTF-8][value: the rest,
 ///   one JSON text]`, the reply `{"type":T,"value":J,"id":N}`. An error is answered in JSON.
 ///
-/// Ids are whole numbers from 0 to 2^53 (as JSON numbers hold them exactly); another id is
-/// sent as JSON.
+/// Ids are whole numbers from 0 to 2^53 (as JSON numbers hold them exactly). The daemon's
+/// request ids count up from 1 and stay in that range; an answer to any other id (only a
+/// request the plugin's code forged could have one) is sent as JSON.
 enum CompactFrame {
     static let eventTag: UInt8 = 1
     static let answerTag: UInt8 = 2

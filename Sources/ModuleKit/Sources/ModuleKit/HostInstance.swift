@@ -54,12 +54,15 @@ public actor HostInstance {
     /// Synchronous events for modules that have not had their `.start` yet, by slot serial:
     /// a module gets nothing but its own `.initialize` before its own `.start`. A serial is
     /// here from the module's creation until its start (or removal).
-    private var heldUntilStart: [UInt64: [ModuleEvent]] = [:]
+    private var heldUntilStart: [UInt64: Held] = [:]
     /// The most events held for one module; later ones are dropped (logged).
     static let heldEventLimit = 1024
-    /// How many events were dropped for a module that held `heldEventLimit` already, by its
-    /// serial, until its start says how many (the first drop is said at once).
-    private var droppedBeforeStart: [UInt64: Int] = [:]
+    /// What a module that has not started holds: its events, and how many more were dropped
+    /// once it held `heldEventLimit` (said when the first is, and counted at its start).
+    private struct Held {
+        var events: [ModuleEvent] = []
+        var dropped = 0
+    }
     private var updateGateWaiters: [CheckedContinuation<Void, Never>] = []
 
     private nonisolated let runningNames = Mutex<[String]>([])
@@ -274,7 +277,6 @@ public actor HostInstance {
         for serial in leaving {
             if let index = moduleManager.index(ofSerial: serial) { removed.append(moduleManager.slots.remove(at: index)) }
             heldUntilStart[serial] = nil
-            droppedBeforeStart[serial] = nil
         }
         for name in names { self.factories[name] = nil }
         publishRunningNames()
@@ -349,15 +351,13 @@ public actor HostInstance {
                 moduleManager.slots[index].serial = serial
                 moduleManager.slots[index].notifications = result.notifications
                 heldUntilStart[slot.serial] = nil
-                droppedBeforeStart[slot.serial] = nil
-                heldUntilStart[serial] = []
+                heldUntilStart[serial] = Held()
                 handOver(.deinitialize, to: old, slot.metrics)
                 handOver(.initialize, to: result, slot.metrics)
                 if phase == .started, let index = moduleManager.index(ofSerial: serial) { startModule(moduleManager.slots[index]) }
             } else {
                 moduleManager.slots.remove(at: index)
                 heldUntilStart[slot.serial] = nil
-                droppedBeforeStart[slot.serial] = nil
                 publishRunningNames()
                 removedByConfiguration.insert(slot.name)
                 handOver(.deinitialize, to: old, slot.metrics)
@@ -401,7 +401,6 @@ public actor HostInstance {
         }
         phase = .terminated
         heldUntilStart.removeAll()
-        droppedBeforeStart.removeAll()
         while let slot = moduleManager.slots.popLast() {
             publishRunningNames()
             handOver(.deinitialize, to: slot.module, slot.metrics)
@@ -695,7 +694,7 @@ public actor HostInstance {
             let slot = ModuleSlot(
                 factory: factory, module: module, serial: moduleManager.makeSerial(), order: effectiveOrder(factory),
                 notifications: module.notifications, metrics: metrics)
-            heldUntilStart[slot.serial] = []
+            heldUntilStart[slot.serial] = Held()
             created.append(slot)
             moduleManager.slots.append(slot)
         }
@@ -737,15 +736,15 @@ public actor HostInstance {
     /// if a handler removes it). Events made for it while it starts are held too, so its
     /// start handler is never re-entered by them.
     private func startModule(_ slot: ModuleSlot) {
-        if let dropped = droppedBeforeStart.removeValue(forKey: slot.serial) {
+        if let dropped = heldUntilStart[slot.serial]?.dropped, dropped > 0 {
             logger.warning("\(dropped) events made before its start were dropped (a module holds at most \(Self.heldEventLimit))",
                            [("module", slot.name)])
         }
         handOver(.start, to: slot.module, slot.metrics)
-        while let held = heldUntilStart.removeValue(forKey: slot.serial), !held.isEmpty {
+        while let held = heldUntilStart.removeValue(forKey: slot.serial), !held.events.isEmpty {
             // Events made while these are delivered are held again, and delivered next.
-            heldUntilStart[slot.serial] = []
-            for event in held {
+            heldUntilStart[slot.serial] = Held()
+            for event in held.events {
                 guard moduleManager.index(ofSerial: slot.serial) != nil else {
                     heldUntilStart[slot.serial] = nil
                     return
@@ -762,18 +761,17 @@ public actor HostInstance {
             handOver(event, to: slot.module, slot.metrics)
             return
         }
-        guard held.count < Self.heldEventLimit else {
+        heldUntilStart[slot.serial] = nil  // `held` stays unique while it changes
+        if held.events.count < Self.heldEventLimit {
+            held.events.append(event)
+        } else {
             // Said once, not once per event: a flood would otherwise flood the log.
-            let dropped = droppedBeforeStart[slot.serial, default: 0] + 1
-            droppedBeforeStart[slot.serial] = dropped
-            if dropped == 1 {
+            held.dropped += 1
+            if held.dropped == 1 {
                 logger.warning("module has not started and holds \(Self.heldEventLimit) events already; this event and the next until its start are dropped",
                                [("module", slot.name), ("event", event.name)])
             }
-            return
         }
-        heldUntilStart[slot.serial] = nil
-        held.append(event)
         heldUntilStart[slot.serial] = held
     }
 
@@ -791,7 +789,6 @@ public actor HostInstance {
         guard let index = moduleManager.index(ofSerial: slot.serial) else { return }
         let removed = moduleManager.slots.remove(at: index)
         heldUntilStart[removed.serial] = nil
-        droppedBeforeStart[removed.serial] = nil
         publishRunningNames()
         handOver(.deinitialize, to: removed.module, removed.metrics)
     }
