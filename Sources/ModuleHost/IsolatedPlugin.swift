@@ -262,6 +262,7 @@ public final class IsolatedPlugin: Sendable {
         }
         var load: [String: JSONValue] = [
             "op": "load", "plugin": .string(name), "file": .string(file.path), "image": .string(file.resolvedPath),
+            "host": .string(host.name), "label": .string(host.logger.label),
             "preload": .array(preloads.map { .string($0) }), "logLevel": .string(policy.logLevel.description),
             "eventDeadlineSeconds": .number(Double(workerDeadline.components.seconds) + Double(workerDeadline.components.attoseconds) / 1e18),
             "limits": settings.limits.json,
@@ -705,7 +706,7 @@ public final class IsolatedPlugin: Sendable {
     func log(_ message: JSONValue, pid: pid_t) {
         guard logLines.admit() else { return }
         let level = message.integer("level").flatMap(LogLevel.init(rawValue:)) ?? .info
-        var logger = Logger(label: LogLineRate.bounded(message.text("label") ?? "modhostd"))
+        var logger = Logger(label: LogLineRate.bounded(message.text("label") ?? host.logger.label))
         if case .array(let pairs) = message["metadata"] ?? .null {
             for case .array(let pair) in pairs.prefix(LogLineRate.maximumPairs) where pair.count == 2 {
                 guard let key = pair[0].stringValue, let value = pair[1].stringValue, key != "plugin", key != "worker",

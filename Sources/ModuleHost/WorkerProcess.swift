@@ -232,8 +232,8 @@ struct ChannelLogBackend: LogBackend {
 /// own; serves the daemon's requests (docs/isolation.md, "Frames").
 final class WorkerService: Sendable {
     /// Says that a notification of this plugin's could not be sent to the daemon.
-    static func notPosted(_ notification: String) {
-        Logger(label: "modhostd").warning("notification \(notification) was not posted: with its payload it is larger than the 1 MiB a worker may send at once (or the daemon has gone)",
+    static func notPosted(_ notification: String, _ logger: Logger) {
+        logger.warning("notification \(notification) was not posted: with its payload it is larger than the 1 MiB a worker may send at once (or the daemon has gone)",
                                           [("notification", notification)])
     }
 
@@ -268,11 +268,14 @@ final class WorkerService: Sendable {
         // post_notification (below): every module that listens gets them, in every process
         // and in the daemon's module order, these modules included (their stand-ins there
         // forward them back).
-        let host = HostInstance(name: "modhostd", eventDeadline: deadline, logger: Logger(label: "modhostd"),
+        // The name and log label of the daemon's host (an embedder's own): the worker's
+        // modules log under them, as they would in process.
+        let logger = Logger(label: load.text("label") ?? "modhostd")
+        let host = HostInstance(name: load.text("host") ?? "modhostd", eventDeadline: deadline, logger: logger,
                                 forwardingNotifications: { notification, payload, module in
                                     var post: [String: JSONValue] = ["op": "post", "name": .string(notification), "payload": payload]
                                     if let module { post["module"] = .string(module) }
-                                    if !channel.send(.object(post)) { Self.notPosted(notification) }
+                                    if !channel.send(.object(post)) { Self.notPosted(notification, logger) }
                                 },
                                 locatingModules: { [answers = self.answers, daemonModules = self.daemonModules] module in
                                     Self.locate(module, plugin: manifest, asking: answers, on: channel, within: deadline,
@@ -299,14 +302,14 @@ final class WorkerService: Sendable {
             try CHostServices(
                 moduleName: name, logger: host.logger(for: name),
                 post: { notification, payload in
-                    if !channelForPost.send(["op": "post", "name": .string(notification), "payload": payload]) { Self.notPosted(notification) }
+                    if !channelForPost.send(["op": "post", "name": .string(notification), "payload": payload]) { Self.notPosted(notification, logger) }
                 },
                 hasModule: { name in host.isRunning(moduleNamed: name) || daemonModules.names.withLock { $0.contains(name) } })
         }
         let file = PluginFile(path: path, resolvedPath: image, manifest: manifest, dynamic: DynamicInfo(), warnings: [])
         plugin = try loader.open(file)
         if !manifest.dependencies.isEmpty {
-            Logger(label: "modhostd").warning(
+            logger.warning(
                 "plugin \(manifest.name) runs in a worker process: the modules of \(manifest.dependencies.joined(separator: ", ")) run elsewhere, and a cast of a module to one of their protocols finds nothing here (module(named:as:) throws \"isolated in another process\"); use events, notifications or calls by name across processes",
                 [("plugin", manifest.name)])
         }

@@ -289,7 +289,8 @@ struct IsolationTests {
         let set: PluginSet
 
         init(isolation: Isolation = .process, plugins settings: [String: PluginIsolationSettings] = [:],
-             deadline: Duration = .seconds(2), window: Duration = .seconds(10)) throws {
+             deadline: Duration = .seconds(2), window: Duration = .seconds(10),
+             hostName: String = "test", label: String = "modulehost") throws {
             plugins = root.directory("plugins")
             let state = root.directory("state")
             let images = root.directory("state/images")
@@ -299,7 +300,7 @@ struct IsolationTests {
             // Writable by a worker that runs as another user.
             _ = FileManager.default.createFile(atPath: events, contents: nil)
             chmod(events, 0o666)
-            host = HostInstance(name: "test", eventDeadline: deadline)
+            host = HostInstance(name: hostName, eventDeadline: deadline, logger: Logger(label: label))
             set = PluginSet(host: host, directories: [plugins], imagesDirectory: images,
                             crashGuard: try CrashGuard(directory: state), trialLoader: nil,
                             isolation: IsolationPolicy(defaultIsolation: isolation, plugins: settings,
@@ -1212,6 +1213,40 @@ struct IsolationTests {
         let now = await ticks()
         #expect(relayed, "\(now)")
         await f.set.shutdown()
+    }
+
+    /// A module's log lines carry the label of the host's logger and the host's name whether
+    /// the module runs in process or in a worker: an embedder's log does not show its
+    /// isolated plugins under another program's name.
+    @Test func anIsolatedModulesLogLinesCarryTheEmbeddersLabelAndHostName() async throws {
+        let label = "embedder-\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
+        let records = RecordingBackend(keeping: label)
+        LoggingSystem.bootstrap(records, level: .info)
+        defer { LoggingSystem.bootstrap(StandardErrorBackend(), level: .info) }
+        let f = try Fixture(hostName: "documents", label: label)
+        try await f.add("Faulty")
+        await f.set.reconcile()
+        await f.set.start()
+        #expect(await f.running(["Faulty"]))
+        await f.host.send(ModuleEvent.custom(name: "greet", payload: .null), to: "faulty")
+        #expect(await f.until { records.kept().contains { $0.message == "hello from the plugin" } },
+                "\(records.kept().map(\.message))")
+        let line = try #require(records.kept().first { $0.message == "hello from the plugin" })
+        let pairs = Dictionary(line.metadata, uniquingKeysWith: { first, _ in first })
+        #expect(pairs["instance"] == "documents" && pairs["plugin"] == "Faulty" && pairs["module"] == "faulty", "\(line.metadata)")
+        await f.set.shutdown()
+    }
+
+    /// A log backend that writes every record to standard error and keeps those of one label.
+    final class RecordingBackend: LogBackend {
+        let label: String
+        private let records = Mutex<[LogRecord]>([])
+        init(keeping label: String) { self.label = label }
+        func write(_ record: LogRecord) {
+            StandardErrorBackend().write(record)
+            if record.label == label { records.withLock { $0.append(record) } }
+        }
+        func kept() -> [LogRecord] { records.withLock { $0 } }
     }
 
     /// A notification a Swift module posts with `host.post` in a worker reaches every module
