@@ -11,7 +11,9 @@ import Synchronization
 /// instance's actor nor on a Swift concurrency thread. The host waits for each call up to
 /// its `eventDeadline`: a call still running then leaves the module *stuck* (logged,
 /// shown by `modhostctl list`), and the host goes on. A stuck module is given no more
-/// events until the call returns; its `deinit` and `destroy` are queued behind it, so its
+/// custom events or notifications until the call returns; the host's own lifecycle events
+/// (`init`, `start`, `configurationChanged`, `deinit`) and `destroy` are queued behind it,
+/// in order, so a module stuck in `create` gets `init` and `start` when it returns, and its
 /// state is freed if it ever returns, and never used after.
 ///
 /// Lifecycle names (`ModuleEvent.lifecycleNames`) arriving as custom events or
@@ -38,7 +40,7 @@ final class CModule: Module {
 
     /// Creates the C instance on the module's worker; nil when `create` returns NULL within
     /// the deadline. A `create` still running then leaves the module stuck in "create" (it
-    /// gets events only if `create` returns an instance).
+    /// gets events only if `create` returns an instance, and `init` and `start` first).
     init?(descriptor: ModuleDescriptor, configuration: JSONValue, services: CHostServices, host: HostInstance,
           workers: PluginWorkers) {
         self.descriptor = descriptor
@@ -90,6 +92,14 @@ final class CModule: Module {
             return
         }
         let kind = Self.kind(of: event)
+        if kind == .lifecycle, let stuck = worker.stuck {
+            // The host's own init, start or configurationChanged waits for the call the module
+            // is stuck in, as deinit does: it never runs without them, nor on an old configuration.
+            log.warning("C module is stuck in \(stuck.what) for \(stuck.elapsed.secondsText); \(event.name) runs when it returns",
+                        [("event", event.name), ("stuck_in", stuck.what)])
+            queueDeliver(event.name, event.payload)
+            return
+        }
         guard admits(event.name, isHostsOwn: kind == .lifecycle) else { return }
         let instance = instance
         let name = event.name

@@ -63,4 +63,34 @@ import TestSupport
         #expect(events == ["init", "start"] + Array(repeating: "tick", count: 5) + Array(repeating: "tock", count: 5) + ["willTerminate", "deinit"])
         #expect(notDelivered == UInt64(1 + refused.count * 3))
     }
+
+    /// A C module whose `create` overruns the event deadline is stuck, and the host's
+    /// `init` and `start` wait for `create` to return, then run in order, before any event
+    /// sent after it returned: the module never runs without them (found from outside: they
+    /// were dropped, and the module got events after `create` returned with neither).
+    @Test func aCreatePastItsDeadlineIsFollowedByInitAndStartWhenItReturns() async throws {
+        let slow = source.replacingOccurrences(
+            of: "static void *create(const modhost_host_api *host, const char *config) { (void)config; return (void *)host; }",
+            with: "#include <unistd.h>\nstatic void *create(const modhost_host_api *host, const char *config) { (void)config; sleep(1); return (void *)host; }")
+        #expect(slow != source)
+        _ = try PluginFactory(directory: dir.path).buildC("Listener", source: slow,
+                                                          manifest: PluginFactory.manifest(plugin: "Listener", modules: ["listener"]))
+        let report = PluginLoader().load(directories: [dir.path])
+        let plugin = try #require(report.loaded.first, "\(report.refused)")
+        let host = HostInstance(name: "c-admission", eventDeadline: .milliseconds(100))
+        await host.add(plugin.modules.map(\.factory))
+        await host.start()
+        let delivery = try #require(await host.perform { ($0.module(named: "listener") as? CModule)?.delivery })
+        #expect(delivery.worker.stuck?.what == "create", "create (1 s) overran the deadline of 0.1 s")
+        var returned = false
+        for _ in 0..<200 where !returned {
+            try await Task.sleep(for: .milliseconds(50))
+            returned = delivery.worker.stuck == nil
+        }
+        #expect(returned, "create returned within 10 s")
+        await host.send(ModuleEvent.custom(name: "tick", payload: .null), to: "listener")
+        await host.shutdown()
+        let events = try String(contentsOfFile: eventsFile, encoding: .utf8).split(separator: "\n").map(String.init)
+        #expect(events == ["init", "start", "tick", "willTerminate", "deinit"])
+    }
 }
