@@ -52,8 +52,8 @@ public struct ModuleRow: Codable, Sendable, Equatable {
     public var version: String
     /// A `State`'s raw value: "running", "stuck", "disabled" or "stopped" for a module, or
     /// for a module of an isolated plugin whose worker is down "crashed", "restarting" or
-    /// "quarantined"; "refused", "waiting-for-dependency", "quarantined" or "loading" for a
-    /// file row.
+    /// "quarantined", or "loading" while its plugin is being added; "refused",
+    /// "waiting-for-dependency", "quarantined" or "loading" for a file row.
     public var state: String
     public var order: Int?
     /// How many times this plugin has been loaded in this process (1 for the first load).
@@ -114,7 +114,8 @@ extension ModuleRow {
         /// until it changes. For a module of an isolated plugin: its worker crashed too often
         /// and is not restarted until its file changes or `enable`.
         case quarantined
-        /// A file being loaded by the scan in progress.
+        /// A file being loaded by the scan in progress; a module of a plugin being added,
+        /// whose create (or init) has not returned yet, within the event deadline.
         case loading
     }
 }

@@ -374,6 +374,22 @@ public actor Daemon: DaemonControl {
             row.restarts = worker?.restarts
             rows.append(row)
         }
+        // The modules of a plugin being added, which the host registers only once their
+        // create and init have returned (or overrun): loading, or stuck in create.
+        let listed = Set(statuses.map(\.name))
+        for plugin in snapshot.plugins {
+            for module in plugin.modules where !listed.contains(module) {
+                let stuck = workers.stuck(module: module)
+                var row = ModuleRow(
+                    module: module, plugin: plugin.name, file: plugin.file, version: plugin.version,
+                    state: (stuck == nil ? ModuleRow.State.loading : .stuck).rawValue, generation: plugin.generation,
+                    stuckIn: stuck?.what, stuckSeconds: stuck.map { ($0.elapsed.seconds * 10).rounded() / 10 })
+                row.isolation = plugin.isolation.rawValue
+                row.workerPid = plugin.worker?.pid
+                row.restarts = plugin.worker?.restarts
+                rows.append(row)
+            }
+        }
         for file in snapshot.files {
             rows.append(ModuleRow(module: "-", plugin: file.plugin ?? "-", file: file.path, version: file.version ?? "-",
                                   state: file.state.rawValue, lastError: file.failure.description))
@@ -381,11 +397,11 @@ public actor Daemon: DaemonControl {
         return rows
     }
 
-    /// The modules running, as `list` counts them: not those of an isolated plugin whose
-    /// worker is down (crashed, restarting, quarantined).
+    /// The modules running, as `list` counts them: not those stuck in a callback, nor those
+    /// of an isolated plugin whose worker is down (crashed, restarting, quarantined).
     private func modulesRunning(_ snapshot: PluginSetSnapshot) -> Int {
         let down = downModules(snapshot)
-        return host.registeredModulesSnapshot.count { $0.running && down[$0.name] == nil }
+        return host.registeredModulesSnapshot.count { $0.running && down[$0.name] == nil && workers.stuck(module: $0.name) == nil }
     }
 
     /// The modules of isolated plugins whose worker is down, with that worker's status.

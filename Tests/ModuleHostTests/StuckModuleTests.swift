@@ -213,6 +213,31 @@ import TestSupport
         #expect(h.daemon.text.contains("sleeper"))
     }
 
+    /// A module whose `create` is running is in `list` from the moment its plugin is
+    /// loaded: `loading` while `create` runs within the event deadline, `stuck` in `create`
+    /// past it; and `status` counts it as running in neither case, as `list` does (found
+    /// from outside: `list` had no row for it while `create` ran, though `status` counted
+    /// its plugin as loaded, and `status` counted a stuck module as running).
+    @Test(arguments: [30, 1])
+    func aModuleInCreateIsListedAndNotCountedAsRunning(deadline: Int) async throws {
+        let scratch = TemporaryDirectory("listed-create")
+        let plugin = try Self.plugin("Evil", modules: ["evil"], hangOn: [], in: scratch.path)
+        let h = try Harness([], files: [plugin], arguments: ["--shutdown-budget", "3"], config: """
+            {"eventDeadlineSeconds":\(deadline),"modules":{"evil":{"configuration":{"hangcreate":1}}}}
+            """)
+        #expect(await h.waitFor("control socket"), "\(h.daemon.text)")
+        let listed = try await Self.listUntil(h.socket) { rows in
+            deadline > 1 ? rows["evil"]?["state"] as? String == "loading"
+                         : rows["evil"]?["state"] as? String == "stuck" && rows["evil"]?["stuckIn"] as? String == "create"
+        }
+        #expect(listed.met, "\(h.daemon.text)")
+        #expect(listed.fast, "list answers took \(listed.times)")
+        let status = try h.ctl("--json", "status")
+        let counts = try #require(try JSONSerialization.jsonObject(with: Data(status.standardOutput.utf8)) as? [String: Any])
+        #expect(counts["pluginsLoaded"] as? Int == 1 && counts["modulesRunning"] as? Int == 0, "\(status.standardOutput)")
+        _ = await Self.terminate(h)
+    }
+
     @Test func aCallThatNeverReturnsTimesOutWhileListKeepsAnswering() async throws {
         let scratch = TemporaryDirectory("stuck-call")
         let h = try Harness([], files: [try Self.plugin("Spin", modules: ["spin"], hangOn: [], in: scratch.path,
