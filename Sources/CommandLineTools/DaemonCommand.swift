@@ -138,20 +138,15 @@ public struct DaemonCommand: Sendable {
         case .success(let parsed): options = parsed
         case .failure(let code): return code
         }
-        var configuration = DaemonConfiguration()
-        if let path = options.configPath, options.configPathExplicit || FileManager.default.fileExists(atPath: path) {
-            do {
-                configuration = try DaemonConfiguration.load(path)
-            } catch {
-                output.err("Error: \(error.message)")
-                return .dataError
-            }
-        } else {
-            options.configPath = nil
+        let configuration: DaemonConfiguration
+        do {
+            configuration = try DaemonConfiguration.read(for: options).configuration
+        } catch {
+            output.err("Error: \(error.message)")
+            return .dataError
         }
-        configuration = configuration.merged(with: options)
         guard !configuration.pluginDirectories.isEmpty else {
-            output.err("Error: no plugin directory: pass --plugins DIR or list \"pluginDirectories\" in the configuration file\nUsage: \(Self.usage)\nSee 'modhostd --help'.")
+            output.err("Error: \(DaemonConfiguration.noPluginDirectory)\nUsage: \(Self.usage)\nSee 'modhostd --help'.")
             return .usage
         }
         let backend: any LogBackend = options.logFormat == .json ? JSONLogBackend() : TextLogBackend()

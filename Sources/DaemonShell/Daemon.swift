@@ -20,6 +20,7 @@ public struct DaemonOptions: Sendable {
     public var shutdownBudget: Duration?
     public var stateDirectory: String?
     public var socketPath: String?
+    /// The configuration file: `--config`'s, else the default path (read when it exists).
     public var configPath: String?
     /// Whether the configuration path was given explicitly (then it must exist).
     public var configPathExplicit = false
@@ -59,6 +60,8 @@ public actor Daemon: DaemonControl {
     let workers = PluginWorkers()
     let crashGuard: CrashGuard
     var configuration: DaemonConfiguration
+    /// The configuration file the running configuration was read from; nil for none.
+    var configurationFile: String?
     var ready = false
     var reloads = 0
     let startTime = ContinuousClock.now
@@ -86,6 +89,7 @@ public actor Daemon: DaemonControl {
         }
         self.options = options
         self.configuration = configuration
+        configurationFile = options.configurationFileToRead
         self.paths = paths
         self.stateDirectory = stateDirectory
         self.crashGuard = crashGuard
@@ -422,7 +426,7 @@ public actor Daemon: DaemonControl {
         let snapshot = await plugins.snapshot()
         return DaemonStatus(
             pid: getpid(), uptimeSeconds: Double((ContinuousClock.now - startTime).components.seconds), ready: ready,
-            socketPath: socketPath, stateDirectory: stateDirectory, configPath: options.configPath,
+            socketPath: socketPath, stateDirectory: stateDirectory, configPath: configurationFile,
             pluginDirectories: directories, pluginsLoaded: snapshot.plugins.count, modulesRunning: modulesRunning(snapshot),
             filesRefused: snapshot.filesRefused, retiredGenerations: snapshot.retiredGenerations, retiredBytes: snapshot.retiredBytes,
             crashGuarded: crashGuard.count, reloads: reloads)
@@ -486,18 +490,26 @@ public actor Daemon: DaemonControl {
         await untilReady()
         notify { try $0.reloading(status: "reloading") }
         defer { notify { try $0.ready(status: "reloaded") } }
-        var configurationChanged = false
-        if let path = options.configPath, FileManager.default.fileExists(atPath: path) || options.configPathExplicit {
-            let fresh: DaemonConfiguration
-            do {
-                fresh = try DaemonConfiguration.load(path).merged(with: options)
-            } catch {
-                logger.error("reload: \(error.message); keeping the running configuration")
-                throw error
-            }
-            configurationChanged = fresh != configuration
-            if configurationChanged { await applyConfiguration(fresh) }
+        // The file a start would read now: a default file created since is read, and one
+        // deleted since leaves the defaults and the command line, as at a start without it.
+        let fresh: (configuration: DaemonConfiguration, file: String?)
+        do {
+            fresh = try DaemonConfiguration.read(for: options)
+        } catch {
+            logger.error("reload: \(error.message); keeping the running configuration")
+            throw error
         }
+        guard !fresh.configuration.pluginDirectories.isEmpty else {
+            logger.error("reload: \(DaemonConfiguration.noPluginDirectory); keeping the running configuration")
+            throw DaemonError(code: "invalid_configuration", message: DaemonConfiguration.noPluginDirectory)
+        }
+        if fresh.file != configurationFile {
+            logger.warning(fresh.file.map { "reload: reading the configuration file \($0)" }
+                ?? "reload: the configuration file \(configurationFile ?? "") is gone; using the defaults and the command line")
+        }
+        configurationFile = fresh.file
+        let configurationChanged = fresh.configuration != configuration
+        if configurationChanged { await applyConfiguration(fresh.configuration) }
         // A reload tries every refused file again: what it lacked may be there now.
         let changes = await plugins.reconcile(retryingRefused: true)
         // Every file not loaded now, whether this scan or an earlier one tried it.
@@ -651,7 +663,26 @@ public actor Daemon: DaemonControl {
     }
 }
 
+extension DaemonOptions {
+    /// The configuration file a start or a reload reads now: `--config`'s (which must
+    /// exist), else the default file when it exists; nil for none.
+    public var configurationFileToRead: String? {
+        guard let path = configPath, configPathExplicit || FileManager.default.fileExists(atPath: path) else { return nil }
+        return path
+    }
+}
+
 extension DaemonConfiguration {
+    /// What `options` configure now: the file `configurationFileToRead` names, else the
+    /// defaults, with the command line applied on top; and that file (nil for none).
+    public static func read(for options: DaemonOptions) throws(DaemonError) -> (configuration: DaemonConfiguration, file: String?) {
+        guard let file = options.configurationFileToRead else { return (DaemonConfiguration().merged(with: options), nil) }
+        return (try load(file).merged(with: options), file)
+    }
+
+    /// Why a configuration without a plugin directory cannot run.
+    public static let noPluginDirectory = "no plugin directory: pass --plugins DIR or list \"pluginDirectories\" in the configuration file"
+
     /// This configuration with the command line's options applied on top.
     public func merged(with options: DaemonOptions) -> DaemonConfiguration {
         var merged = self

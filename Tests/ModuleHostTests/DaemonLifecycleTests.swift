@@ -377,6 +377,60 @@ import TestSupport
         #expect(await h.stop() == 0)
     }
 
+    /// Without `--config`, a reload reads the default configuration file as a start would
+    /// now: a file created since the start is read, and once it is deleted the defaults and
+    /// the command line apply again, each said in the log and shown by `status` (found from
+    /// outside: a deleted file left its settings in force, with `configuration: unchanged`).
+    /// The default file is the user's own (`$XDG_CONFIG_HOME`): as root (CI) the daemon runs
+    /// as uid 65534, where /etc is not touched.
+    @Test func aReloadReadsTheDefaultConfigurationFileAsAStartWould() async throws {
+        let scratch = TemporaryDirectory("default-config")
+        let plugins = scratch.directory("plugins")
+        for name in ["Greeting", "Counter"] { try scratch.copy(BuildProducts.plugin(name), as: "plugins/lib\(name).so") }
+        let home = scratch.directory("home")
+        let file = home + "/config/modhostd/modhostd.json"
+        let socket = home + "/sock"
+        let root = getuid() == 0
+        let tools = root ? try ToolsForAnotherUser() : nil
+        if root { chown(home, 65534, 65534) }
+        let arguments = ["--plugins", plugins, "--state-dir", home + "/state", "--socket", socket]
+        let environment = ["XDG_CONFIG_HOME": home + "/config", "HOME": home]
+        let daemon = try tools.map { tools in
+            try RunningProcess("/usr/bin/setpriv", ["--reuid=65534", "--regid=65534", "--clear-groups", tools.modhostd] + arguments,
+                               environment: environment)
+        } ?? RunningProcess(BuildProducts.modhostd, arguments, environment: environment)
+        func ctl(_ command: String) throws -> [String: Any] {
+            let arguments = ["--socket", socket, "--json", command]
+            let result = try tools.map { try $0.runAsNobody($0.modhostctl, arguments) } ?? run(BuildProducts.modhostctl, arguments)
+            return try #require(try JSONSerialization.jsonObject(with: Data(result.standardOutput.utf8)) as? [String: Any], "\(result)")
+        }
+        func counter() throws -> String? {
+            let rows = try ctl("list")["modules"] as? [[String: Any]] ?? []
+            return rows.first { $0["module"] as? String == "counter" }?["state"] as? String
+        }
+        #expect(await daemon.waitFor("started 2 modules", timeout: .seconds(60)), "\(daemon.text)")
+        #expect(try ctl("status")["configPath"] == nil)
+
+        // Created after the start: the reload reads it.
+        try FileManager.default.createDirectory(atPath: home + "/config/modhostd", withIntermediateDirectories: true)
+        try #"{"modules": {"counter": {"enabled": false}}}"#.write(toFile: file, atomically: true, encoding: .utf8)
+        if root { chmod(file, 0o644) }
+        daemon.send(SIGHUP)
+        #expect(await daemon.waitFor("reading the configuration file \(file)", timeout: .seconds(60)), "\(daemon.text)")
+        #expect(try await eventually { try counter() == "disabled" })
+        #expect(try ctl("status")["configPath"] as? String == file)
+
+        // Deleted: the defaults again.
+        try FileManager.default.removeItem(atPath: file)
+        daemon.send(SIGHUP)
+        #expect(await daemon.waitFor("the configuration file \(file) is gone; using the defaults and the command line", timeout: .seconds(60)),
+                "\(daemon.text)")
+        #expect(try await eventually { try counter() == "running" })
+        #expect(try ctl("status")["configPath"] == nil)
+        daemon.send(SIGTERM)
+        #expect(await daemon.wait() == 0, "\(daemon.text)")
+    }
+
     @Test func sighupReloadsTheConfigurationAndKeepsItWhenInvalid() async throws {
         let h = try Harness(["Greeting", "Counter"], config: #"{"modules": {"counter": {"order": 1}}}"#)
         #expect(await h.waitFor("started 2 modules: counter, greeting"))
