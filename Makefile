@@ -169,7 +169,7 @@ install: $(if $(PACKAGE_BUILD),,release)
 	install -m 0644 $(PACKAGE_FROM)/include/modulehost.h $(DESTDIR)$(PREFIX)/include/
 	install -m 0644 $(PACKAGE_FROM)/include/modulehost/module.modulemap $(DESTDIR)$(PREFIX)/include/modulehost/
 	install -m 0644 $(PACKAGE_FROM)/share/modulehost/plugin.mk $(DESTDIR)$(PREFIX)/share/modulehost/
-	sed -e 's|/usr/local|$(PREFIX)|g' share/modhostd.service > $(DESTDIR)$(PREFIX)/share/modulehost/modhostd.service
+	sed -e 's|/usr/local|$(PREFIX)|g' -e 's|--config /etc/|--config $(SYSCONFDIR)/|' share/modhostd.service > $(DESTDIR)$(PREFIX)/share/modulehost/modhostd.service
 	sed -e 's|/usr/local|$(PREFIX)|g' share/modhostd.json.example > $(DESTDIR)$(PREFIX)/share/modulehost/modhostd.json.example
 	[ -e $(DESTDIR)$(SYSCONFDIR)/modhostd/modhostd.json ] || \
 	  install -m 0644 $(DESTDIR)$(PREFIX)/share/modulehost/modhostd.json.example $(DESTDIR)$(SYSCONFDIR)/modhostd/modhostd.json

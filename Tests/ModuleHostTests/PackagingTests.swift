@@ -51,6 +51,20 @@ import TestSupport
         #expect(runTarget.standardOutput.contains("make run: a debug build"), "\(runTarget.standardOutput)")
     }
 
+    /// With another SYSCONFDIR, the installed unit reads the configuration `make install`
+    /// wrote there (found from outside: the unit kept /etc/modhostd/modhostd.json).
+    @Test func theInstalledUnitReadsTheConfigurationWhereInstallPutIt() throws {
+        let scratch = TemporaryDirectory("install-sysconfdir")
+        let result = try run("/usr/bin/make", ["--no-print-directory", "install", "PACKAGE_BUILD=\(BuildProducts.directory)",
+                                               "DESTDIR=\(scratch.path)", "PREFIX=/opt/mh", "SYSCONFDIR=/opt/mh/etc"],
+                             directory: Self.root)
+        try #require(result.status == 0, "\(result.standardOutput)\(result.standardError)")
+        #expect(FileManager.default.fileExists(atPath: scratch.file("opt/mh/etc/modhostd/modhostd.json")))
+        let unit = try String(contentsOfFile: scratch.file("opt/mh/share/modulehost/modhostd.service"), encoding: .utf8)
+        let start = try #require(unit.split(separator: "\n").first { $0.hasPrefix("ExecStart=") })
+        #expect(start.hasPrefix("ExecStart=/opt/mh/bin/modhostd --config /opt/mh/etc/modhostd/modhostd.json "), "\(start)")
+    }
+
     /// `make` lays out build/ while a modhostd started from it may be running (`make run`,
     /// or `build/bin/modhostd` as the README shows): a changed file is written beside its
     /// path and renamed over it, never rewritten in place, which would change the code
