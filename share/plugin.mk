@@ -101,5 +101,10 @@ $(TARGET): $(UNSTAMPED) $(MANIFEST)
 $(OBJ_DIR) $(MODULES_DIR):
 	mkdir -p $@
 
+# Removes what this plugin's build made (its module interface too, which plugins that
+# depend on it import), then the directories it leaves empty.
 clean:
-	rm -f $(TARGET) $(UNSTAMPED) $(MANIFEST) $(DEPENDENCY_FILE) $(COMMAND_FILE)
+	rm -f $(TARGET) $(UNSTAMPED) $(MANIFEST) $(DEPENDENCY_FILE) $(COMMAND_FILE) \
+	  $(MODULES_DIR)/$(PLUGIN).swiftmodule $(MODULES_DIR)/$(PLUGIN).swiftdoc
+	rm -rf $(PLUGIN_DIR)/obj/$(PLUGIN)
+	rmdir $(PLUGIN_DIR)/obj $(MODULES_DIR) $(PLUGIN_DIR) 2>/dev/null || true

@@ -72,6 +72,11 @@ import TestSupport
         #expect(await daemon.waitFor(language == "c" ? "hello, replaced" : "hello again: start"), "\(daemon.text)")
         daemon.send(SIGTERM)
         #expect(await daemon.wait() == 0, "\(daemon.text)")
+
+        // `make clean` leaves the directory as `new` wrote it.
+        let clean = try make(dir, "clean")
+        #expect(clean.status == 0, "\(clean.standardOutput)")
+        #expect(try FileManager.default.contentsOfDirectory(atPath: dir).sorted() == ["Makefile", "README.md", "plugin.json", (source as NSString).lastPathComponent].sorted())
     }
 
     @Test func theScaffoldRefusesWhatItCannotWrite() throws {
