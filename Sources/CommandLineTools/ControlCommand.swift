@@ -7,7 +7,7 @@ import PluginFormat
 
 /// `modhostctl`: inspects plugin files and controls a running modhostd.
 public struct ControlCommand: Sendable {
-    public static let usage = "modhostctl [--json] [--socket PATH] <command> [arguments]"
+    public static let usage = "modhostctl [--json] [--socket PATH] [--timeout SECONDS] <command> [arguments]"
 
     public static let help = """
         OVERVIEW: Inspect ModuleHost plugin files and control a running modhostd.
@@ -46,7 +46,8 @@ public struct ControlCommand: Sendable {
           -h, --help                Show help information
 
         EXIT CODES:
-          0 success, 1 a plugin was refused or the daemon refused the request, 64 usage error,
+          0 success, 1 a plugin was refused, the daemon refused the request, or new found its
+          directory not empty, 64 usage error,
           65 invalid input data, 69 modhostd not reachable (not running, or another socket),
           77 the process on the socket runs as another user than root or you (not trusted)
 
@@ -163,6 +164,7 @@ public struct ControlCommand: Sendable {
                     "order:        \(manifest.order)",
                     "modules:      \(shown(manifest.modules.joined(separator: ", ")))",
                     "dependencies: \(manifest.dependencies.isEmpty ? "none" : shown(manifest.dependencies.joined(separator: ", ")))",
+                    "isolation:    \(manifest.isolation.map(shown) ?? "not set (the daemon's configuration decides)")",
                 ]
                 if let toolchain = manifest.toolchain {
                     lines.append("toolchain:    \(shown(toolchain.swift))")
@@ -273,9 +275,9 @@ public struct ControlCommand: Sendable {
                 needed.append(dependency)
                 frontier += dependency.manifest.dependencies
             }
-            let preloads = DependencyOrder(needed).ordered.map { absolutePath($0.resolvedPath) }
+            let preloads = DependencyOrder(needed).ordered.map { PathText.absolute($0.resolvedPath) }
             do throws(LoadFailure) {
-                try await trial.trialLoad(file.resolving(to: absolutePath(file.resolvedPath)), preloading: preloads)
+                try await trial.trialLoad(file.resolving(to: PathText.absolute(file.resolvedPath)), preloading: preloads)
                 loaded[file.name] = file
                 passed.append(file)
             } catch {
@@ -284,10 +286,6 @@ public struct ControlCommand: Sendable {
             }
         }
         return (passed, refused)
-    }
-
-    private func absolutePath(_ path: String) -> String {
-        path.hasPrefix("/") ? path : FileManager.default.currentDirectoryPath + "/" + path
     }
 
     /// Text from a plugin file (or its name) for the terminal: control characters escaped,

@@ -78,6 +78,10 @@ public struct DaemonCommand: Sendable {
                     if let problem = PathText.problem(with: value) { throw UsageError("--\(flag) \(problem)") }
                 }
             }
+            // Relative paths are the operator's working directory's: the daemon keeps and
+            // shows them absolute, as the configuration file requires.
+            options.pluginDirectories = options.pluginDirectories.map { PathText.absolute($0) }
+            if let stateDirectory = parsed.value("state-dir") { options.stateDirectory = PathText.absolute(stateDirectory) }
             if let socket = parsed.value("socket"), let problem = UnixSocketAddress.problem(with: socket) {
                 throw UsageError("--socket \(problem)")
             }
@@ -103,10 +107,9 @@ public struct DaemonCommand: Sendable {
                 }
                 set(&options, duration)
             }
-            options.stateDirectory = parsed.value("state-dir")
             options.socketPath = parsed.value("socket")
             options.configPathExplicit = parsed.value("config") != nil
-            options.configPath = parsed.value("config") ?? RuntimePaths().configPath
+            options.configPath = parsed.value("config").map { PathText.absolute($0) } ?? RuntimePaths().configPath
             return .success(options)
         } catch {
             return .failure(usageError(error))

@@ -1,3 +1,4 @@
+import Foundation
 /// A path's parent and last component, read as text, for paths of any shape from outside
 /// (the command line, the configuration): Foundation's `NSString.deletingLastPathComponent`
 /// and `lastPathComponent` trap on a one-character relative path such as `s` or `s/`
@@ -31,6 +32,17 @@ public enum PathText {
         if path.utf8.contains(0) { return "holds a NUL byte" }
         if absolute && !path.hasPrefix("/") { return "is not an absolute path" }
         return nil
+    }
+
+    /// `path` as an absolute path: unchanged when it is one, else joined to
+    /// `workingDirectory` (by default this process's), without a leading `./`.
+    public static func absolute(_ path: String, in workingDirectory: String = FileManager.default.currentDirectoryPath) -> String {
+        if path.hasPrefix("/") { return path }
+        var relative = Substring(path)
+        while relative.hasPrefix("./") { relative = relative.dropFirst(2) }
+        let base = withoutTrailingSlashes(workingDirectory)
+        if relative.isEmpty || relative == "." { return base.isEmpty ? "/" : base }
+        return base + "/" + relative
     }
 
     private static func withoutTrailingSlashes(_ path: String) -> String {

@@ -118,4 +118,14 @@ struct PathTextTests {
         #expect(PathText.parent(of: path) == parent)
         #expect(PathText.lastComponent(of: path) == last)
     }
+
+    /// A relative path from the command line is kept as the working directory's.
+    @Test(arguments: [
+        ("/srv/plugins", "/srv/plugins"), ("build", "/home/me/build"), ("./build", "/home/me/build"), ("././b/", "/home/me/b/"),
+        (".", "/home/me"), ("./", "/home/me"), ("../x", "/home/me/../x"),
+    ])
+    func absolute(path: String, expected: String) {
+        #expect(PathText.absolute(path, in: "/home/me") == expected)
+        #expect(PathText.absolute(path, in: "/home/me/") == expected)
+    }
 }
