@@ -369,19 +369,25 @@ extension ControlCommand {
             whether = "modhostd is running but busy or stuck"
         case .connectionClosed:
             reason = "the connection closed before a reply arrived"
-            whether = "modhostd is running but may be shutting down"
+            whether = daemons.isEmpty
+                ? "modhostd is no longer running (it stopped or crashed: see its log)"
+                : "modhostd is running (pid \(pids)) but may be shutting down"
         default:
             reason = error.description
         }
         return "cannot reach modhostd at \(socketPath): \(reason). \(whether)."
     }
 
-    /// Pids of processes named modhostd (from /proc/PID/comm), excluding this process.
+    /// Pids of processes named modhostd (from /proc/PID/comm), excluding this process, that
+    /// run as root or as this user: those whose socket this tool would trust (another
+    /// user's daemon is not the one it looks for).
     static func runningDaemons() -> [Int32] {
         guard let entries = try? FileManager.default.contentsOfDirectory(atPath: "/proc") else { return [] }
-        let me = getpid()
+        let me = getpid(), user = geteuid()
         return entries.compactMap(Int32.init).filter { pid in
-            pid != me && readSmallFile("/proc/\(pid)/comm") == "modhostd\n"
+            var status = stat()
+            return pid != me && stat("/proc/\(pid)", &status) == 0 && (status.st_uid == 0 || status.st_uid == user)
+                && readSmallFile("/proc/\(pid)/comm") == "modhostd\n"
         }.sorted()
     }
 

@@ -80,7 +80,8 @@ extension ControlCommand {
         switch (parsed.has("swift"), parsed.has("c")) {
         case (true, false): language = .swift
         case (false, true): language = .c
-        default: throw UsageError("\(command) needs one of --swift and --c")
+        case (true, true): throw UsageError("\(command) takes one of --swift and --c, not both")
+        case (false, false): throw UsageError("\(command) needs one of --swift and --c")
         }
         guard let sdk = parsed.value("prefix") ?? PluginBuildFlags.defaultSDK() else {
             output.err("Error: no SDK next to this modhostctl (no lib/libModuleKit.so under its prefix). Fix: pass --prefix PREFIX, the directory ModuleHost is installed in")

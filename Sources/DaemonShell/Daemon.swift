@@ -209,7 +209,7 @@ public actor Daemon: DaemonControl {
         let snapshot = await plugins.snapshot()
         let down = downModules(snapshot)
         let running = await host.moduleNames.filter { down[$0] == nil }
-        logger.info("started \(running.count) \(running.count == 1 ? "module" : "modules"): \(running.joined(separator: ", "))",
+        logger.info("started \(running.count) \(running.count == 1 ? "module" : "modules")\(running.isEmpty ? "" : ": " + running.joined(separator: ", "))",
                     [("plugins", "\(snapshot.plugins.count)"), ("refused", "\(snapshot.filesRefused)")])
         for (module, worker) in down.sorted(by: { $0.key < $1.key }) {
             logger.warning("module \(module) is not running: its worker is \(worker.phase.rawValue)\(worker.lastCrash.map { " (last: \($0))" } ?? "")",

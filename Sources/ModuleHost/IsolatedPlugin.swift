@@ -235,8 +235,7 @@ public final class IsolatedPlugin: Sendable {
     /// Starts the first worker and returns the modules its plugin provides (name, version).
     func start() async throws(LoadFailure) -> [(name: String, version: String)] {
         if geteuid() != 0, settings.user != nil || settings.group != nil {
-            logger.warning("plugins.\(name).user and group are not applied: only a daemon running as root starts a worker as another user; this worker runs as uid \(geteuid())",
-                           [("plugin", name)])
+            logger.warning("plugins.\(name).user and group are not applied: only a daemon running as root starts a worker as another user; this worker runs as uid \(geteuid())")
         }
         let connection = try await launch()
         state.withLock {

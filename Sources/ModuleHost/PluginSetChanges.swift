@@ -600,7 +600,7 @@ extension PluginSet {
             }
         }
         if deleted > 0 {
-            logger.info("deleted \(deleted) private plugin copies an earlier run left in \(imagesDirectory)", [("directory", imagesDirectory)])
+            logger.info("deleted \(deleted) private plugin \(deleted == 1 ? "copy" : "copies") an earlier run left in \(imagesDirectory)", [("directory", imagesDirectory)])
         }
     }
 

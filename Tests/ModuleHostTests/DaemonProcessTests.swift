@@ -80,6 +80,7 @@ import TestSupport
         #expect(result.status == 0)
         #expect(result.standardOutput.contains("name:         Calculator"))
         #expect(result.standardOutput.contains("calc_add: i32(i32,i32)"))
+        #expect(result.standardOutput.contains("isolation:    not set (the daemon's configuration decides)"))
         #expect(result.standardOutput.contains("verdict:      valid"))
 
         let json = try run(BuildProducts.modhostctl, ["inspect", "--json", BuildProducts.plugin("Greeting")])
