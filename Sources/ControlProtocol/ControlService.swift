@@ -45,6 +45,23 @@ public struct ControlService: Sendable {
         self.logger = logger
     }
 
+    /// The reply to a request that needs nothing of the daemon's tasks (`ping`, `version`,
+    /// and every request refused for its form), made on the caller's thread; nil for the
+    /// others, which `handle` answers. So `ping` answers even while plugin code holds every
+    /// thread of Swift concurrency.
+    public func immediateReply(_ line: String, peer: PeerCredentials) -> String? {
+        var id = "null"
+        do throws(DaemonError) {
+            let request = try Request(line: line, idText: &id)
+            guard let result = Self.immediateResult(request) else { return nil }
+            return "{\"id\":\(id),\"ok\":true,\"result\":\(result),\"v\":\(Self.protocolVersion)}"
+        } catch {
+            logger?.debug("control request refused: \(error.message)",
+                          [("code", error.code), ("peer_pid", "\(peer.pid)"), ("peer_uid", "\(peer.uid)")])
+            return Self.errorReply(error, idText: id)
+        }
+    }
+
     /// Answers one request line (without its newline) from `peer`. See the type's guarantees.
     public func handle(_ line: String, peer: PeerCredentials) async -> String {
         var id = "null"
@@ -79,7 +96,8 @@ public struct ControlService: Sendable {
     {
         let service = self
         return try ControlServer(socketPath: socketPath, configuration: configuration,
-                                 rejectionReply: Self.rejectionReply) { line, peer in
+                                 rejectionReply: Self.rejectionReply,
+                                 immediate: { line, peer in service.immediateReply(line, peer: peer) }) { line, peer in
             await service.handle(line, peer: peer)
         }
     }
@@ -134,8 +152,18 @@ public struct ControlService: Sendable {
                 "function": .string(function), "plugin": .string(plugin), "text": .string(value.text),
                 "type": .string(value.type.rawValue), "value": value.json,
             ]).jsonText
+        default:
+            if let result = Self.immediateResult(request) { return result }
+            // Request(line:) lets only known commands through.
+            throw DaemonError(code: "unknown_command", message: "unknown command \"\(request.command)\"")
+        }
+    }
+
+    /// The result of a request answered without the daemon (`ping`, `version`); nil for others.
+    private static func immediateResult(_ request: Request) -> String? {
+        switch request.command {
         case "version":
-            return JSONValue.object([
+            JSONValue.object([
                 "abi": .string("\(HostSDK.abiMajor).\(HostSDK.abiMinor)"),
                 "commands": .array(Self.commands.map(JSONValue.string)),
                 "moduleKit": .string(HostSDK.current.moduleKit),
@@ -143,10 +171,9 @@ public struct ControlService: Sendable {
                 "swift": .string(HostSDK.current.compilerVersion),
             ]).jsonText
         case "ping":
-            return JSONValue.object(["pid": .number(Double(getpid())), "pong": true]).jsonText
+            JSONValue.object(["pid": .number(Double(getpid())), "pong": true]).jsonText
         default:
-            // Request(line:) lets only known commands through.
-            throw DaemonError(code: "unknown_command", message: "unknown command \"\(request.command)\"")
+            nil
         }
     }
 

@@ -143,6 +143,9 @@ public final class ControlServer: Sendable {
     public typealias Handler = @Sendable (String, PeerCredentials) async -> String
     /// The error line (without newline) for a request the server refuses on its own.
     public typealias RejectionReply = @Sendable (ControlRejection) -> String
+    /// The reply line to a request that can be answered at once on the connection's own
+    /// thread (without Swift concurrency), or nil to give it to the `Handler`.
+    public typealias Immediate = @Sendable (String, PeerCredentials) -> String?
 
     /// Limits and policies of a server.
     public struct Configuration: Sendable {
@@ -182,12 +185,12 @@ public final class ControlServer: Sendable {
     /// the line `rejectionReply` writes (the protocol's error form: the server knows no
     /// protocol). Throws `ControlSocketError`.
     public init(socketPath: String, configuration: Configuration = Configuration(),
-                rejectionReply: @escaping RejectionReply, handler: @escaping Handler)
+                rejectionReply: @escaping RejectionReply, immediate: Immediate? = nil, handler: @escaping Handler)
         throws(ControlSocketError)
     {
         self.socketPath = socketPath
         core = try ServerCore(socketPath: socketPath, configuration: configuration,
-                              rejectionReply: rejectionReply, handler: handler)
+                              rejectionReply: rejectionReply, immediate: immediate, handler: handler)
         let core = self.core
         startThread(name: "dk-ctl-accept") { core.acceptLoop() }
     }
@@ -255,6 +258,7 @@ private final class ServerCore: Sendable {
 
     let configuration: ControlServer.Configuration
     let rejectionReply: ControlServer.RejectionReply
+    let immediate: ControlServer.Immediate?
     let handler: ControlServer.Handler
     let socketPath: String
     let listenFD: Int32
@@ -264,11 +268,13 @@ private final class ServerCore: Sendable {
     private let state = Mutex(State())
 
     init(socketPath: String, configuration: ControlServer.Configuration,
-         rejectionReply: @escaping ControlServer.RejectionReply, handler: @escaping ControlServer.Handler)
+         rejectionReply: @escaping ControlServer.RejectionReply, immediate: ControlServer.Immediate?,
+         handler: @escaping ControlServer.Handler)
         throws(ControlSocketError)
     {
         self.configuration = configuration
         self.rejectionReply = rejectionReply
+        self.immediate = immediate
         self.handler = handler
         self.socketPath = socketPath
         let abstract = socketPath.hasPrefix("@")
@@ -479,7 +485,7 @@ private final class ServerCore: Sendable {
                 setWaiting(number, fd: fd, false)  // a request is in hand: not to be closed for room
                 let reply: String
                 if let request = String(validating: line, as: UTF8.self) {
-                    reply = callHandler(request, peer)
+                    reply = immediate?(request, peer) ?? callHandler(request, peer)
                 } else {
                     reply = rejectionReply(.invalidUTF8(line: Array(line)))
                 }

@@ -115,6 +115,27 @@ public final class UnixSignals: AsyncSequence, Sendable {
     }
 }
 
+/// Signals handed to a handler as they arrive, on the one thread that reads every signal
+/// of the process: never on a thread of Swift concurrency, so it runs even while every one
+/// of those is held (by code the process loads, say). Otherwise as `UnixSignals`: the
+/// handlers are installed before the initializer returns, and the previous dispositions
+/// come back when the last subscriber of a signal is gone.
+///
+/// The handler must return quickly: every signal of the process waits for it.
+public final class UnixSignalWatch: Sendable {
+    private let token: UInt64
+
+    /// Starts calling `handler` for each of `signals` received, until `cancel()`.
+    public init(_ signals: [UnixSignal], handler: @escaping @Sendable (UnixSignal) -> Void) throws(SystemError) {
+        token = try SignalDispatcher.shared.register(Array(Set(signals.map(\.rawValue))).sorted(), .init(deliver: handler, finish: {}))
+    }
+
+    /// Stops calling the handler (a call under way finishes). Idempotent.
+    public func cancel() { SignalDispatcher.shared.unregister(token) }
+
+    deinit { SignalDispatcher.shared.unregister(token) }
+}
+
 /// The write end of the signal pipe, read by the signal handler. An atomic load is
 /// async-signal-safe; -1 until the dispatcher has created its pipe.
 private let signalPipeWriteEnd = Atomic<Int32>(-1)
@@ -138,8 +159,9 @@ private final class SignalDispatcher: Sendable {
     private struct State {
         var readEnd: Int32 = -1
         var nextToken: UInt64 = 1
-        /// token -> the stream of one `UnixSignals`.
-        var streams: [UInt64: AsyncStream<UnixSignal>.Continuation] = [:]
+        /// token -> how to hand a signal to one subscriber (a `UnixSignals`'s stream, a
+        /// `UnixSignalWatch`'s handler), and what ends that subscription.
+        var subscriptions: [UInt64: Subscription] = [:]
         /// signal number -> tokens subscribed to it.
         var subscribers: [Int32: Set<UInt64>] = [:]
         /// The dispositions that were in place before we installed ours.
@@ -148,15 +170,24 @@ private final class SignalDispatcher: Sendable {
 
     private let state = Mutex(State())
 
+    struct Subscription: Sendable {
+        let deliver: @Sendable (UnixSignal) -> Void
+        let finish: @Sendable () -> Void
+    }
+
     func register(_ numbers: [Int32], _ continuation: AsyncStream<UnixSignal>.Continuation)
         throws(SystemError) -> UInt64
     {
+        try register(numbers, Subscription(deliver: { continuation.yield($0) }, finish: { continuation.finish() }))
+    }
+
+    func register(_ numbers: [Int32], _ subscription: Subscription) throws(SystemError) -> UInt64 {
         let result: Result<UInt64, SystemError> = state.withLock { state in
             do throws(SystemError) {
                 if state.readEnd < 0 { state.readEnd = try Self.startReader() }
                 let token = state.nextToken
                 state.nextToken += 1
-                state.streams[token] = continuation
+                state.subscriptions[token] = subscription
                 for number in numbers {
                     // Subscribe first so a signal arriving right after sigaction is routed.
                     state.subscribers[number, default: []].insert(token)
@@ -177,19 +208,19 @@ private final class SignalDispatcher: Sendable {
         switch result {
         case .success(let token): return token
         case .failure(let error):
-            continuation.finish()
+            subscription.finish()
             throw error
         }
     }
 
     func unregister(_ token: UInt64) {
-        let continuation = state.withLock { state in Self.remove(token, &state) }
-        continuation?.finish()
+        let subscription = state.withLock { state in Self.remove(token, &state) }
+        subscription?.finish()
     }
 
     /// Removes a subscriber from every signal, restoring the old disposition of each
-    /// signal it was the last subscriber of. Returns its continuation, if still registered.
-    private static func remove(_ token: UInt64, _ state: inout State) -> AsyncStream<UnixSignal>.Continuation? {
+    /// signal it was the last subscriber of. Returns its subscription, if still registered.
+    private static func remove(_ token: UInt64, _ state: inout State) -> Subscription? {
         for number in Array(state.subscribers.keys) {
             state.subscribers[number]?.remove(token)
             guard state.subscribers[number]?.isEmpty ?? false else { continue }
@@ -198,7 +229,7 @@ private final class SignalDispatcher: Sendable {
                 _ = sigaction(number, &previous, nil)
             }
         }
-        return state.streams.removeValue(forKey: token)
+        return state.subscriptions.removeValue(forKey: token)
     }
 
     /// Installs `recordSignal` for `number` and returns the previous disposition.
@@ -239,9 +270,9 @@ private final class SignalDispatcher: Sendable {
             for index in 0..<count {
                 let number = Int32(buffer[index])
                 let targets = state.withLock { state in
-                    (state.subscribers[number] ?? []).compactMap { state.streams[$0] }
+                    (state.subscribers[number] ?? []).sorted().compactMap { state.subscriptions[$0] }
                 }
-                for continuation in targets { continuation.yield(UnixSignal(rawValue: number)) }
+                for target in targets { target.deliver(UnixSignal(rawValue: number)) }
             }
         }
     }

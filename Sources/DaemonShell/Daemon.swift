@@ -60,6 +60,8 @@ public actor Daemon: DaemonControl {
     let workers = PluginWorkers()
     let crashGuard: CrashGuard
     var configuration: DaemonConfiguration
+    /// Ends a shutdown that outlives its budget even when no task of the daemon can run.
+    var watchdog: ShutdownWatchdog?
     /// The configuration file the running configuration was read from; nil for none.
     var configurationFile: String?
     var ready = false
@@ -131,6 +133,12 @@ public actor Daemon: DaemonControl {
             logger.error("cannot install signal handlers: \(error)")
             return .osError
         }
+        // Ends the process past the shutdown budget, and at a second SIGTERM or SIGINT,
+        // even while no Swift task of the daemon can run.
+        let watchdog = ShutdownWatchdog(budget: configuration.shutdownBudget, logger: logger) { [self] in
+            stillRunning(shutdownReturned: false)
+        }
+        self.watchdog = watchdog
         // Startup runs beside the signal loop, so a signal never waits for it. A failed
         // startup ends the loop (the signals already received are still delivered).
         Task {
@@ -153,29 +161,15 @@ public actor Daemon: DaemonControl {
             break
         }
         if let startFailure {
+            watchdog.cancel()
             logger.error("\(startFailure.message)")
             return .osError
         }
-        // A second SIGTERM/SIGINT during shutdown ends the process at once: its handler is
-        // installed before the first one is cancelled, so no signal falls in between.
-        let again: UnixSignals?
-        do {
-            again = try UnixSignals(.terminate, .interrupt)
-        } catch {
-            logger.warning("cannot watch for a second signal during shutdown: \(error)")
-            again = nil
-        }
+        // A second SIGTERM/SIGINT during shutdown ends the process at once (the watchdog
+        // holds the handlers, so no signal falls between this sequence's end and it).
         signals.cancel()
-        let escalation = Task.detached { [logger] in
-            guard let again else { return }
-            for await signal in again {
-                logger.warning("\(signal) received again during shutdown, exiting now")
-                ExitGuard.exit(ExitCode.failure.rawValue)
-            }
-        }
         let clean = await stop()
-        escalation.cancel()
-        again?.cancel()
+        watchdog.cancel()
         return clean ? .success : .failure
     }
 
@@ -527,6 +521,7 @@ public actor Daemon: DaemonControl {
     func applyConfiguration(_ fresh: DaemonConfiguration) async {
         let old = configuration
         configuration = fresh
+        watchdog?.setBudget(fresh.shutdownBudget)
         LoggingSystem.setLevel(fresh.logLevel)
         await plugins.setValidator(Validator(allowInsecure: options.allowInsecurePlugins || fresh.allowInsecurePlugins))
         await plugins.setStopsPluginsWithUnsafeFiles(fresh.stopPluginsWithUnsafeFiles)

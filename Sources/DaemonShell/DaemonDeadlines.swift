@@ -1,8 +1,10 @@
 import ControlProtocol
+import Foundation
 import DaemonKit
 import ModuleHost
 import ModuleKit
 import PluginCall
+import Synchronization
 
 /// How the daemon keeps its control plane and its shutdown bounded in time whatever plugin
 /// code does (docs/daemon.md, "Deadlines and stuck modules"):
@@ -128,14 +130,7 @@ extension Daemon {
         while stopped != nil, !(workers.busyModules.isEmpty && workers.busyCalls.isEmpty), clock.now - started < budget {
             try? await Task.sleep(for: .milliseconds(10))
         }
-        let busy = workers.busyModules.map { "module \($0.module) (in \($0.busy.what) for \($0.busy.elapsed.secondsText))" }
-            + workers.busyCalls.map { "plugin \($0.plugin) (in \($0.busy.what) for \($0.busy.elapsed.secondsText))" }
-        let unfinished = stopped == nil ? host.runningModuleNames.map { "module \($0) (not yet deinitialized)" } : []
-        // A startup or reload still in a plugin's code (its modules' create or init, say,
-        // within the event deadline) holds up the shutdown without a module being busy yet.
-        let loading = stopped == nil ? plugins.workInProgress.map { [$0] } ?? [] : []
-        var remaining = busy + unfinished.filter { line in !busy.contains { $0.hasPrefix(line.prefix { $0 != "(" }) } } + loading
-        if stopped == nil && remaining.isEmpty { remaining = ["the plugin set (still loading or stopping)"] }
+        let remaining = stillRunning(shutdownReturned: stopped != nil)
         guard remaining.isEmpty else {
             logger.error("the shutdown budget of \(budget.secondsText) ran out; exiting with modules still running: \(remaining.joined(separator: ", "))",
                          [("budget", budget.secondsText)])
@@ -144,6 +139,81 @@ extension Daemon {
         logger.info("stopped")
         return true
     }
+
+    /// What still runs, by name, when a shutdown's budget has run out: C callbacks and calls
+    /// by name still queued or running and, unless the plugin set's shutdown returned, the
+    /// modules not yet deinitialized and the plugin being loaded. Read from the daemon's
+    /// own state, from any thread, without waiting.
+    nonisolated func stillRunning(shutdownReturned: Bool) -> [String] {
+        let busy = workers.busyModules.map { "module \($0.module) (in \($0.busy.what) for \($0.busy.elapsed.secondsText))" }
+            + workers.busyCalls.map { "plugin \($0.plugin) (in \($0.busy.what) for \($0.busy.elapsed.secondsText))" }
+        guard !shutdownReturned else { return busy }
+        let unfinished = host.runningModuleNames.map { "module \($0) (not yet deinitialized)" }
+        // A startup or reload still in a plugin's code (its modules' create or init, say,
+        // within the event deadline) holds up the shutdown without a module being busy yet.
+        let loading = plugins.workInProgress.map { [$0] } ?? []
+        let remaining = busy + unfinished.filter { line in !busy.contains { $0.hasPrefix(line.prefix { $0 != "(" }) } } + loading
+        return remaining.isEmpty ? ["the plugin set (still loading or stopping)"] : remaining
+    }
+}
+
+/// The shutdown's last resort, on threads of its own: ends the process 1 s after the
+/// shutdown budget has run out, and at once at a second SIGTERM or SIGINT.
+///
+/// The shutdown itself (`Daemon.stopWithinBudget`) runs as Swift tasks, and so does the
+/// daemon's own handling of signals: neither runs while plugin code holds every thread of
+/// Swift concurrency (a Swift module whose tasks block in `sleep` or on a semaphore, one per
+/// CPU). This watch needs none of those threads: signals reach it on the thread that reads
+/// them (`UnixSignalWatch`), and the budget is kept by a thread it starts at the first one.
+/// When the budget and the second more have passed, it logs what still runs and exits 1,
+/// as an exceeded budget does (the in-flight record cleared: not a crash).
+final class ShutdownWatchdog: Sendable {
+    /// How long past the budget the watch waits for the shutdown's own end (which names
+    /// what still runs itself) before it ends the process.
+    static let grace = Duration.seconds(1)
+    /// The budget, and how many signals came; shared with the signal handler.
+    private final class Counts: Sendable {
+        let state: Mutex<(budget: Duration, signals: Int)>
+        init(budget: Duration) { state = Mutex((budget: budget, signals: 0)) }
+    }
+    private let counts: Counts
+    private let watch: UnixSignalWatch?
+
+    /// Starts watching SIGTERM and SIGINT; `stillRunning` names what still runs.
+    init(budget: Duration, logger: Logger, stillRunning: @escaping @Sendable () -> [String]) {
+        let counts = Counts(budget: budget)
+        self.counts = counts
+        do {
+            watch = try UnixSignalWatch([.terminate, .interrupt]) { signal in
+                let (count, budget) = counts.state.withLock { state in
+                    state.signals += 1
+                    return (state.signals, state.budget)
+                }
+                if count > 1 {
+                    logger.warning("\(signal) received again during shutdown, exiting now")
+                    ExitGuard.exit(ExitCode.failure.rawValue)
+                }
+                let thread = Thread {
+                    Thread.sleep(forTimeInterval: Double((budget + Self.grace).components.seconds)
+                        + Double((budget + Self.grace).components.attoseconds) / 1e18)
+                    logger.error("the shutdown budget of \(budget.secondsText) ran out and the shutdown could not go on: plugin code holds the threads Swift concurrency runs on (a Swift module or task blocking its thread); exiting with modules still running: \(stillRunning().joined(separator: ", "))",
+                                 [("budget", budget.secondsText)])
+                    ExitGuard.exit(ExitCode.failure.rawValue)
+                }
+                thread.name = "modhostd-shutdown-watch"
+                thread.start()
+            }
+        } catch {
+            logger.warning("cannot watch for the end of the shutdown budget from a thread of its own: \(error)")
+            watch = nil
+        }
+    }
+
+    /// The budget a shutdown that begins from now on has (a reload may change it).
+    func setBudget(_ budget: Duration) { counts.state.withLock { $0.budget = budget } }
+
+    /// Stops watching (the process is exiting by itself).
+    func cancel() { watch?.cancel() }
 }
 
 /// Which listeners of a posted notification got it: a listener stuck in a callback when it

@@ -65,8 +65,12 @@ public enum ExitGuard {
     /// Ends the process with `status`, as the host's own decision: not a crash, so the
     /// crash guard's in-flight record is cleared first (a plugin still in its init or
     /// start, say when the shutdown budget ran out, is not quarantined at the next start).
+    /// Only the first call ends the process: a thread that calls it later (two ends
+    /// decided at once) waits for that end, as `exit` may not run twice at once.
     public static func exit(_ status: Int32) -> Never {
-        daemonExiting.store(true, ordering: .sequentiallyConsistent)
+        if daemonExiting.exchange(true, ordering: .sequentiallyConsistent) {
+            while true { pause() }
+        }
         installed.withLock { $0?.crashGuard }?.exiting()
         Glibc.exit(status)
     }

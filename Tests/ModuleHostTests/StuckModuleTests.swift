@@ -238,6 +238,76 @@ import TestSupport
         _ = await Self.terminate(h)
     }
 
+    /// A Swift plugin whose tasks block every thread Swift concurrency runs on (one per CPU,
+    /// each in `sleep`): `ping` still answers at once, a SIGTERM still ends the daemon, with
+    /// status 1 one second past the shutdown budget and a log line saying why, and a second
+    /// SIGTERM ends it at once (found from outside: ping, list and both signals went
+    /// unanswered for good; only SIGKILL ended the daemon).
+    @Test(arguments: [false, true])
+    func aSwiftPluginHoldingEveryConcurrencyThreadCannotKeepTheDaemonFromStopping(signalTwice: Bool) async throws {
+        let threads = ProcessInfo.processInfo.activeProcessorCount
+        let source = """
+            import Glibc
+            import ModuleKit
+
+            public final class Hog: PluginModule {
+                public static let name = "hog"
+                public static let version = "1.0"
+                public init?(host: isolated HostInstance, configuration: JSONValue) {}
+                public func handle(_ event: ModuleEvent, host: isolated HostInstance) {
+                    guard case .start = event else { return }
+                    let logger = host.logger(for: Self.name)
+                    // More tasks than threads: every thread of the pool ends up in sleep.
+                    for index in 0..<\(threads * 2) {
+                        Task.detached {
+                            logger.info("hog task \\(index) blocks its thread")
+                            sleep(100_000)
+                        }
+                    }
+                }
+            }
+
+            @_cdecl("modhost_plugin_entry_v1")
+            public func modhostPluginEntry() -> UnsafeRawPointer? { PluginExport.plugin("Hog", modules: [Hog.self]) }
+            """
+        let plugin = try IsolationTests.buildWithPluginMakefile(
+            "Hog", variant: "\(threads)", files: ["Hog.swift": source, "plugin.json": #"{"name": "Hog", "version": "1.0", "modules": ["hog"]}"#])
+        let h = try Harness([], files: [plugin], arguments: ["--shutdown-budget", "2"])
+        #expect(await h.waitFor("loaded plugin Hog"), "\(h.daemon.text)")
+        // Every thread of the pool is in sleep once as many tasks as threads have said so.
+        var blocked = false
+        for _ in 0..<1200 where !blocked {
+            blocked = h.daemon.text.components(separatedBy: "blocks its thread").count > threads
+            if !blocked { try await Task.sleep(for: .milliseconds(50)) }
+        }
+        #expect(blocked, "\(h.daemon.text)")
+        let raw = try RawConnection(h.socket)
+        let clock = ContinuousClock()
+        let asked = clock.now
+        raw.send("{\"v\":1,\"id\":1,\"cmd\":\"ping\"}\n")
+        let (lines, _) = raw.readLines(1)
+        #expect(lines.first?.contains("\"pong\":true") == true, "\(lines)")
+        #expect(clock.now - asked < .seconds(1), "ping took \(clock.now - asked)")
+
+        let signalled = clock.now
+        h.daemon.send(SIGTERM)
+        if signalTwice {
+            try await Task.sleep(for: .milliseconds(200))
+            h.daemon.send(SIGTERM)
+        }
+        let exit = await h.daemon.wait(timeout: .seconds(60))
+        let took = clock.now - signalled
+        #expect(exit == 1, "exit \(exit): \(h.daemon.text.suffix(3000))")
+        if signalTwice {
+            #expect(took < .seconds(2), "took \(took)")
+            #expect(h.daemon.text.contains("SIGTERM received again during shutdown, exiting now"), "\(h.daemon.text.suffix(2000))")
+        } else {
+            #expect(took >= .seconds(3) && took < .seconds(10), "took \(took)")
+            #expect(h.daemon.text.contains("the shutdown budget of 2 s ran out and the shutdown could not go on"), "\(h.daemon.text.suffix(2000))")
+            #expect(h.daemon.text.contains("module hog (not yet deinitialized)"), "\(h.daemon.text.suffix(2000))")
+        }
+    }
+
     @Test func aCallThatNeverReturnsTimesOutWhileListKeepsAnswering() async throws {
         let scratch = TemporaryDirectory("stuck-call")
         let h = try Harness([], files: [try Self.plugin("Spin", modules: ["spin"], hangOn: [], in: scratch.path,
