@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <execinfo.h>
 #include <link.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -164,12 +165,23 @@ static void on_fatal_signal(int sig, siginfo_t *info, void *context) {
     const struct plugin_image *image = image_containing(pc, NULL);
     if (image == NULL) image = scan_stack(sp);
     modhost_crash_recorder_write(image, "run", signal_name(sig));
-    if (info->si_code > 0 || sig == SIGABRT) {
+    if (info->si_code > 0) {
         /* The handler that was there before (the Swift runtime's backtracer, or the default
-         * action) gets the signal: a fault repeats when this returns, and abort() raises
-         * SIGABRT again with the default action once its handler has returned. */
+         * action) gets the signal: a fault repeats when this returns. */
         sigaction(sig, &previous[sig], NULL);
-        if (info->si_code <= 0) raise(sig);
+    } else if (sig == SIGABRT) {
+        /* abort(), raise(SIGABRT) or pthread_kill: the handler that was there before (the
+         * backtracer, which prints the stack) runs now, then the default action ends the
+         * process, as abort() does once the handlers have returned; raise() alone would let
+         * the process go on after the backtracer returned. */
+        sigaction(sig, &previous[sig], NULL);
+        sigset_t unblocked;
+        sigemptyset(&unblocked);
+        sigaddset(&unblocked, sig);
+        pthread_sigmask(SIG_UNBLOCK, &unblocked, NULL);
+        raise(sig);
+        signal(sig, SIG_DFL);
+        raise(sig);
     } else {
         /* Raised otherwise (raise(SIGSEGV), pthread_kill): the backtracer, handed a signal
          * that is no fault, would print a crash and let the process go on; the default
@@ -178,6 +190,16 @@ static void on_fatal_signal(int sig, siginfo_t *info, void *context) {
         raise(sig);
     }
     errno = saved;
+}
+
+void modhost_crash_recorder_allow_abort(void) {
+    static __thread int allowed;
+    if (allowed) return;
+    allowed = 1;
+    sigset_t abort_only;
+    sigemptyset(&abort_only);
+    sigaddset(&abort_only, SIGABRT);
+    pthread_sigmask(SIG_UNBLOCK, &abort_only, NULL);
 }
 
 int modhost_crash_recorder_install(int fd) {

@@ -1,3 +1,4 @@
+import CDynamicLoader
 import Dispatch
 import Foundation
 import Synchronization
@@ -104,8 +105,10 @@ package final class PluginWorker: Sendable {
         }
     }
 
-    /// Records that job `id` runs from now on.
+    /// Records that job `id` runs from now on, on the calling thread (which lets a
+    /// plugin's SIGABRT reach it: `modhost_crash_recorder_allow_abort`).
     private func started(_ id: UInt64, _ what: String, _ deadline: Duration) {
+        modhost_crash_recorder_allow_abort()
         state.withLock { state in
             state.lastStarted = max(state.lastStarted, id)
             // Each is usually empty (no job waits, none was given up on): looked into only

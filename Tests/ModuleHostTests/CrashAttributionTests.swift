@@ -266,10 +266,14 @@ import TestSupport
 
     /// RaiseBomb: a plugin's `raise(SIGSEGV)` (found by a review: the Swift runtime's
     /// backtracer, handed a signal that was raised rather than a fault, printed a crash and
-    /// let the daemon go on).
+    /// let the daemon go on). RaiseAbortBomb and KillAbortBomb: a plugin's `raise(SIGABRT)`
+    /// or `pthread_kill` of it (found from outside: the daemon went on, nothing recorded,
+    /// as `abort()` alone ends the process once the handler returns).
     @Test(arguments: [("NullBomb", "volatile int *nowhere = 0; *nowhere = 1;", SIGSEGV, "SIGSEGV"),
                       ("AbortBomb", "abort();", SIGABRT, "SIGABRT"),
-                      ("RaiseBomb", "raise(SIGSEGV);", SIGSEGV, "SIGSEGV")])
+                      ("RaiseBomb", "raise(SIGSEGV);", SIGSEGV, "SIGSEGV"),
+                      ("RaiseAbortBomb", "raise(SIGABRT);", SIGABRT, "SIGABRT"),
+                      ("KillAbortBomb", "pthread_kill(pthread_self(), SIGABRT);", SIGABRT, "SIGABRT")])
     func aCrashInAPluginsOwnThreadIsAttributedAndQuarantined(name: String, crash: String, signal: Int32, signalName: String) async throws {
         let setup = try Setup()
         _ = try Self.timeBomb(name, in: setup.plugins, crash: crash)

@@ -37,4 +37,11 @@ const void *modhost_crash_recorder_caller(const char **record);
  * `cause` (plain ASCII without quotes or backslashes) to the recorder's file. */
 void modhost_crash_recorder_write(const void *plugin, const char *phase, const char *cause);
 
+/* Lets SIGABRT reach the calling thread (once per thread; later calls cost a thread-local
+ * read). libdispatch blocks it on its threads, and the threads plugin code starts from
+ * them inherit that: a plugin's raise(SIGABRT) there would stay pending, and the process
+ * go on, where abort() (which unblocks it) ends it. Called before plugin code runs on a
+ * worker's thread. */
+void modhost_crash_recorder_allow_abort(void);
+
 #endif
