@@ -545,6 +545,8 @@ public actor Daemon: DaemonControl {
             throw DaemonError(code: "unknown_module", message: "no module named \(module) is running")
         }
         let started = ContinuousClock.now
+        let targets = module.map { [$0] } ?? host.runningModuleNames
+        let overrunsBefore = targets.map { host.metrics.module(named: $0).snapshot().deadlineOverruns }
         try await withinRequestDeadline("event \(event)") { [host] in
             if awaited {
                 await host.send(AsyncModuleEvent.custom(name: event, payload: payload), to: module)
@@ -553,6 +555,13 @@ public actor Daemon: DaemonControl {
             }
         }
         try checkNotStuck(in: event, to: module, since: started)
+        // A Swift module's awaited handler the host gave up on at the event deadline
+        // (cancelled; the module runs on).
+        let overran = zip(targets, overrunsBefore).filter { host.metrics.module(named: $0.0).snapshot().deadlineOverruns > $0.1 }.map(\.0)
+        if !overran.isEmpty {
+            throw DaemonError(code: "deadline_exceeded",
+                              message: "module \(overran.joined(separator: ", ")) did not finish event \(event) within the event deadline of \(configuration.eventDeadline.secondsText); its handler was cancelled and the module runs on")
+        }
         logger.info("event \(event) sent\(module.map { " to \($0)" } ?? "")", [("event", event)])
     }
 

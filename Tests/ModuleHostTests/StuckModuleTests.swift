@@ -308,6 +308,45 @@ import TestSupport
         }
     }
 
+    /// An awaited `send` to a Swift module whose handler does not finish within the event
+    /// deadline (it never returns, whatever the cancellation) replies `deadline_exceeded`,
+    /// as docs/daemon.md says, and the module runs on (found from outside: it replied ok).
+    @Test func anAwaitedSendPastTheDeadlineOfASwiftHandlerIsDeadlineExceeded() async throws {
+        let source = """
+            import ModuleKit
+
+            public final class Laggard: PluginModule {
+                public static let name = "laggard"
+                public static let version = "1.0"
+                public init?(host: isolated HostInstance, configuration: JSONValue) {}
+                public func handle(_ event: ModuleEvent, host: isolated HostInstance) {
+                    host.logger(for: Self.name).info("laggard got \\(event.name)")
+                }
+                public func handle(_ event: AsyncModuleEvent, host: isolated HostInstance) async {
+                    guard event.name == "hang" else { return }
+                    // Never resumed: the handler outlives any deadline and ignores cancellation.
+                    await withCheckedContinuation { (_: CheckedContinuation<Void, Never>) in }
+                }
+            }
+
+            @_cdecl("modhost_plugin_entry_v1")
+            public func modhostPluginEntry() -> UnsafeRawPointer? { PluginExport.plugin("Laggard", modules: [Laggard.self]) }
+            """
+        let plugin = try IsolationTests.buildWithPluginMakefile(
+            "Laggard", variant: "1", files: ["Laggard.swift": source, "plugin.json": #"{"name": "Laggard", "version": "1.0", "modules": ["laggard"]}"#])
+        let h = try Harness([], files: [plugin], arguments: ["--event-deadline", "1"])
+        #expect(await h.waitFor("started 1 module: laggard"), "\(h.daemon.text)")
+        let quick = try h.ctl("send", "quick", "--to", "laggard", "--await")
+        #expect(quick.status == 0, "\(quick)")
+        let hang = try h.ctl("send", "hang", "--to", "laggard", "--await")
+        #expect(hang.status == 1, "\(hang)")
+        #expect(hang.standardError.contains("module laggard did not finish event hang within the event deadline of 1 s")
+                && hang.standardError.contains("(deadline_exceeded)"), "\(hang.standardError)")
+        #expect(try h.ctl("send", "after", "--to", "laggard").status == 0)
+        #expect(await h.waitFor("laggard got after"), "\(h.daemon.text)")
+        _ = await Self.terminate(h)
+    }
+
     @Test func aCallThatNeverReturnsTimesOutWhileListKeepsAnswering() async throws {
         let scratch = TemporaryDirectory("stuck-call")
         let h = try Harness([], files: [try Self.plugin("Spin", modules: ["spin"], hangOn: [], in: scratch.path,
