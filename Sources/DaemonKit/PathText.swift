@@ -1,4 +1,5 @@
 import Foundation
+
 /// A path's parent and last component, read as text, for paths of any shape from outside
 /// (the command line, the configuration): Foundation's `NSString.deletingLastPathComponent`
 /// and `lastPathComponent` trap on a one-character relative path such as `s` or `s/`

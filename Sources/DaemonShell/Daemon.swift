@@ -497,9 +497,10 @@ public actor Daemon: DaemonControl {
             logger.error("reload: \(DaemonConfiguration.noPluginDirectory); keeping the running configuration")
             throw DaemonError(code: "invalid_configuration", message: DaemonConfiguration.noPluginDirectory)
         }
-        if fresh.file != configurationFile {
-            logger.warning(fresh.file.map { "reload: reading the configuration file \($0)" }
-                ?? "reload: the configuration file \(configurationFile ?? "") is gone; using the defaults and the command line")
+        if let file = fresh.file, file != configurationFile {
+            logger.info("reload: reading the configuration file \(file)")
+        } else if fresh.file == nil, let gone = configurationFile {
+            logger.warning("reload: the configuration file \(gone) is gone; using the defaults and the command line")
         }
         configurationFile = fresh.file
         let configurationChanged = fresh.configuration != configuration

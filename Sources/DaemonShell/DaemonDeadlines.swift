@@ -196,7 +196,7 @@ final class ShutdownWatchdog: Sendable {
                 let thread = Thread {
                     Thread.sleep(forTimeInterval: Double((budget + Self.grace).components.seconds)
                         + Double((budget + Self.grace).components.attoseconds) / 1e18)
-                    logger.error("the shutdown budget of \(budget.secondsText) ran out and the shutdown could not go on: plugin code holds the threads Swift concurrency runs on (a Swift module or task blocking its thread); exiting with modules still running: \(stillRunning().joined(separator: ", "))",
+                    logger.error("the shutdown budget of \(budget.secondsText) ran out and the shutdown could not go on: plugin code most likely holds the threads Swift concurrency runs on (a Swift module or task blocking its thread); exiting with modules still running: \(stillRunning().joined(separator: ", "))",
                                  [("budget", budget.secondsText)])
                     ExitGuard.exit(ExitCode.failure.rawValue)
                 }
