@@ -73,6 +73,32 @@ struct HostInstanceTests {
         #expect(recorder.all == (0..<50).map { "a.n(\($0))" } + ["a.end(null)"])
     }
 
+    // At most 65,536 messages from anywhere wait for delivery: a poster faster than its host
+    // (here while the host is busy) loses the rest, and once the queue drains, messages
+    // are delivered again (outside attack: a flood from a module's task grew the daemon
+    // by 30 MB a second without bound).
+    @Test(.timeLimit(.minutes(2)))
+    func messagesFromAnywhereBeyondTheMailboxLimitAreDropped() async {
+        let recorder = Recorder()
+        let host = makeHost()
+        await host.add([probe("a", recorder: recorder, behavior: ProbeBehavior(notifications: ["n"]))])
+        await host.start()
+        recorder.clear()
+        let limit = 65_536
+        await host.perform { host in
+            for index in 0..<(limit + 1000) { host.postFromAnywhere(notification: "n", payload: .number(Double(index))) }
+        }
+        // Sent once the queue has drained (before, it would be dropped too).
+        await recorder.wait { $0.count >= limit }
+        host.sendFromAnywhere(.custom(name: "end", payload: .null))
+        await recorder.wait { $0.last == "a.end(null)" }
+        // The first of them may have gone straight to the delivering task, if it waited
+        // already: the queue held the next 65,536 then.
+        let delivered = recorder.starting(with: "a.n(")
+        #expect(delivered.count == limit || delivered.count == limit + 1, "\(delivered.count)")
+        #expect(delivered == (0..<delivered.count).map { "a.n(\($0))" })
+    }
+
     // Name, version and metadata per module, and the host's info payload of all of them as
     // JSON (docs/modules.md, "Module info").
     @Test func infosAndThePayloadListTheRunningModulesInOrder() async throws {

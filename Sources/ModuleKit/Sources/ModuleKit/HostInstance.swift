@@ -71,6 +71,12 @@ public actor HostInstance {
     /// The deadlines of the async handlers running now.
     private nonisolated let deadlines = DeadlineWatch()
     private nonisolated let mailbox: AsyncStream<MailboxMessage>.Continuation
+    /// The most messages from `postFromAnywhere` and `sendFromAnywhere` that wait for
+    /// delivery; more are dropped, so a poster faster than this instance cannot take all
+    /// the process's memory (docs/modules.md, "Notifications and custom events").
+    static let mailboxLimit = 65_536
+    /// Messages dropped since the mailbox was last found with room.
+    private nonisolated let mailboxDropped = Atomic<Int>(0)
     /// Where this instance's modules' notifications go instead of its own modules, when
     /// another host delivers them (see `init(name:settings:eventDeadline:logger:forwardingNotifications:)`).
     private nonisolated let notificationForwarder: (@Sendable (_ name: String, _ payload: JSONValue, _ to: String?) -> Void)?
@@ -118,7 +124,7 @@ public actor HostInstance {
         self.eventDeadline = eventDeadline
         self.logger = logger.with("instance", name)
         self.bus = Bus(label: "host:\(name)")
-        let (stream, continuation) = AsyncStream.makeStream(of: MailboxMessage.self)
+        let (stream, continuation) = AsyncStream.makeStream(of: MailboxMessage.self, bufferingPolicy: .bufferingOldest(Self.mailboxLimit))
         self.mailbox = continuation
         // The mailbox consumer keeps no strong reference while waiting, so the instance
         // can be released; deinit finishes the stream, which ends the task.
@@ -529,14 +535,30 @@ public actor HostInstance {
     /// Posts a notification from any thread (C host callbacks use it). Delivery happens
     /// later, on this instance's context, as `post(notification:payload:)`; messages from
     /// `postFromAnywhere` and `sendFromAnywhere` are delivered in the order they were made.
+    /// At most 65,536 messages of both wait; while that many do, more are dropped, said once
+    /// when the dropping begins and, with how many, at the next message that finds room.
     public nonisolated func postFromAnywhere(notification name: String, payload: JSONValue = .null) {
-        mailbox.yield(.notification(name: name, payload: payload))
+        enqueue(.notification(name: name, payload: payload))
     }
 
     /// Sends a synchronous event from any thread: delivered later, on this instance's
-    /// context, as `send(_:to:)`, in the same order as `postFromAnywhere` messages.
+    /// context, as `send(_:to:)`, in the same order as `postFromAnywhere` messages, and
+    /// within the same limit.
     public nonisolated func sendFromAnywhere(_ event: ModuleEvent, to name: String? = nil) {
-        mailbox.yield(.event(event, to: name))
+        enqueue(.event(event, to: name))
+    }
+
+    private nonisolated func enqueue(_ message: MailboxMessage) {
+        if case .dropped = mailbox.yield(message) {
+            if mailboxDropped.add(1, ordering: .relaxed).oldValue == 0 {
+                logger.warning("messages from other threads (postFromAnywhere, sendFromAnywhere, C modules' post_notification) are dropped: \(Self.mailboxLimit) wait for delivery already; a module posts faster than the host delivers")
+            }
+            return
+        }
+        if mailboxDropped.load(ordering: .relaxed) != 0 {
+            let dropped = mailboxDropped.exchange(0, ordering: .relaxed)
+            if dropped > 0 { logger.warning("\(dropped) messages from other threads were dropped while \(Self.mailboxLimit) waited for delivery", [("dropped", "\(dropped)")]) }
+        }
     }
 
     // MARK: Reading
