@@ -79,7 +79,9 @@ public final class ModuleRegistry: Sendable {
 public struct UnknownModule: Error, Sendable, CustomStringConvertible {
     public let name: String
     public let known: [String]
+    /// The name as given when it follows the name grammar, else quoted with its control
+    /// characters escaped (an embedder's caller may pass any text).
     public var description: String {
-        "no module named \(name) is registered; known modules: \(known.isEmpty ? "none" : known.joined(separator: ", "))"
+        "no module named \(PluginName.isValid(name) ? name : PluginName.shown(name)) is registered; known modules: \(known.isEmpty ? "none" : known.joined(separator: ", "))"
     }
 }

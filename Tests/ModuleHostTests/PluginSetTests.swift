@@ -480,6 +480,13 @@ struct PluginSetTests {
         #expect(f.lines().suffix(2) == ["psonoff init tag=o1 provider=-", "psonoff start tag=o1 provider=-"])
 
         await #expect(throws: UnknownModule.self) { try await f.set.setEnabled(false, module: "no-such-module") }
+        // A name from an embedder's caller is shown escaped: one line, no escape sequence.
+        do {
+            try await f.set.setEnabled(false, module: "evil\n\u{1B}[2Jname")
+            Issue.record("an unknown name was accepted")
+        } catch {
+            #expect(error.description == #"no module named "evil\n\u001b[2Jname" is registered; known modules: psonoff"#, "\(error)")
+        }
         #expect(f.host.isRunning(moduleNamed: "psonoff"))
         await f.set.shutdown()
     }
