@@ -221,3 +221,15 @@ func tag(_ module: any Module) -> String {
 }
 
 func tags(_ modules: [any Module]) -> String { modules.map(tag).joined(separator: ",") }
+
+/// A log backend that keeps the warnings whose message contains a text (and drops the
+/// rest): what a test counts of the host's own warnings.
+final class WarningRecorder: LogBackend {
+    let text: String
+    private let records = Mutex<[LogRecord]>([])
+    init(containing text: String) { self.text = text }
+    func write(_ record: LogRecord) {
+        if record.level == .warning && record.message.contains(text) { records.withLock { $0.append(record) } }
+    }
+    func kept() -> [LogRecord] { records.withLock { $0 } }
+}

@@ -75,8 +75,14 @@ public actor HostInstance {
     /// delivery; more are dropped, so a poster faster than this instance cannot take all
     /// the process's memory (docs/modules.md, "Notifications and custom events").
     static let mailboxLimit = 65_536
-    /// Messages dropped since the mailbox was last found with room.
-    private nonisolated let mailboxDropped = Atomic<Int>(0)
+    /// Messages dropped and not said yet, and when dropped messages were last said: at
+    /// most once a second, however long a flood lasts.
+    private nonisolated let mailboxDrops = Mutex<(unsaid: Int, lastSaid: ContinuousClock.Instant?)>((0, nil))
+    /// Whether dropped messages wait to be said (read on every delivery, without the lock).
+    private nonisolated let mailboxDropsUnsaid = Atomic<Bool>(false)
+    /// How many messages the mailbox's task delivers before it lets other tasks run: a
+    /// flood of them must not hold a thread of Swift concurrency for good.
+    static let mailboxBurst = 64
     /// Where this instance's modules' notifications go instead of its own modules, when
     /// another host delivers them (see `init(name:settings:eventDeadline:logger:forwardingNotifications:)`).
     private nonisolated let notificationForwarder: (@Sendable (_ name: String, _ payload: JSONValue, _ to: String?) -> Void)?
@@ -129,9 +135,16 @@ public actor HostInstance {
         // The mailbox consumer keeps no strong reference while waiting, so the instance
         // can be released; deinit finishes the stream, which ends the task.
         Task { [weak self] in
+            var delivered = 0
             for await message in stream {
                 guard let self else { return }
                 await self.receive(message)
+                delivered += 1
+                if delivered == Self.mailboxBurst {
+                    delivered = 0
+                    self.sayDroppedMessages()
+                    await Task.yield()
+                }
             }
         }
     }
@@ -535,8 +548,8 @@ public actor HostInstance {
     /// Posts a notification from any thread (C host callbacks use it). Delivery happens
     /// later, on this instance's context, as `post(notification:payload:)`; messages from
     /// `postFromAnywhere` and `sendFromAnywhere` are delivered in the order they were made.
-    /// At most 65,536 messages of both wait; while that many do, more are dropped, said once
-    /// when the dropping begins and, with how many, at the next message that finds room.
+    /// At most 65,536 messages of both wait; while that many do, more are dropped, said with
+    /// how many at most once a second.
     public nonisolated func postFromAnywhere(notification name: String, payload: JSONValue = .null) {
         enqueue(.notification(name: name, payload: payload))
     }
@@ -549,16 +562,30 @@ public actor HostInstance {
     }
 
     private nonisolated func enqueue(_ message: MailboxMessage) {
-        if case .dropped = mailbox.yield(message) {
-            if mailboxDropped.add(1, ordering: .relaxed).oldValue == 0 {
-                logger.warning("messages from other threads (postFromAnywhere, sendFromAnywhere, C modules' post_notification) are dropped: \(Self.mailboxLimit) wait for delivery already; a module posts faster than the host delivers")
+        guard case .dropped = mailbox.yield(message) else { return }
+        mailboxDrops.withLock { drops in
+            drops.unsaid += 1
+            mailboxDropsUnsaid.store(true, ordering: .relaxed)
+        }
+        sayDroppedMessages()
+    }
+
+    /// Logs the messages dropped and not said yet, unless some were said less than a second
+    /// ago (then the next drop or delivery a second later says them).
+    private nonisolated func sayDroppedMessages() {
+        guard mailboxDropsUnsaid.load(ordering: .relaxed) else { return }
+        let now = ContinuousClock.now
+        let count: Int? = mailboxDrops.withLock { drops in
+            guard drops.unsaid > 0, drops.lastSaid.map({ now - $0 >= .seconds(1) }) ?? true else { return nil }
+            defer {
+                drops = (0, now)
+                mailboxDropsUnsaid.store(false, ordering: .relaxed)
             }
-            return
+            return drops.unsaid
         }
-        if mailboxDropped.load(ordering: .relaxed) != 0 {
-            let dropped = mailboxDropped.exchange(0, ordering: .relaxed)
-            if dropped > 0 { logger.warning("\(dropped) messages from other threads were dropped while \(Self.mailboxLimit) waited for delivery", [("dropped", "\(dropped)")]) }
-        }
+        guard let count else { return }
+        logger.warning("\(count) \(count == 1 ? "message" : "messages") from other threads (postFromAnywhere, sendFromAnywhere, C modules' post_notification) dropped: \(Self.mailboxLimit) waited for delivery already (a module posts faster than the host delivers; said at most once a second)",
+                       [("dropped", "\(count)")])
     }
 
     // MARK: Reading
