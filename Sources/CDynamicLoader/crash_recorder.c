@@ -199,6 +199,14 @@ void modhost_crash_recorder_allow_abort(void) {
     sigset_t abort_only;
     sigemptyset(&abort_only);
     sigaddset(&abort_only, SIGABRT);
+    /* A SIGABRT other code raised on this thread while it was blocked (a Swift module on a
+     * Dispatch thread, which the docs say does nothing) is discarded: unblocked, it would
+     * end the process now, blamed on whatever plugin runs here next. */
+    sigset_t pending;
+    if (sigpending(&pending) == 0 && sigismember(&pending, SIGABRT)) {
+        struct timespec now = {0, 0};
+        while (sigtimedwait(&abort_only, NULL, &now) == SIGABRT) {}
+    }
     pthread_sigmask(SIG_UNBLOCK, &abort_only, NULL);
 }
 
