@@ -238,6 +238,30 @@ import TestSupport
         _ = await Self.terminate(h)
     }
 
+    /// Builds, with plugin.mk, the Swift plugin `name` of one module (`name` in lower case,
+    /// version 1.0) whose class has `members` after its name, version and initializer.
+    /// `variant` names the build directory (kept between runs).
+    static func swiftPlugin(_ name: String, variant: String, members: String) throws -> String {
+        let module = name.lowercased()
+        let source = """
+            import Glibc
+            import ModuleKit
+
+            public final class \(name): PluginModule {
+                public static let name = "\(module)"
+                public static let version = "1.0"
+                public init?(host: isolated HostInstance, configuration: JSONValue) {}
+            \(members)
+            }
+
+            @_cdecl("modhost_plugin_entry_v1")
+            public func modhostPluginEntry() -> UnsafeRawPointer? { PluginExport.plugin("\(name)", modules: [\(name).self]) }
+            """
+        return try IsolationTests.buildWithPluginMakefile(
+            name, variant: variant,
+            files: ["\(name).swift": source, "plugin.json": #"{"name": "\#(name)", "version": "1.0", "modules": ["\#(module)"]}"#])
+    }
+
     /// A Swift plugin whose tasks block every thread Swift concurrency runs on (one per CPU,
     /// each in `sleep`): `ping` still answers at once, a SIGTERM still ends the daemon, with
     /// status 1 one second past the shutdown budget and a log line saying why, and a second
@@ -246,32 +270,19 @@ import TestSupport
     @Test(arguments: [false, true])
     func aSwiftPluginHoldingEveryConcurrencyThreadCannotKeepTheDaemonFromStopping(signalTwice: Bool) async throws {
         let threads = ProcessInfo.processInfo.activeProcessorCount
-        let source = """
-            import Glibc
-            import ModuleKit
-
-            public final class Hog: PluginModule {
-                public static let name = "hog"
-                public static let version = "1.0"
-                public init?(host: isolated HostInstance, configuration: JSONValue) {}
-                public func handle(_ event: ModuleEvent, host: isolated HostInstance) {
-                    guard case .start = event else { return }
-                    let logger = host.logger(for: Self.name)
-                    // More tasks than threads: every thread of the pool ends up in sleep.
-                    for index in 0..<\(threads * 2) {
-                        Task.detached {
-                            logger.info("hog task \\(index) blocks its thread")
-                            sleep(100_000)
-                        }
+        let plugin = try Self.swiftPlugin("Hog", variant: "\(threads)", members: """
+            public func handle(_ event: ModuleEvent, host: isolated HostInstance) {
+                guard case .start = event else { return }
+                let logger = host.logger(for: Self.name)
+                // More tasks than threads: every thread of the pool ends up in sleep.
+                for index in 0..<\(threads * 2) {
+                    Task.detached {
+                        logger.info("hog task \\(index) blocks its thread")
+                        sleep(100_000)
                     }
                 }
             }
-
-            @_cdecl("modhost_plugin_entry_v1")
-            public func modhostPluginEntry() -> UnsafeRawPointer? { PluginExport.plugin("Hog", modules: [Hog.self]) }
-            """
-        let plugin = try IsolationTests.buildWithPluginMakefile(
-            "Hog", variant: "\(threads)", files: ["Hog.swift": source, "plugin.json": #"{"name": "Hog", "version": "1.0", "modules": ["hog"]}"#])
+            """)
         let h = try Harness([], files: [plugin], arguments: ["--shutdown-budget", "2"])
         #expect(await h.waitFor("loaded plugin Hog"), "\(h.daemon.text)")
         // Every thread of the pool is in sleep once as many tasks as threads have said so.
@@ -312,28 +323,16 @@ import TestSupport
     /// deadline (it never returns, whatever the cancellation) replies `deadline_exceeded`,
     /// as docs/daemon.md says, and the module runs on (found from outside: it replied ok).
     @Test func anAwaitedSendPastTheDeadlineOfASwiftHandlerIsDeadlineExceeded() async throws {
-        let source = """
-            import ModuleKit
-
-            public final class Laggard: PluginModule {
-                public static let name = "laggard"
-                public static let version = "1.0"
-                public init?(host: isolated HostInstance, configuration: JSONValue) {}
-                public func handle(_ event: ModuleEvent, host: isolated HostInstance) {
-                    host.logger(for: Self.name).info("laggard got \\(event.name)")
-                }
-                public func handle(_ event: AsyncModuleEvent, host: isolated HostInstance) async {
-                    guard event.name == "hang" else { return }
-                    // Never resumed: the handler outlives any deadline and ignores cancellation.
-                    await withCheckedContinuation { (_: CheckedContinuation<Void, Never>) in }
-                }
+        let plugin = try Self.swiftPlugin("Laggard", variant: "1", members: """
+            public func handle(_ event: ModuleEvent, host: isolated HostInstance) {
+                host.logger(for: Self.name).info("laggard got \\(event.name)")
             }
-
-            @_cdecl("modhost_plugin_entry_v1")
-            public func modhostPluginEntry() -> UnsafeRawPointer? { PluginExport.plugin("Laggard", modules: [Laggard.self]) }
-            """
-        let plugin = try IsolationTests.buildWithPluginMakefile(
-            "Laggard", variant: "1", files: ["Laggard.swift": source, "plugin.json": #"{"name": "Laggard", "version": "1.0", "modules": ["laggard"]}"#])
+            public func handle(_ event: AsyncModuleEvent, host: isolated HostInstance) async {
+                guard event.name == "hang" else { return }
+                // Never resumed: the handler outlives any deadline and ignores cancellation.
+                await withCheckedContinuation { (_: CheckedContinuation<Void, Never>) in }
+            }
+            """)
         let h = try Harness([], files: [plugin], arguments: ["--event-deadline", "1"])
         #expect(await h.waitFor("started 1 module: laggard"), "\(h.daemon.text)")
         let quick = try h.ctl("send", "quick", "--to", "laggard", "--await")
@@ -352,39 +351,27 @@ import TestSupport
     /// and a SIGTERM stops the daemon cleanly (found from outside: on 2 CPUs `list` went
     /// unanswered and only the shutdown watchdog ended the daemon, 31 s after SIGTERM).
     @Test func aSwiftTaskFloodingNotificationsLeavesTheDaemonManageable() async throws {
-        let source = """
-            import ModuleKit
-
-            public final class Flood: PluginModule {
-                public static let name = "flood"
-                public static let version = "1.0"
-                public var notifications: Set<String> { ["flood.tick"] }
-                var heard = 0
-                public init?(host: isolated HostInstance, configuration: JSONValue) {}
-                public func handle(_ event: ModuleEvent, host: isolated HostInstance) {
-                    switch event {
-                    case .start:
-                        Task.detached { [host] in
-                            var index = 0
-                            while true {
-                                host.postFromAnywhere(notification: "flood.tick", payload: .number(Double(index)))
-                                index &+= 1
-                            }
+        let plugin = try Self.swiftPlugin("Flood", variant: "1", members: """
+            public var notifications: Set<String> { ["flood.tick"] }
+            var heard = 0
+            public func handle(_ event: ModuleEvent, host: isolated HostInstance) {
+                switch event {
+                case .start:
+                    Task.detached { [host] in
+                        var index = 0
+                        while true {
+                            host.postFromAnywhere(notification: "flood.tick", payload: .number(Double(index)))
+                            index &+= 1
                         }
-                    case .notification:
-                        heard += 1
-                        if heard == 100_000 { host.logger(for: Self.name).info("flood heard 100000") }
-                    default:
-                        break
                     }
+                case .notification:
+                    heard += 1
+                    if heard == 100_000 { host.logger(for: Self.name).info("flood heard 100000") }
+                default:
+                    break
                 }
             }
-
-            @_cdecl("modhost_plugin_entry_v1")
-            public func modhostPluginEntry() -> UnsafeRawPointer? { PluginExport.plugin("Flood", modules: [Flood.self]) }
-            """
-        let plugin = try IsolationTests.buildWithPluginMakefile(
-            "Flood", variant: "1", files: ["Flood.swift": source, "plugin.json": #"{"name": "Flood", "version": "1.0", "modules": ["flood"]}"#])
+            """)
         let h = try Harness(["Counter"], files: [plugin], arguments: ["--shutdown-budget", "20"])
         #expect(await h.daemon.waitFor("flood heard 100000", timeout: .seconds(120)), "\(h.daemon.text.suffix(2000))")
         let list = try h.ctl("--timeout", "10", "list")

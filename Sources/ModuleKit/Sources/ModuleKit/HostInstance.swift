@@ -78,8 +78,6 @@ public actor HostInstance {
     /// Messages dropped and not said yet, and when dropped messages were last said: at
     /// most once a second, however long a flood lasts.
     private nonisolated let mailboxDrops = Mutex<(unsaid: Int, lastSaid: ContinuousClock.Instant?)>((0, nil))
-    /// Whether dropped messages wait to be said (read on every delivery, without the lock).
-    private nonisolated let mailboxDropsUnsaid = Atomic<Bool>(false)
     /// How many messages the mailbox's task delivers before it lets other tasks run: a
     /// flood of them must not hold a thread of Swift concurrency for good.
     static let mailboxBurst = 64
@@ -563,24 +561,18 @@ public actor HostInstance {
 
     private nonisolated func enqueue(_ message: MailboxMessage) {
         guard case .dropped = mailbox.yield(message) else { return }
-        mailboxDrops.withLock { drops in
-            drops.unsaid += 1
-            mailboxDropsUnsaid.store(true, ordering: .relaxed)
-        }
+        mailboxDrops.withLock { $0.unsaid += 1 }
         sayDroppedMessages()
     }
 
     /// Logs the messages dropped and not said yet, unless some were said less than a second
-    /// ago (then the next drop or delivery a second later says them).
+    /// ago (then the next drop, or the mailbox's task 64 deliveries later, says them).
     private nonisolated func sayDroppedMessages() {
-        guard mailboxDropsUnsaid.load(ordering: .relaxed) else { return }
-        let now = ContinuousClock.now
         let count: Int? = mailboxDrops.withLock { drops in
-            guard drops.unsaid > 0, drops.lastSaid.map({ now - $0 >= .seconds(1) }) ?? true else { return nil }
-            defer {
-                drops = (0, now)
-                mailboxDropsUnsaid.store(false, ordering: .relaxed)
-            }
+            guard drops.unsaid > 0 else { return nil }
+            let now = ContinuousClock.now
+            guard drops.lastSaid.map({ now - $0 >= .seconds(1) }) ?? true else { return nil }
+            defer { drops = (0, now) }
             return drops.unsaid
         }
         guard let count else { return }
