@@ -355,7 +355,7 @@ public actor Daemon: DaemonControl {
         var rows: [ModuleRow] = []
         for status in statuses {
             let plugin = loaded[status.plugin]
-            let stuck = status.running ? workers.stuck(module: status.name) : nil
+            let stuck = status.running ? stuck(module: status.name) : nil
             let worker = plugin?.worker
             var state = Self.state(of: status, stuck: stuck != nil)
             // A running module of an isolated plugin whose worker is down shows why.
@@ -377,7 +377,7 @@ public actor Daemon: DaemonControl {
         let listed = Set(statuses.map(\.name))
         for plugin in snapshot.plugins {
             for module in plugin.modules where !listed.contains(module) {
-                let stuck = workers.stuck(module: module)
+                let stuck = stuck(module: module)
                 var row = ModuleRow(
                     module: module, plugin: plugin.name, file: plugin.file, version: plugin.version,
                     state: (stuck == nil ? ModuleRow.State.loading : .stuck).rawValue, generation: plugin.generation,
@@ -399,7 +399,7 @@ public actor Daemon: DaemonControl {
     /// of an isolated plugin whose worker is down (crashed, restarting, quarantined).
     private func modulesRunning(_ snapshot: PluginSetSnapshot) -> Int {
         let down = downModules(snapshot)
-        return host.registeredModulesSnapshot.count { $0.running && down[$0.name] == nil && workers.stuck(module: $0.name) == nil }
+        return host.registeredModulesSnapshot.count { $0.running && down[$0.name] == nil && stuck(module: $0.name) == nil }
     }
 
     /// The modules of isolated plugins whose worker is down, with that worker's status.
@@ -574,13 +574,13 @@ public actor Daemon: DaemonControl {
             await host.perform { host -> ([String], [String: PluginWorker.Stuck]) in
                 let listeners = host.moduleManager.modules.filter { $0.notifications.contains(notification) }.map(\.moduleName)
                 // A listener stuck in a callback now is not given the notification.
-                let stuck = Dictionary(uniqueKeysWithValues: listeners.compactMap { name in workers.stuck(module: name).map { (name, $0) } })
+                let stuck = Dictionary(uniqueKeysWithValues: listeners.compactMap { name in Self.stuck(module: name, workers: workers, host: host).map { (name, $0) } })
                 host.post(notification: notification, payload: payload)
                 return (listeners, stuck)
             }
         }
         let delivery = PostDelivery(notification: notification, listeners: listeners, stuckBefore: stuckBefore,
-                                    stuckAfter: { [workers] in workers.stuck(module: $0) },
+                                    stuckAfter: { [workers, host] in Self.stuck(module: $0, workers: workers, host: host) },
                                     unanswered: { [workers] in workers.leftUnanswered(module: $0, event: notification, since: started) })
         if let error = delivery.error(eventDeadline: configuration.eventDeadline) {
             logger.warning("notification \(notification): \(error.message)", [("notification", notification)])
@@ -599,7 +599,7 @@ public actor Daemon: DaemonControl {
         // A plugin whose modules all stopped is not called (its functions may need them),
         // isolated or not.
         let modules = host.registeredModulesSnapshot.filter { $0.plugin == plugin }
-        let states = modules.map { ($0.name, Self.state(of: $0, stuck: $0.running && workers.stuck(module: $0.name) != nil)) }
+        let states = modules.map { ($0.name, Self.state(of: $0, stuck: $0.running && stuck(module: $0.name) != nil)) }
         if !configuration.allowCallsWithoutRunningModule, !states.isEmpty, !states.contains(where: { $0.1 == .running || $0.1 == .stuck }) {
             let list = states.map { "\($0.0): \($0.1.rawValue)" }.joined(separator: ", ")
             throw DaemonError(code: "plugin_not_running",

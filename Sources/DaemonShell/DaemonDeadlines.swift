@@ -38,13 +38,29 @@ extension Daemon {
         try await withinRequestDeadline("waiting for the daemon to finish starting") { await self.untilReady() }
     }
 
+    /// What module `name` is stuck in, if it is: a C module's callback past its deadline
+    /// (`PluginWorkers`; an isolated module's is killed instead), or a Swift module's
+    /// synchronous handler past the event deadline (`HostInstance.overdueHandler`), which
+    /// holds up every event of the host until it returns. From any thread, without waiting.
+    nonisolated func stuck(module name: String) -> PluginWorker.Stuck? {
+        Self.stuck(module: name, workers: workers, host: host)
+    }
+
+    /// `stuck(module:)`, for closures that run on another actor (they must not capture
+    /// the daemon).
+    static func stuck(module name: String, workers: PluginWorkers, host: HostInstance) -> PluginWorker.Stuck? {
+        if let stuck = workers.stuck(module: name) { return stuck }
+        guard let overdue = host.overdueHandler, overdue.module == name else { return nil }
+        return PluginWorker.Stuck(what: overdue.event, elapsed: overdue.elapsed)
+    }
+
     /// Refuses lifecycle names, and a target module that is stuck.
     func checkSendable(event: String, to module: String?) throws(DaemonError) {
         if ModuleEvent.lifecycleNames.contains(event) {
             throw DaemonError(code: "reserved_event",
                               message: "\"\(event)\" is a lifecycle event only the host sends (reserved: \(ModuleEvent.lifecycleNames.sorted().joined(separator: ", "))); choose another event name")
         }
-        if let module, let stuck = workers.stuck(module: module) {
+        if let module, let stuck = stuck(module: module) {
             throw DaemonError(code: "module_stuck",
                               message: "module \(module) is stuck in \(stuck.what) for \(stuck.elapsed.secondsText) and gets no events until it returns")
         }
@@ -55,7 +71,7 @@ extension Daemon {
     /// for it) make it fail with `deadline_exceeded`.
     func checkNotStuck(in event: String, to module: String?, since started: ContinuousClock.Instant) throws(DaemonError) {
         let names = module.map { [$0] } ?? host.runningModuleNames
-        let stuck = names.filter { workers.stuck(module: $0)?.what == event }
+        let stuck = names.filter { self.stuck(module: $0)?.what == event }
         if !stuck.isEmpty {
             throw DaemonError(code: "deadline_exceeded",
                               message: "module \(stuck.joined(separator: ", ")) did not finish event \(event) within the event deadline of \(configuration.eventDeadline.secondsText); it is shown as stuck and gets no more events until it returns")
@@ -145,7 +161,8 @@ extension Daemon {
     /// modules not yet deinitialized and the plugin being loaded. Read from the daemon's
     /// own state, from any thread, without waiting.
     nonisolated func stillRunning(shutdownReturned: Bool) -> [String] {
-        let busy = workers.busyModules.map { "module \($0.module) (in \($0.busy.what) for \($0.busy.elapsed.secondsText))" }
+        let overdue = host.overdueHandler.map { ["module \($0.module) (in \($0.event) for \($0.elapsed.secondsText))"] } ?? []
+        let busy = workers.busyModules.map { "module \($0.module) (in \($0.busy.what) for \($0.busy.elapsed.secondsText))" } + overdue
             + workers.busyCalls.map { "plugin \($0.plugin) (in \($0.busy.what) for \($0.busy.elapsed.secondsText))" }
         guard !shutdownReturned else { return busy }
         let unfinished = host.runningModuleNames.map { "module \($0) (not yet deinitialized)" }

@@ -1,4 +1,4 @@
-import ModuleKit
+@_spi(ModuleHost) import ModuleKit
 import PluginFormat
 import Synchronization
 
@@ -75,6 +75,8 @@ final class CModule: Module {
     }
 
     func handle(_ event: ModuleEvent, host: isolated HostInstance) {
+        // The worker's deadline bounds it; a C module stuck past it shows in `PluginWorkers`.
+        host.handlerKeepsItsOwnDeadline()
         if case .deinitialize = event {
             guard !destroyQueued else { return }
             destroyQueued = true

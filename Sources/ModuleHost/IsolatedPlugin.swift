@@ -1442,6 +1442,8 @@ final class IsolatedModule: ModuleInAnotherProcess {
     }
 
     func handle(_ event: ModuleEvent, host: isolated HostInstance) {
+        // Its worker's answer is awaited at most the event deadline (then the worker is killed).
+        host.handlerKeepsItsOwnDeadline()
         switch event {
         // The worker's own host sent these already (create initializes, configure changes).
         case .initialize, .configurationChanged: return

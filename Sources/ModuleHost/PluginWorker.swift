@@ -52,6 +52,11 @@ package final class PluginWorker: Sendable {
     package struct Stuck: Sendable, Equatable {
         package var what: String
         package var elapsed: Duration
+
+        package init(what: String, elapsed: Duration) {
+            self.what = what
+            self.elapsed = elapsed
+        }
     }
 
     init(label: String) {

@@ -346,6 +346,58 @@ import TestSupport
         _ = await Self.terminate(h)
     }
 
+    /// A Swift module whose synchronous handler does not return within the event deadline
+    /// (it cannot be interrupted, and every module of its host waits for it) is shown as
+    /// `stuck` in that event by `list`, within 100 ms, is logged by module and plugin,
+    /// counted as a deadline overrun, not counted as running, and refused further events;
+    /// once it returns it is `running` again and the log says after how long (found from
+    /// outside: `list` showed it running, nothing was logged and the overrun count stayed 0).
+    @Test func aSwiftHandlerPastTheEventDeadlineIsShownStuckLoggedAndCounted() async throws {
+        let plugin = try Self.swiftPlugin("Sticky", variant: "1", members: """
+            public func handle(_ event: ModuleEvent, host: isolated HostInstance) {
+                // Blocks its thread until the file named by the payload exists.
+                guard event.name == "block", let release = event.payload["release"]?.stringValue else { return }
+                host.logger(for: Self.name).info("sticky blocks")
+                while access(release, F_OK) != 0 { usleep(10_000) }
+                host.logger(for: Self.name).info("sticky returns")
+            }
+            """)
+        let scratch = TemporaryDirectory("swift-stuck")
+        let release = scratch.path + "/release"
+        let h = try Harness([], files: [plugin], arguments: ["--event-deadline", "0.5", "--shutdown-budget", "4"])
+        #expect(await h.waitFor("started 1 module: sticky"), "\(h.daemon.text)")
+        let sender = try RunningProcess(BuildProducts.modhostctl, ["--socket", h.socket, "send", "block", "--to", "sticky",
+                                                                   "--payload", "{\"release\":\"\(release)\"}"])
+        #expect(await h.waitFor("sticky blocks"), "\(h.daemon.text)")
+
+        let stuck = try await Self.listUntil(h.socket) { rows in rows["sticky"]?["state"] as? String == "stuck" }
+        #expect(stuck.met, "list never showed sticky as stuck: \(h.daemon.text)")
+        #expect(stuck.fast, "list answers took \(stuck.times) while a Swift handler was stuck")
+        let row = Self.rows(try Self.timedList(h.socket).reply)["sticky"]
+        #expect(row?["stuckIn"] as? String == "block", "\(String(describing: row))")
+        #expect((row?["stuckSeconds"] as? Double ?? -1) >= 0.5, "\(String(describing: row))")
+        #expect(await h.waitFor("did not return from event block within the event deadline"), "\(h.daemon.text)")
+        let warning = h.daemon.text.split(separator: "\n").first { $0.contains("did not return from event block") }.map(String.init) ?? ""
+        #expect(warning.contains("sticky") && warning.contains("Sticky"), "the warning names neither the module nor its plugin: \(warning)")
+        let status = try h.ctl("--json", "status")
+        let counts = try #require(try JSONSerialization.jsonObject(with: Data(status.standardOutput.utf8)) as? [String: Any])
+        #expect(counts["modulesRunning"] as? Int == 0, "\(status.standardOutput)")
+        let metrics = try h.ctl("metrics")
+        #expect(metrics.standardOutput.contains("modhost_module_deadline_overruns_total{module=\"sticky\",plugin=\"Sticky\"} 1"), "\(metrics.standardOutput)")
+        let refused = try h.ctl("send", "again", "--to", "sticky")
+        #expect(refused.status != 0 && refused.standardError.contains("stuck in block"), "\(refused.standardError)")
+
+        // It returns: running again, and the log says after how long.
+        _ = FileManager.default.createFile(atPath: release, contents: nil)
+        let running = try await Self.listUntil(h.socket) { rows in rows["sticky"]?["state"] as? String == "running" }
+        #expect(running.met, "\(h.daemon.text)")
+        #expect(await h.waitFor("returned from event block after"), "\(h.daemon.text)")
+        _ = await sender.wait(timeout: .seconds(30))
+        #expect(try h.ctl("send", "after", "--to", "sticky").status == 0)
+        let (exit, _) = await Self.terminate(h)
+        #expect(exit == 0, "\(h.daemon.text)")
+    }
+
     /// A Swift module whose task posts notifications in a loop (never giving up its
     /// thread) costs the daemon neither its memory nor its control plane: `list` answers,
     /// and a SIGTERM stops the daemon cleanly (found from outside: on 2 CPUs `list` went

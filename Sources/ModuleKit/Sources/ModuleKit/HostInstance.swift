@@ -70,6 +70,10 @@ public actor HostInstance {
     private nonisolated let diagnosticsHub = DiagnosticsHub()
     /// The deadlines of the async handlers running now.
     private nonisolated let deadlines = DeadlineWatch()
+    /// The synchronous handler running now, watched from outside against the deadline.
+    private nonisolated let handlers: HandlerWatch
+    /// The event name `handlers` has now (set only when a handler's differs).
+    private var watchedEvent = ""
     private nonisolated let mailbox: AsyncStream<MailboxMessage>.Continuation
     /// The most messages from `postFromAnywhere` and `sendFromAnywhere` that wait for
     /// delivery; more are dropped, so a poster faster than this instance cannot take all
@@ -128,6 +132,10 @@ public actor HostInstance {
         self.eventDeadline = eventDeadline
         self.logger = logger.with("instance", name)
         self.bus = Bus(label: "host:\(name)")
+        handlers = HandlerWatch(deadline: eventDeadline, metrics: metrics) {
+            [logger = self.logger, hub = diagnosticsHub, deadline = eventDeadline] report in
+            Self.say(report, logger: logger, hub: hub, deadline: deadline)
+        }
         let (stream, continuation) = AsyncStream.makeStream(of: MailboxMessage.self, bufferingPolicy: .bufferingOldest(Self.mailboxLimit))
         self.mailbox = continuation
         // The mailbox consumer keeps no strong reference while waiting, so the instance
@@ -644,6 +652,41 @@ public actor HostInstance {
         logger.with("module", moduleName)
     }
 
+    /// The synchronous handler of this instance's modules that has run past the event
+    /// deadline and not returned yet, if any: while it runs, every other event of this
+    /// instance waits for it. A synchronous handler cannot be interrupted; the host logs it
+    /// when found (a warning, with the module and its plugin), counts it as a deadline
+    /// overrun (`HostMetrics`), emits `HostDiagnostic.deadlineExceeded`, and logs it again
+    /// when it returns (`HostDiagnostic.finishedLate`). Found within about a quarter of the
+    /// deadline after it passes (at most a second). Safe from any thread; never waits for
+    /// the instance.
+    public nonisolated var overdueHandler: OverdueHandler? { handlers.overdue }
+
+    /// Says that the synchronous handler running now keeps a deadline of its own (it hands
+    /// the event to code elsewhere and waits for it at most the event deadline): it is never
+    /// reported overdue. For the host's stand-ins of C and isolated modules.
+    @_spi(ModuleHost)
+    public func handlerKeepsItsOwnDeadline() { handlers.exemptCurrent() }
+
+    /// Says what the handler watch found: an overdue handler, or its return.
+    private static func say(_ report: HandlerWatch.Report, logger: Logger, hub: DiagnosticsHub, deadline: Duration) {
+        switch report {
+        case .overdue(let handler, let metrics):
+            metrics.recordDeadlineOverrun()
+            logger.warning(
+                "module did not return from event \(handler.event) within the event deadline; a synchronous handler cannot be interrupted, and every event of this host waits for it",
+                [("module", handler.module)] + (handler.plugin.isEmpty ? [] : [("plugin", handler.plugin)])
+                    + [("event", handler.event), ("elapsed", handler.elapsed.millisecondsText), ("deadline", deadline.millisecondsText)])
+            hub.emit(.deadlineExceeded(module: handler.module, event: handler.event, elapsed: handler.elapsed))
+        case .returned(let handler):
+            logger.info(
+                "module returned from event \(handler.event) after at least \(handler.elapsed.millisecondsText), past the event deadline",
+                [("module", handler.module)] + (handler.plugin.isEmpty ? [] : [("plugin", handler.plugin)])
+                    + [("event", handler.event), ("elapsed", handler.elapsed.millisecondsText)])
+            hub.emit(.finishedLate(module: handler.module, event: handler.event, elapsed: handler.elapsed))
+        }
+    }
+
     /// A stream of this instance's diagnostics (deadline overruns, refused modules...),
     /// from the moment it is created until shutdown. Any number of streams may exist.
     public nonisolated func diagnostics() -> AsyncStream<HostDiagnostic> { diagnosticsHub.stream() }
@@ -837,8 +880,24 @@ public actor HostInstance {
     /// Hands a synchronous event to one module's handler and counts it; one delivery in
     /// `ModuleMetrics.synchronousSampling` is timed (two clock reads cost more than most
     /// handlers).
+    /// Watched (`handlers`) from when it begins to when it returns.
     @inline(__always)
     private func handOver(_ event: ModuleEvent, to module: any Module, _ metrics: ModuleMetrics) {
+        let name = event.name, outerEvent = watchedEvent
+        if name != outerEvent {
+            watchedEvent = name
+            handlers.setEvent(name)
+        }
+        let outer = handlers.enter(metrics)
+        defer {
+            // A nested handler (its caller's handler sent an event) gives back its caller's
+            // event name before its mark: the watch never sees a mark with another's name.
+            if outer != 0, watchedEvent != outerEvent {
+                watchedEvent = outerEvent
+                handlers.setEvent(outerEvent)
+            }
+            handlers.leave(restoring: outer)
+        }
         guard metrics.countDelivery() % ModuleMetrics.synchronousSampling == 0 else {
             module.handle(event, host: self)
             return

@@ -94,6 +94,9 @@ public final class ModuleMetrics: Sendable {
     public static let synchronousSampling: UInt64 = 64
 
     public let module: String
+    /// Its place among its instance's module counters, in the order they were made: how the
+    /// instance's watch of synchronous handlers names the module running (`HandlerWatch`).
+    let index: Int
     private let latestPlugin: Mutex<String>
     private let delivered = Atomic<UInt64>(0)
     /// Time the host waited for the module's handlers (see `synchronousSampling`).
@@ -101,8 +104,9 @@ public final class ModuleMetrics: Sendable {
     private let overruns = Atomic<UInt64>(0)
     private let errors: InlineArray<2, Atomic<UInt64>>
 
-    init(module: String, plugin: String) {
+    init(module: String, plugin: String, index: Int) {
         self.module = module
+        self.index = index
         latestPlugin = Mutex(plugin)
         errors = InlineArray { _ in Atomic<UInt64>(0) }
     }
@@ -197,7 +201,8 @@ public final class HostMetrics: Sendable {
     /// event name, so it never collides with one).
     public static let otherEventName = "(other)"
 
-    private let modules = Mutex<[String: ModuleMetrics]>([:])
+    /// Every module's counters, by name and in the order they were made.
+    private let modules = Mutex<(byName: [String: ModuleMetrics], made: [ModuleMetrics])>(([:], []))
     private let events = Mutex<[String: EventNameCounter]>([:])
     private let other = EventNameCounter(name: HostMetrics.otherEventName)
 
@@ -207,14 +212,20 @@ public final class HostMetrics: Sendable {
     /// as the plugin that provides it now.
     public func module(named name: String, plugin: String? = nil) -> ModuleMetrics {
         modules.withLock { modules in
-            if let existing = modules[name] {
+            if let existing = modules.byName[name] {
                 if let plugin { existing.setPlugin(plugin) }
                 return existing
             }
-            let made = ModuleMetrics(module: name, plugin: plugin ?? "")
-            modules[name] = made
+            let made = ModuleMetrics(module: name, plugin: plugin ?? "", index: modules.made.count)
+            modules.byName[name] = made
+            modules.made.append(made)
             return made
         }
+    }
+
+    /// The counters whose `index` is `index`, if made.
+    func module(atIndex index: Int) -> ModuleMetrics? {
+        modules.withLock { $0.made.indices.contains(index) ? $0.made[index] : nil }
     }
 
     /// The counter for event `name` (bounded as the type says).
@@ -251,7 +262,7 @@ public final class HostMetrics: Sendable {
     /// Every module's counters, by module name, and deliveries by event name (by name,
     /// `otherEventName` last when it counted anything).
     public func snapshot() -> HostMetricsSnapshot {
-        let modules = modules.withLock { Array($0.values) }.sorted { $0.module < $1.module }.map { $0.snapshot() }
+        let modules = modules.withLock { $0.made }.sorted { $0.module < $1.module }.map { $0.snapshot() }
         var events = events.withLock { Array($0.values) }.sorted { $0.name < $1.name }.map { ($0.name, $0.value) }
         if other.value > 0 { events.append((other.name, other.value)) }
         return HostMetricsSnapshot(modules: modules, eventDeliveries: events.map { .init(event: $0.0, deliveries: $0.1) })

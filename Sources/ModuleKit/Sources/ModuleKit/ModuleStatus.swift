@@ -31,8 +31,9 @@ public struct ModuleStatus: Sendable, Hashable {
 /// `HostInstance.diagnostics()` streams as well as logged. Lets tests and tools observe
 /// overruns and refusals without parsing logs.
 public enum HostDiagnostic: Sendable, Hashable {
-    /// An awaited handler did not finish within the deadline; the host went on without it
-    /// after `elapsed`.
+    /// A handler did not finish within the deadline. The host went on without an awaited
+    /// one after `elapsed`; a synchronous one cannot be interrupted, and the instance waits
+    /// for it (`HostInstance.overdueHandler`), `elapsed` being how long it had run when found.
     case deadlineExceeded(module: String, event: String, elapsed: Duration)
     /// A handler that had exceeded its deadline finished later, after `elapsed` in total.
     case finishedLate(module: String, event: String, elapsed: Duration)

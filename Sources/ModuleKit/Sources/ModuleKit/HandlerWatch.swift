@@ -1,0 +1,153 @@
+internal import Dispatch
+import Synchronization
+
+/// A synchronous handler that has run past its host's event deadline
+/// (`HostInstance.overdueHandler`).
+public struct OverdueHandler: Sendable, Equatable {
+    /// The module whose handler it is.
+    public var module: String
+    /// The plugin that provided the module ("" for a module built into the host).
+    public var plugin: String
+    /// The event it handles (`ModuleEvent.name`).
+    public var event: String
+    /// How long it has run: at least this, and at most a quarter of the event deadline (or
+    /// one second) more.
+    public var elapsed: Duration
+}
+
+/// Watches the synchronous handlers of one host instance from outside it.
+///
+/// A synchronous handler cannot be interrupted, and while it runs its instance runs nothing
+/// else. The instance marks the handler it runs (`enter` and `leave`: a few atomic stores,
+/// no lock and no clock read, on the hottest path there is); a timer, armed only while
+/// handlers run, looks at the mark every quarter of the deadline (at most every second) on a
+/// Dispatch queue of its own, which gets a thread even while plugin code holds every thread of
+/// Swift concurrency. A handler seen running in two looks the deadline apart is overdue: it
+/// is said once when found (`Report.overdue`) and once when it returns (`Report.returned`).
+///
+/// Safe from any thread; `enter`, `leave`, `setEvent` and `exemptCurrent` only from the
+/// instance's context.
+final class HandlerWatch: Sendable {
+    enum Report: Sendable {
+        case overdue(OverdueHandler, ModuleMetrics)
+        case returned(OverdueHandler)
+    }
+
+    /// The handler running: its delivery's serial (the low 40 bits, shifted left by 24) and
+    /// its module's `ModuleMetrics.index` + 1 (24 bits; 0 when past them, not watched); 0
+    /// when none runs. A nested handler's mark replaces its caller's until it returns.
+    private let running = Atomic<UInt64>(0)
+    /// The serial of the last delivery (written only by the instance).
+    private let serial = Atomic<UInt64>(0)
+    /// The mark of a handler that keeps a deadline of its own (a C module's, an isolated
+    /// module's): not reported.
+    private let exempt = Atomic<UInt64>(0)
+    /// The name of the event the running handler handles, set when it differs from the last.
+    private let eventName = Mutex<String>("")
+    /// Whether the timer is armed; `enter` arms it, a look that finds no handler disarms it.
+    private let armed = Atomic<Bool>(false)
+    private struct Looks {
+        /// The mark last looked at, and when it was first seen.
+        var seen: (mark: UInt64, since: ContinuousClock.Instant)?
+        /// The handler found overdue, with its mark.
+        var overdue: (mark: UInt64, handler: OverdueHandler, since: ContinuousClock.Instant)?
+    }
+    private let looks = Mutex(Looks())
+    private let deadline: Duration
+    private let period: DispatchTimeInterval
+    private let metrics: HostMetrics
+    private let report: @Sendable (Report) -> Void
+
+    /// Every watch's timer runs here: its own thread when Swift concurrency's are all held.
+    private static let queue = DispatchQueue(label: "modulehost.handler-watch")
+
+    init(deadline: Duration, metrics: HostMetrics, report: @escaping @Sendable (Report) -> Void) {
+        self.deadline = deadline
+        self.metrics = metrics
+        self.report = report
+        let quarter = (deadline / 4).clampedNanoseconds
+        period = .nanoseconds(Int(min(max(quarter, 10_000_000), 1_000_000_000)))
+    }
+
+    /// The handler past the deadline now, if any.
+    var overdue: OverdueHandler? {
+        looks.withLock { looks in
+            looks.overdue.map { overdue in
+                var handler = overdue.handler
+                handler.elapsed = ContinuousClock.now - overdue.since
+                return handler
+            }
+        }
+    }
+
+    /// Marks the start of a handler of the module counted by `metrics`; returns the mark
+    /// to restore when it returns (its caller's, for a nested handler).
+    @inline(__always)
+    func enter(_ metrics: ModuleMetrics) -> UInt64 {
+        let outer = running.load(ordering: .relaxed)
+        let next = serial.load(ordering: .relaxed) &+ 1
+        serial.store(next, ordering: .relaxed)
+        let module = metrics.index < 0xFF_FFFF ? UInt64(metrics.index + 1) : 0
+        // Sequentially consistent, with the load of `armed` after it and the two in `look`
+        // in the other order: either this sees the timer disarmed and arms it, or the look
+        // sees this mark and arms it again.
+        running.store(next << 24 | module, ordering: .sequentiallyConsistent)
+        if !armed.load(ordering: .sequentiallyConsistent) { arm() }
+        return outer
+    }
+
+    /// Marks the end of the handler `enter` marked; `outer` is what it returned.
+    @inline(__always)
+    func leave(restoring outer: UInt64) {
+        running.store(outer, ordering: .releasing)
+    }
+
+    /// The event the handlers marked from now on handle.
+    func setEvent(_ name: String) {
+        eventName.withLock { $0 = name }
+    }
+
+    /// The handler marked now keeps a deadline of its own: it is never reported.
+    func exemptCurrent() {
+        exempt.store(running.load(ordering: .relaxed), ordering: .relaxed)
+    }
+
+    private func arm() {
+        guard armed.compareExchange(expected: false, desired: true, ordering: .sequentiallyConsistent).exchanged else { return }
+        // Held weakly: an instance that goes away takes its watch along.
+        Self.queue.asyncAfter(deadline: .now() + period) { [weak self] in self?.look() }
+    }
+
+    private func look() {
+        armed.store(false, ordering: .sequentiallyConsistent)
+        let mark = running.load(ordering: .sequentiallyConsistent)
+        let now = ContinuousClock.now
+        var reports: [Report] = []
+        let watched = mark & 0xFF_FFFF != 0 && mark != exempt.load(ordering: .relaxed)
+        // Read before the lock: the instance may be setting it.
+        let event = watched ? eventName.withLock { $0 } : ""
+        let module = watched ? metrics.module(atIndex: Int(mark & 0xFF_FFFF) - 1) : nil
+        looks.withLock { looks in
+            if let overdue = looks.overdue, overdue.mark != mark {
+                var handler = overdue.handler
+                handler.elapsed = now - overdue.since
+                reports.append(.returned(handler))
+                looks.overdue = nil
+            }
+            guard watched, let module else {
+                looks.seen = nil
+                return
+            }
+            guard let seen = looks.seen, seen.mark == mark else {
+                looks.seen = (mark, now)
+                return
+            }
+            guard looks.overdue == nil, now - seen.since >= deadline else { return }
+            let handler = OverdueHandler(module: module.module, plugin: module.plugin, event: event, elapsed: now - seen.since)
+            looks.overdue = (mark, handler, seen.since)
+            reports.append(.overdue(handler, module))
+        }
+        if mark != 0 { arm() }
+        for report in reports { self.report(report) }
+    }
+}
