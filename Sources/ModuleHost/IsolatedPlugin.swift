@@ -1460,12 +1460,19 @@ final class IsolatedModule: ModuleInAnotherProcess {
     }
 
     func updateConfiguration(_ configuration: JSONValue, host: isolated HostInstance) -> (any Module)? {
-        plugin.configure(moduleName, configuration: configuration) ? self : nil
+        host.handlerKeepsItsOwnDeadline()
+        return plugin.configure(moduleName, configuration: configuration) ? self : nil
     }
 
-    func stateForReplacement(host: isolated HostInstance) -> JSONValue? { plugin.stateForReplacement(moduleName) }
+    func stateForReplacement(host: isolated HostInstance) -> JSONValue? {
+        host.handlerKeepsItsOwnDeadline()
+        return plugin.stateForReplacement(moduleName)
+    }
 
-    func restore(state: JSONValue, host: isolated HostInstance) { plugin.restore(moduleName, state: state) }
+    func restore(state: JSONValue, host: isolated HostInstance) {
+        host.handlerKeepsItsOwnDeadline()
+        plugin.restore(moduleName, state: state)
+    }
 }
 
 extension IsolatedPlugin {
@@ -1475,8 +1482,10 @@ extension IsolatedPlugin {
             LoadedPlugin.Module(
                 factory: ModuleFactory(name: module.name, version: module.version, plugin: name, defaultOrder: defaultOrder) {
                     [self] host, configuration in
-                    IsolatedModule(plugin: self, name: module.name, version: module.version, configuration: configuration,
-                                   running: host.runningModuleNames)
+                    // Its worker's answer is awaited at most the event deadline (then the worker is killed).
+                    host.handlerKeepsItsOwnDeadline()
+                    return IsolatedModule(plugin: self, name: module.name, version: module.version, configuration: configuration,
+                                          running: host.runningModuleNames)
                 },
                 swiftType: nil)
         }

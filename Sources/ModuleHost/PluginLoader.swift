@@ -1,6 +1,6 @@
 import Dispatch
 import Glibc
-import ModuleKit
+@_spi(ModuleHost) import ModuleKit
 import PluginCall
 import PluginFormat
 
@@ -300,6 +300,8 @@ public struct PluginLoader: Sendable {
                 let workers = workers
                 let factory = ModuleFactory(name: descriptor.name, version: descriptor.version, plugin: file.name, defaultOrder: order) {
                     host, configuration in
+                    // `create` runs on the module's worker, waited for at most the event deadline.
+                    host.handlerKeepsItsOwnDeadline()
                     do {
                         return CModule(descriptor: descriptor, configuration: configuration, services: try services(descriptor.name, host),
                                        host: host, workers: workers)

@@ -1,31 +1,38 @@
 internal import Dispatch
 import Synchronization
 
-/// A synchronous handler that has run past its host's event deadline
-/// (`HostInstance.overdueHandler`).
+/// A synchronous callback of a module (an event handler, or `create`,
+/// `updateConfiguration`, `stateForReplacement`, `restore`) that has run past its host's
+/// event deadline (`HostInstance.overdueHandler`).
 public struct OverdueHandler: Sendable, Equatable {
     /// The module whose handler it is.
     public var module: String
     /// The plugin that provided the module ("" for a module built into the host).
     public var plugin: String
-    /// The event it handles (`ModuleEvent.name`).
+    /// The event it handles (`ModuleEvent.name`), or the callback: `create` (the module's
+    /// factory), `updateConfiguration`, `stateForReplacement` or `restore`.
     public var event: String
     /// How long it has run: at least this, and at most a quarter of the event deadline (or
     /// one second) more.
     public var elapsed: Duration
 }
 
-/// Watches the synchronous handlers of one host instance from outside it.
+/// Watches the synchronous callbacks of one host instance's modules from outside it.
 ///
-/// A synchronous handler cannot be interrupted, and while it runs its instance runs nothing
-/// else. The instance marks the handler it runs (`enter` and `leave`: a few atomic stores,
-/// no lock and no clock read, on the hottest path there is); a timer, armed only while
-/// handlers run, looks at the mark every quarter of the deadline (at most every second) on a
-/// Dispatch queue of its own, which gets a thread even while plugin code holds every thread of
-/// Swift concurrency. A handler seen running in two looks the deadline apart is overdue: it
-/// is said once when found (`Report.overdue`) and once when it returns (`Report.returned`).
+/// A synchronous callback cannot be interrupted, and while it runs its instance runs
+/// nothing else. The instance marks the callback it runs (`mark` and `leave`: plain atomic
+/// loads and stores, no lock, fence or clock read, on the hottest path there is); a timer
+/// looks at the mark every quarter of the deadline (at most every second) on a Dispatch
+/// queue of its own, which gets a thread even while plugin code holds every thread of Swift
+/// concurrency. A handler seen running in two looks the deadline apart is overdue: it is
+/// said once when found (`Report.overdue`) and once when it returns (`Report.returned`).
 ///
-/// Safe from any thread; `enter`, `leave`, `setEvent` and `exemptCurrent` only from the
+/// The timer runs only while handlers run. A look that finds none run since the last one
+/// disarms it, and looks once more a period later: a handler that began just as it
+/// disarmed (and may not have seen it disarmed, `mark` reading `armed` without a fence)
+/// is seen by that last look, which arms the timer again.
+///
+/// Safe from any thread; `mark`, `leave`, `setEvent` and `exemptCurrent` only from the
 /// instance's context.
 final class HandlerWatch: Sendable {
     enum Report: Sendable {
@@ -44,9 +51,11 @@ final class HandlerWatch: Sendable {
     private let exempt = Atomic<UInt64>(0)
     /// The name of the event the running handler handles, set when it differs from the last.
     private let eventName = Mutex<String>("")
-    /// Whether the timer is armed; `enter` arms it, a look that finds no handler disarms it.
+    /// Whether the timer is armed; `mark` arms it, a look that finds no handler disarms it.
     private let armed = Atomic<Bool>(false)
     private struct Looks {
+        /// The serial of the last delivery at the last look.
+        var serial: UInt64 = 0
         /// The mark last looked at, and when it was first seen.
         var seen: (mark: UInt64, since: ContinuousClock.Instant)?
         /// The handler found overdue, with its mark.
@@ -80,23 +89,22 @@ final class HandlerWatch: Sendable {
         }
     }
 
-    /// Marks the start of a handler of the module counted by `metrics`; returns the mark
-    /// to restore when it returns (its caller's, for a nested handler).
+    /// The mark now: 0, or the handler's a nested one was called from (restored by `leave`).
     @inline(__always)
-    func enter(_ metrics: ModuleMetrics) -> UInt64 {
-        let outer = running.load(ordering: .relaxed)
+    var current: UInt64 { running.load(ordering: .relaxed) }
+
+    /// Marks the start of a handler of the module counted by `metrics` (its event's name
+    /// given to `setEvent` before).
+    @inline(__always)
+    func mark(_ metrics: ModuleMetrics) {
         let next = serial.load(ordering: .relaxed) &+ 1
         serial.store(next, ordering: .relaxed)
         let module = metrics.index < 0xFF_FFFF ? UInt64(metrics.index + 1) : 0
-        // Sequentially consistent, with the load of `armed` after it and the two in `look`
-        // in the other order: either this sees the timer disarmed and arms it, or the look
-        // sees this mark and arms it again.
-        running.store(next << 24 | module, ordering: .sequentiallyConsistent)
-        if !armed.load(ordering: .sequentiallyConsistent) { arm() }
-        return outer
+        running.store(next << 24 | module, ordering: .releasing)
+        if !armed.load(ordering: .relaxed) { arm() }
     }
 
-    /// Marks the end of the handler `enter` marked; `outer` is what it returned.
+    /// Marks the end of the handler `mark` marked; `outer` is `current` from before it.
     @inline(__always)
     func leave(restoring outer: UInt64) {
         running.store(outer, ordering: .releasing)
@@ -113,21 +121,27 @@ final class HandlerWatch: Sendable {
     }
 
     private func arm() {
-        guard armed.compareExchange(expected: false, desired: true, ordering: .sequentiallyConsistent).exchanged else { return }
-        // Held weakly: an instance that goes away takes its watch along.
-        Self.queue.asyncAfter(deadline: .now() + period) { [weak self] in self?.look() }
+        guard armed.compareExchange(expected: false, desired: true, ordering: .acquiringAndReleasing).exchanged else { return }
+        schedule(lastLook: false)
     }
 
-    private func look() {
-        armed.store(false, ordering: .sequentiallyConsistent)
-        let mark = running.load(ordering: .sequentiallyConsistent)
+    private func schedule(lastLook: Bool) {
+        // Held weakly: an instance that goes away takes its watch along.
+        Self.queue.asyncAfter(deadline: .now() + period) { [weak self] in self?.look(last: lastLook) }
+    }
+
+    /// One look at the mark; `last`: the look after the timer was disarmed.
+    private func look(last: Bool) {
+        let mark = running.load(ordering: .acquiring)
+        let serial = serial.load(ordering: .relaxed)
         let now = ContinuousClock.now
         var reports: [Report] = []
         let watched = mark & 0xFF_FFFF != 0 && mark != exempt.load(ordering: .relaxed)
         // Read before the lock: the instance may be setting it.
         let event = watched ? eventName.withLock { $0 } : ""
         let module = watched ? metrics.module(atIndex: Int(mark & 0xFF_FFFF) - 1) : nil
-        looks.withLock { looks in
+        let active = looks.withLock { looks -> Bool in
+            defer { looks.serial = serial }
             if let overdue = looks.overdue, overdue.mark != mark {
                 var handler = overdue.handler
                 handler.elapsed = now - overdue.since
@@ -136,18 +150,30 @@ final class HandlerWatch: Sendable {
             }
             guard watched, let module else {
                 looks.seen = nil
-                return
+                return mark != 0 || serial != looks.serial
             }
             guard let seen = looks.seen, seen.mark == mark else {
                 looks.seen = (mark, now)
-                return
+                return true
             }
-            guard looks.overdue == nil, now - seen.since >= deadline else { return }
+            guard looks.overdue == nil, now - seen.since >= deadline else { return true }
             let handler = OverdueHandler(module: module.module, plugin: module.plugin, event: event, elapsed: now - seen.since)
             looks.overdue = (mark, handler, seen.since)
             reports.append(.overdue(handler, module))
+            return true
         }
-        if mark != 0 { arm() }
+        if !last {
+            if active {
+                schedule(lastLook: false)
+            } else {
+                armed.store(false, ordering: .releasing)
+                schedule(lastLook: true)
+            }
+        } else if active, armed.compareExchange(expected: false, desired: true, ordering: .acquiringAndReleasing).exchanged {
+            // Handlers ran since it was disarmed and none armed it again: it goes on. (One
+            // that did arm it runs a timer of its own, and this one ends.)
+            schedule(lastLook: false)
+        }
         for report in reports { self.report(report) }
     }
 }

@@ -295,7 +295,9 @@ public actor HostInstance {
             await deliver(.willUnload, to: slot)
             guard let index = moduleManager.index(ofSerial: slot.serial) else { continue }
             let current = moduleManager.slots[index]
-            if let state = current.module.stateForReplacement(host: self) { states[current.name] = state }
+            if let state = watched(current.metrics, "stateForReplacement", { current.module.stateForReplacement(host: self) }) {
+                states[current.name] = state
+            }
             leaving.append(slot.serial)
         }
         var removed: [ModuleSlot] = []
@@ -364,7 +366,9 @@ public actor HostInstance {
                 let index = moduleManager.index(ofSerial: slot.serial)
             else { continue }
             let old = moduleManager.slots[index].module
-            let result = old.updateConfiguration(newConfiguration, host: self)
+            let result = watched(moduleManager.slots[index].metrics, "updateConfiguration") {
+                old.updateConfiguration(newConfiguration, host: self)
+            }
             guard let index = moduleManager.index(ofSerial: slot.serial) else { continue }
             if let result, result === old {
                 deliver(.configurationChanged(newConfiguration), to: moduleManager.slots[index])
@@ -652,9 +656,10 @@ public actor HostInstance {
         logger.with("module", moduleName)
     }
 
-    /// The synchronous handler of this instance's modules that has run past the event
+    /// The synchronous callback of this instance's modules (an event handler, or `create`,
+    /// `updateConfiguration`, `stateForReplacement`, `restore`) that has run past the event
     /// deadline and not returned yet, if any: while it runs, every other event of this
-    /// instance waits for it. A synchronous handler cannot be interrupted; the host logs it
+    /// instance waits for it. A synchronous callback cannot be interrupted; the host logs it
     /// when found (a warning, with the module and its plugin), counts it as a deadline
     /// overrun (`HostMetrics`), emits `HostDiagnostic.deadlineExceeded`, and logs it again
     /// when it returns (`HostDiagnostic.finishedLate`). Found within about a quarter of the
@@ -662,9 +667,11 @@ public actor HostInstance {
     /// the instance.
     public nonisolated var overdueHandler: OverdueHandler? { handlers.overdue }
 
-    /// Says that the synchronous handler running now keeps a deadline of its own (it hands
-    /// the event to code elsewhere and waits for it at most the event deadline): it is never
-    /// reported overdue. For the host's stand-ins of C and isolated modules.
+    /// Says that the synchronous callback running now (an event handler, or the factory's
+    /// `make`, `updateConfiguration`, `stateForReplacement`, `restore`) keeps a deadline of
+    /// its own (it hands the work to code elsewhere and waits for it at most the event
+    /// deadline): it is never reported overdue. For the host's stand-ins of C and isolated
+    /// modules.
     @_spi(ModuleHost)
     public func handlerKeepsItsOwnDeadline() { handlers.exemptCurrent() }
 
@@ -674,13 +681,13 @@ public actor HostInstance {
         case .overdue(let handler, let metrics):
             metrics.recordDeadlineOverrun()
             logger.warning(
-                "module did not return from event \(handler.event) within the event deadline; a synchronous handler cannot be interrupted, and every event of this host waits for it",
+                "module did not return from \(handler.event) within the event deadline; a synchronous callback cannot be interrupted, and every event of this host waits for it",
                 [("module", handler.module)] + (handler.plugin.isEmpty ? [] : [("plugin", handler.plugin)])
                     + [("event", handler.event), ("elapsed", handler.elapsed.millisecondsText), ("deadline", deadline.millisecondsText)])
             hub.emit(.deadlineExceeded(module: handler.module, event: handler.event, elapsed: handler.elapsed))
         case .returned(let handler):
             logger.info(
-                "module returned from event \(handler.event) after at least \(handler.elapsed.millisecondsText), past the event deadline",
+                "module returned from \(handler.event) after at least \(handler.elapsed.millisecondsText), past the event deadline",
                 [("module", handler.module)] + (handler.plugin.isEmpty ? [] : [("plugin", handler.plugin)])
                     + [("event", handler.event), ("elapsed", handler.elapsed.millisecondsText)])
             hub.emit(.finishedLate(module: handler.module, event: handler.event, elapsed: handler.elapsed))
@@ -765,7 +772,8 @@ public actor HostInstance {
         var created: [ModuleSlot] = []
         for factory in sorted {
             let metrics = self.metrics.module(named: factory.name, plugin: factory.plugin)
-            guard let module = factory.make(self, settings[factory.name]?.configuration ?? [:]) else {
+            let configuration = settings[factory.name]?.configuration ?? [:]
+            guard let module = watched(metrics, "create", { factory.make(self, configuration) }) else {
                 metrics.recordError(.refused)
                 logger.error("module refused to initialize", [("module", factory.name), ("plugin", factory.plugin)])
                 diagnosticsHub.emit(.moduleRefused(module: factory.name, plugin: factory.plugin))
@@ -808,7 +816,7 @@ public actor HostInstance {
             handOver(.initialize, to: slot.module, slot.metrics)
         }
         for slot in created where moduleManager.index(ofSerial: slot.serial) != nil {
-            if let state = states[slot.name] { slot.module.restore(state: state, host: self) }
+            if let state = states[slot.name] { watched(slot.metrics, "restore") { slot.module.restore(state: state, host: self) } }
         }
         guard phase == .started else { return }
         for slot in created where moduleManager.index(ofSerial: slot.serial) != nil {
@@ -880,22 +888,16 @@ public actor HostInstance {
     /// Hands a synchronous event to one module's handler and counts it; one delivery in
     /// `ModuleMetrics.synchronousSampling` is timed (two clock reads cost more than most
     /// handlers).
-    /// Watched (`handlers`) from when it begins to when it returns.
+    ///
+    /// Watched (`handlers`) from when it begins to when it returns, as `watched` does, with
+    /// no string copied when the event's name is the one the watch has (most deliveries).
     @inline(__always)
     private func handOver(_ event: ModuleEvent, to module: any Module, _ metrics: ModuleMetrics) {
-        let name = event.name, outerEvent = watchedEvent
-        if name != outerEvent {
-            watchedEvent = name
-            handlers.setEvent(name)
-        }
-        let outer = handlers.enter(metrics)
+        let outer = handlers.current
+        let restore = event.isNamed(watchedEvent) ? nil : watch(event.name, nestedIn: outer)
+        handlers.mark(metrics)
         defer {
-            // A nested handler (its caller's handler sent an event) gives back its caller's
-            // event name before its mark: the watch never sees a mark with another's name.
-            if outer != 0, watchedEvent != outerEvent {
-                watchedEvent = outerEvent
-                handlers.setEvent(outerEvent)
-            }
+            if let restore { watch(restore, nestedIn: 0) }
             handlers.leave(restoring: outer)
         }
         guard metrics.countDelivery() % ModuleMetrics.synchronousSampling == 0 else {
@@ -906,6 +908,32 @@ public actor HostInstance {
         let started = clock.now
         module.handle(event, host: self)
         metrics.handlerTime.record(clock.now - started)
+    }
+
+    /// Gives the watch `name` for the callbacks marked next; returns the name to give back
+    /// when the callback returns if it is nested in another (`outer` is not 0): its caller's.
+    @discardableResult
+    private func watch(_ name: String, nestedIn outer: UInt64) -> String? {
+        let previous = watchedEvent
+        watchedEvent = name
+        handlers.setEvent(name)
+        return outer != 0 ? previous : nil
+    }
+
+    /// Runs `body`, a synchronous callback of the module counted by `metrics` (`what`: the
+    /// event's name, or `create`, `updateConfiguration`, `stateForReplacement`, `restore`),
+    /// watched against the event deadline (`handlers`) from when it begins to when it returns.
+    private func watched<T>(_ metrics: ModuleMetrics, _ what: String, _ body: () -> T) -> T {
+        let outer = handlers.current
+        let restore = what == watchedEvent ? nil : watch(what, nestedIn: outer)
+        handlers.mark(metrics)
+        defer {
+            // A nested callback (its caller's handler sent an event) gives back its caller's
+            // name before its mark: the watch never sees a mark with another's name.
+            if let restore { watch(restore, nestedIn: 0) }
+            handlers.leave(restoring: outer)
+        }
+        return body()
     }
 
     /// Counts `deliveries` of event `name` (bounded: `HostMetrics`). A name that reached

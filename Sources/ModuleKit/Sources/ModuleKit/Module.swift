@@ -126,6 +126,21 @@ public enum ModuleEvent: Sendable, Hashable {
     case abiTestAddition(note: String)
     #endif
 
+    /// Whether `name` is the event's name, without copying it.
+    @inline(__always)
+    func isNamed(_ name: String) -> Bool {
+        switch self {
+        case .initialize: name == "init"
+        case .start: name == "start"
+        case .deinitialize: name == "deinit"
+        case .configurationChanged: name == "configurationChanged"
+        case .notification(let own, _), .custom(let own, _): own == name
+        #if MODULEKIT_ABI_TEST_ADDITIONS
+        case .abiTestAddition: name == "abiTestAddition"
+        #endif
+        }
+    }
+
     /// The event's name as C modules receive it.
     public var name: String {
         switch self {
