@@ -570,6 +570,27 @@ import TestSupport
         for name in names { #expect(line.contains("module \(name) "), "\(line)") }
     }
 
+    /// A Swift module whose `deinit` handler never returns holds the shutdown until the
+    /// budget runs out; the daemon then exits 1 naming the module and the callback it is
+    /// in, not merely as "not yet deinitialized".
+    @Test func aSwiftModuleStuckInDeinitIsNamedWhenTheShutdownBudgetRunsOut() async throws {
+        let plugin = try Self.swiftPlugin("Clingy", variant: "1", members: """
+            public func handle(_ event: ModuleEvent, host: isolated HostInstance) {
+                guard case .deinitialize = event else { return }
+                host.logger(for: Self.name).info("clingy blocks in deinit")
+                while true { sleep(1) }
+            }
+            """)
+        let h = try Harness([], files: [plugin], arguments: ["--event-deadline", "0.5", "--shutdown-budget", "3"])
+        #expect(await h.waitFor("started 1 module: clingy"), "\(h.daemon.text)")
+        let (exit, took) = await Self.terminate(h)
+        #expect(exit == 1, "\(h.daemon.text)")
+        #expect(took < .seconds(10), "shutdown took \(took) with a budget of 3 s")
+        #expect(h.daemon.text.contains("clingy blocks in deinit"), "\(h.daemon.text)")
+        let line = h.daemon.text.split(separator: "\n").first { $0.contains("shutdown budget of 3 s ran out") }.map(String.init) ?? ""
+        #expect(line.contains("module clingy (in deinit for "), "\(line)")
+    }
+
     /// An isolated module that does not return from deinit gets its worker killed at the
     /// event deadline; during shutdown no new worker follows it, even while the daemon still
     /// waits for another module (in process, stuck in deinit too).
