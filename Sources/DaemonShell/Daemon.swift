@@ -556,12 +556,14 @@ public actor Daemon: DaemonControl {
             }
         }
         try checkNotStuck(in: event, to: module, since: started)
-        // A Swift module's awaited handler the host gave up on at the event deadline
-        // (cancelled; the module runs on).
+        // A Swift module's handler past the event deadline: an awaited one the host gave up
+        // on (cancelled; the module runs on), or a synchronous one the host waited for.
         let overran = zip(targets, overrunsBefore).filter { host.metrics.module(named: $0.0).snapshot().deadlineOverruns > $0.1 }.map(\.0)
         if !overran.isEmpty {
             throw DaemonError(code: "deadline_exceeded",
-                              message: "module \(overran.joined(separator: ", ")) did not finish event \(event) within the event deadline of \(configuration.eventDeadline.secondsText); its handler was cancelled and the module runs on")
+                              message: "module \(overran.joined(separator: ", ")) did not finish event \(event) within the event deadline of \(configuration.eventDeadline.secondsText); "
+                                + (awaited ? "its handler was cancelled and the module runs on"
+                                           : "a synchronous handler cannot be interrupted: the host waited for it, and so did every other event"))
         }
         logger.info("event \(event) sent\(module.map { " to \($0)" } ?? "")", [("event", event)])
     }

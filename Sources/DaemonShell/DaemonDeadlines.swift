@@ -71,7 +71,9 @@ extension Daemon {
     /// for it) make it fail with `deadline_exceeded`.
     func checkNotStuck(in event: String, to module: String?, since started: ContinuousClock.Instant) throws(DaemonError) {
         let names = module.map { [$0] } ?? host.runningModuleNames
-        let stuck = names.filter { self.stuck(module: $0)?.what == event }
+        // C modules' callbacks only: a Swift module's synchronous handler has returned once
+        // the send has (an overrun of it is told by `send`).
+        let stuck = names.filter { workers.stuck(module: $0)?.what == event }
         if !stuck.isEmpty {
             throw DaemonError(code: "deadline_exceeded",
                               message: "module \(stuck.joined(separator: ", ")) did not finish event \(event) within the event deadline of \(configuration.eventDeadline.secondsText); it is shown as stuck and gets no more events until it returns")

@@ -394,7 +394,10 @@ import TestSupport
         let running = try await Self.listUntil(h.socket) { rows in rows["sticky"]?["state"] as? String == "running" }
         #expect(running.met, "\(h.daemon.text)")
         #expect(await h.waitFor("returned from block after"), "\(h.daemon.text)")
-        _ = await sender.wait(timeout: .seconds(30))
+        // The send that blocked says so once the handler has returned.
+        #expect(await sender.wait(timeout: .seconds(30)) == 1)
+        #expect(sender.text.contains("module sticky did not finish event block within the event deadline of 0.5 s; a synchronous handler cannot be interrupted")
+                && sender.text.contains("(deadline_exceeded)"), "\(sender.text)")
         #expect(try h.ctl("send", "after", "--to", "sticky").status == 0)
         let (exit, _) = await Self.terminate(h)
         #expect(exit == 0, "\(h.daemon.text)")
