@@ -355,7 +355,9 @@ public actor Daemon: DaemonControl {
         var rows: [ModuleRow] = []
         for status in statuses {
             let plugin = loaded[status.plugin]
-            let stuck = status.running ? stuck(module: status.name) : nil
+            // A module not running may be in its `create` (being enabled), past the deadline.
+            let stuck = status.running ? stuck(module: status.name)
+                : host.overdueHandler.flatMap { $0.module == status.name ? PluginWorker.Stuck(what: $0.event, elapsed: $0.elapsed) : nil }
             let worker = plugin?.worker
             var state = Self.state(of: status, stuck: stuck != nil)
             // A running module of an isolated plugin whose worker is down shows why.
@@ -561,7 +563,7 @@ public actor Daemon: DaemonControl {
         let overran = zip(targets, overrunsBefore).filter { host.metrics.module(named: $0.0).snapshot().deadlineOverruns > $0.1 }.map(\.0)
         if !overran.isEmpty {
             throw DaemonError(code: "deadline_exceeded",
-                              message: "module \(overran.joined(separator: ", ")) did not finish event \(event) within the event deadline of \(configuration.eventDeadline.secondsText); "
+                              message: "\(overran.count == 1 ? "module" : "modules") \(overran.joined(separator: ", ")) did not finish event \(event) within the event deadline of \(configuration.eventDeadline.secondsText); "
                                 + (awaited ? "its handler was cancelled and the module runs on"
                                            : "a synchronous handler cannot be interrupted: the host waited for it, and so did every other event"))
         }
@@ -582,7 +584,8 @@ public actor Daemon: DaemonControl {
             }
         }
         let delivery = PostDelivery(notification: notification, listeners: listeners, stuckBefore: stuckBefore,
-                                    stuckAfter: { [workers, host] in Self.stuck(module: $0, workers: workers, host: host) },
+                                    // C modules only: a Swift listener's handler has returned once the post has.
+                                    stuckAfter: { [workers] in workers.stuck(module: $0) },
                                     unanswered: { [workers] in workers.leftUnanswered(module: $0, event: notification, since: started) })
         if let error = delivery.error(eventDeadline: configuration.eventDeadline) {
             logger.warning("notification \(notification): \(error.message)", [("notification", notification)])

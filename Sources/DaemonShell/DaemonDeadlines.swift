@@ -163,7 +163,9 @@ extension Daemon {
     /// modules not yet deinitialized and the plugin being loaded. Read from the daemon's
     /// own state, from any thread, without waiting.
     nonisolated func stillRunning(shutdownReturned: Bool) -> [String] {
-        let overdue = host.overdueHandler.map { ["module \($0.module) (in \($0.event) for \($0.elapsed.secondsText))"] } ?? []
+        // A Swift module's callback past the deadline, unless the host's shutdown returned
+        // (then none runs, though the watch may not have seen it return yet).
+        let overdue = shutdownReturned ? [] : host.overdueHandler.map { ["module \($0.module) (in \($0.event) for \($0.elapsed.secondsText))"] } ?? []
         let busy = workers.busyModules.map { "module \($0.module) (in \($0.busy.what) for \($0.busy.elapsed.secondsText))" } + overdue
             + workers.busyCalls.map { "plugin \($0.plugin) (in \($0.busy.what) for \($0.busy.elapsed.secondsText))" }
         guard !shutdownReturned else { return busy }

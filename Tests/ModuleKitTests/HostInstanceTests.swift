@@ -103,66 +103,6 @@ struct HostInstanceTests {
         await host.shutdown()
     }
 
-    // A synchronous handler past the event deadline cannot be interrupted: the host's watch
-    // finds it (`overdueHandler` names the module, its plugin and the event; the overrun is
-    // counted and said once) and says when it returns. The handler an event it sent ran
-    // before it blocked does not lend it its name.
-    @Test(.timeLimit(.minutes(1)))
-    func aSynchronousHandlerPastTheDeadlineIsOverdueUntilItReturns() async {
-        let host = makeHost(deadline: .milliseconds(200))
-        let diagnostics = host.diagnostics()
-        let gate = DispatchSemaphore(value: 0)
-        let recorder = Recorder()
-        await host.add([
-            ModuleFactory(name: "blocker", version: "1", plugin: "Blocks") { _, _ in Blocker(gate: gate) },
-            probe("other", order: 1, recorder: recorder),
-        ])
-        await host.start()
-        let sent = Task { await host.send(ModuleEvent.custom(name: "block", payload: .null), to: "blocker") }
-        var overdue: OverdueHandler?
-        while overdue == nil {
-            overdue = host.overdueHandler
-            try? await Task.sleep(for: .milliseconds(5))
-        }
-        #expect(overdue?.module == "blocker" && overdue?.plugin == "Blocks" && overdue?.event == "block", "\(String(describing: overdue))")
-        #expect((overdue?.elapsed ?? .zero) >= .milliseconds(200))
-        #expect(recorder.all.contains("other.nested(null)"))
-        #expect(host.metrics.module(named: "blocker").snapshot().deadlineOverruns == 1)
-        gate.signal()
-        await sent.value
-        while host.overdueHandler != nil { try? await Task.sleep(for: .milliseconds(5)) }
-        #expect(host.metrics.module(named: "blocker").snapshot().deadlineOverruns == 1)
-        #expect(host.metrics.module(named: "other").snapshot().deadlineOverruns == 0)
-        await host.shutdown()
-        var said: [String] = []
-        for await diagnostic in diagnostics {
-            switch diagnostic {
-            case .deadlineExceeded(let module, let event, _): said.append("exceeded \(module) \(event)")
-            case .finishedLate(let module, let event, _): said.append("late \(module) \(event)")
-            default: break
-            }
-        }
-        #expect(said == ["exceeded blocker block", "late blocker block"])
-    }
-
-    // Handlers that return in time, however many, are never overdue.
-    @Test func handlersThatReturnInTimeAreNeverOverdue() async {
-        let host = makeHost(deadline: .milliseconds(50))
-        let recorder = Recorder()
-        await host.add([probe("a", recorder: recorder), probe("b", order: 1, recorder: recorder)])
-        await host.start()
-        let clock = ContinuousClock()
-        let started = clock.now
-        // Past several looks of the watch (a quarter of the deadline each).
-        while clock.now - started < .milliseconds(300) {
-            for _ in 0..<100 { await host.send(ModuleEvent.custom(name: "tick", payload: .null)) }
-            #expect(host.overdueHandler == nil)
-            recorder.clear()
-        }
-        #expect(host.metrics.module(named: "a").snapshot().deadlineOverruns == 0)
-        #expect(host.metrics.module(named: "b").snapshot().deadlineOverruns == 0)
-    }
-
     @Test(.timeLimit(.minutes(2)))
     func messagesFromAnywhereBeyondTheMailboxLimitAreDropped() async {
         let recorder = Recorder()
@@ -337,20 +277,6 @@ final class Poster: Module {
     var info: ModuleInfo { ModuleInfo(name: "poster", version: "1") }
     func handle(_ event: ModuleEvent, host: isolated HostInstance) {
         if case .custom("go", _) = event { host.post(notification: "hello", payload: "from poster") }
-    }
-}
-
-/// On the custom event "block", sends "nested" to the module "other", then blocks its
-/// thread until `gate` is signalled.
-final class Blocker: Module {
-    let gate: DispatchSemaphore
-    init(gate: DispatchSemaphore) { self.gate = gate }
-    var moduleName: String { "blocker" }
-    var info: ModuleInfo { ModuleInfo(name: "blocker", version: "1") }
-    func handle(_ event: ModuleEvent, host: isolated HostInstance) {
-        guard case .custom("block", _) = event else { return }
-        host.send(ModuleEvent.custom(name: "nested", payload: .null), to: "other")
-        gate.wait()
     }
 }
 

@@ -606,8 +606,15 @@ public actor HostInstance {
         try moduleManager.module(named: name, as: type)
     }
 
-    /// The info (name, version, metadata) of every running module, in order.
-    public func infos() -> [ModuleInfo] { moduleManager.modules.map(\.info) }
+    /// The info (name, version, metadata) of every running module, in order. A module's
+    /// `info` is its own code: each is watched against the event deadline as its handlers
+    /// are (`overdueHandler`, as `info`), but a stand-in for a module in another process,
+    /// which keeps a deadline of its own.
+    public func infos() -> [ModuleInfo] {
+        moduleManager.slots.map { slot in
+            slot.module is any ModuleInAnotherProcess ? slot.module.info : watched(slot.metrics, "info") { slot.module.info }
+        }
+    }
 
     /// The info payload (what `modhostctl info` prints): every running module's info, in
     /// order, as `{"instance": name, "modules": [{"name", "version", "metadata"}, ...]}`.
@@ -657,14 +664,15 @@ public actor HostInstance {
     }
 
     /// The synchronous callback of this instance's modules (an event handler, or `create`,
-    /// `updateConfiguration`, `stateForReplacement`, `restore`) that has run past the event
+    /// `updateConfiguration`, `stateForReplacement`, `restore`, `info`) that has run past the event
     /// deadline and not returned yet, if any: while it runs, every other event of this
     /// instance waits for it. A synchronous callback cannot be interrupted; the host logs it
     /// when found (a warning, with the module and its plugin), counts it as a deadline
     /// overrun (`HostMetrics`), emits `HostDiagnostic.deadlineExceeded`, and logs it again
-    /// when it returns (`HostDiagnostic.finishedLate`). Found within about a quarter of the
-    /// deadline after it passes (at most a second). Safe from any thread; never waits for
-    /// the instance.
+    /// when it returns (`HostDiagnostic.finishedLate`), at once. Found at most an eighth of
+    /// the deadline (and at most a second) after it has run the deadline, so an overrun
+    /// shorter than that may go unreported. Of nested callbacks, the one running. Safe from
+    /// any thread; never waits for the instance.
     public nonisolated var overdueHandler: OverdueHandler? { handlers.overdue }
 
     /// Says that the synchronous callback running now (an event handler, or the factory's
@@ -895,7 +903,7 @@ public actor HostInstance {
     private func handOver(_ event: ModuleEvent, to module: any Module, _ metrics: ModuleMetrics) {
         let outer = handlers.current
         let restore = event.isNamed(watchedEvent) ? nil : watch(event.name, nestedIn: outer)
-        handlers.mark(metrics)
+        handlers.mark(metrics, outer: outer)
         defer {
             if let restore { watch(restore, nestedIn: 0) }
             handlers.leave(restoring: outer)
@@ -926,7 +934,7 @@ public actor HostInstance {
     private func watched<T>(_ metrics: ModuleMetrics, _ what: String, _ body: () -> T) -> T {
         let outer = handlers.current
         let restore = what == watchedEvent ? nil : watch(what, nestedIn: outer)
-        handlers.mark(metrics)
+        handlers.mark(metrics, outer: outer)
         defer {
             // A nested callback (its caller's handler sent an event) gives back its caller's
             // name before its mark: the watch never sees a mark with another's name.
