@@ -356,8 +356,7 @@ public actor Daemon: DaemonControl {
         for status in statuses {
             let plugin = loaded[status.plugin]
             // A module not running may be in its `create` (being enabled), past the deadline.
-            let stuck = status.running ? stuck(module: status.name)
-                : host.overdueHandler.flatMap { $0.module == status.name ? PluginWorker.Stuck(what: $0.event, elapsed: $0.elapsed) : nil }
+            let stuck = status.running ? stuck(module: status.name) : Self.overdue(module: status.name, host: host)
             let worker = plugin?.worker
             var state = Self.state(of: status, stuck: stuck != nil)
             // A running module of an isolated plugin whose worker is down shows why.

@@ -49,7 +49,12 @@ extension Daemon {
     /// `stuck(module:)`, for closures that run on another actor (they must not capture
     /// the daemon).
     static func stuck(module name: String, workers: PluginWorkers, host: HostInstance) -> PluginWorker.Stuck? {
-        if let stuck = workers.stuck(module: name) { return stuck }
+        workers.stuck(module: name) ?? overdue(module: name, host: host)
+    }
+
+    /// The synchronous Swift callback of module `name` past the event deadline, if any
+    /// (`HostInstance.overdueHandler`), as a C module's is told.
+    static func overdue(module name: String, host: HostInstance) -> PluginWorker.Stuck? {
         guard let overdue = host.overdueHandler, overdue.module == name else { return nil }
         return PluginWorker.Stuck(what: overdue.event, elapsed: overdue.elapsed)
     }
