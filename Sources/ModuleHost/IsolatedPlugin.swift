@@ -920,6 +920,10 @@ final class WorkerConnection: Sendable {
     /// Socket 5, which the worker poller polls while it reads the replies there.
     var callsDescriptor: Int32 { calls.channel.fd }
 
+    /// How long a frame the worker began may wait for its next byte before the worker is
+    /// killed (`WorkerPoller`): the event deadline.
+    var frameDeadline: Duration { plugin.deadline }
+
     /// Starts `executable` with one end of each of three new socketpairs as its descriptors
     /// 3, 4 and 5, in a process group of its own, with a clean environment, and has the
     /// worker poller watch it.

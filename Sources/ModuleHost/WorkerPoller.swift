@@ -8,8 +8,9 @@ import Synchronization
 /// each worker's control socket (replies, log lines, notifications), reads the calls socket
 /// of a worker while calls wait for replies that no caller reads, writes what a worker's
 /// sockets had no room for once they have room (`FrameOutbox`), kills a worker that has not
-/// read a frame by its deadline, reaps each worker when it ends (its pidfd polls readable),
-/// and kills a worker asked to stop that has not ended in time.
+/// read a frame by its deadline, kills one that leaves a frame it writes unfinished (no byte
+/// of the rest within the event deadline), reaps each worker when it ends (its pidfd polls
+/// readable), and kills a worker asked to stop that has not ended in time.
 ///
 /// One thread whatever the number of workers and however often they are replaced: a
 /// reader and a reaper thread per worker were started and ended with each worker, and each
@@ -42,6 +43,10 @@ final class WorkerPoller: Sendable {
         var reader: FrameReader?
         /// Its calls socket's frames while this thread reads them for waiting calls.
         var calls: FrameReader?
+        /// Since when `reader` and `calls` hold the start of a frame and nothing more of it
+        /// has come: nil while they hold none.
+        var controlStalled: ContinuousClock.Instant?
+        var callsStalled: ContinuousClock.Instant?
         var killAt: ContinuousClock.Instant?
         /// For each of `connection.outboxes`: the earliest deadline of the frames it holds,
         /// nil when it holds none.
@@ -150,6 +155,7 @@ final class WorkerPoller: Sendable {
                     entries[index].killAt = nil
                     entries[index].connection.killUnlessEnded()
                 }
+                killIfUnfinished(&entries[index], now: now)
                 for outbox in entries[index].flushBy.indices {
                     if let by = entries[index].flushBy[outbox], by <= now { flush(&entries[index], outbox, now: now) }
                 }
@@ -175,6 +181,10 @@ final class WorkerPoller: Sendable {
                     next = min(by, next ?? by)
                 }
                 if let at = entry.killAt { next = min(at, next ?? at) }
+                if let stalled = entry.controlStalled ?? entry.callsStalled {
+                    let at = min(stalled, entry.callsStalled ?? stalled) + entry.connection.frameDeadline
+                    next = min(at, next ?? at)
+                }
             }
             let ready = fds.withUnsafeMutableBufferPointer { poll($0.baseAddress, nfds_t($0.count), Self.timeout(until: next)) }
             guard ready > 0 else { continue }  // timed out, or EINTR
@@ -224,9 +234,11 @@ final class WorkerPoller: Sendable {
     private func read(_ entry: inout Entry, budget: Int) {
         guard entry.reader != nil else { return }
         do throws(FrameReader.End) {
-            try Self.drain(&entry.reader!, budget: budget, to: entry.connection.received)
+            let received = try Self.drain(&entry.reader!, budget: budget, to: entry.connection.received)
+            entry.controlStalled = Self.stalled(entry.reader!, since: entry.controlStalled, received: received)
         } catch {
             entry.reader = nil
+            entry.controlStalled = nil
             // A frame too large or not a JSON object ends the connection, and so the worker.
             if case .invalid(let reason) = error { entry.connection.kill(reason: "it sent an invalid frame (\(reason))") }
             entry.connection.streamEnded()
@@ -238,22 +250,56 @@ final class WorkerPoller: Sendable {
     private func readCalls(_ entry: inout Entry, budget: Int) {
         guard entry.calls != nil else { return }
         do throws(FrameReader.End) {
-            try Self.drain(&entry.calls!, budget: budget, to: entry.connection.callReplied)
+            let received = try Self.drain(&entry.calls!, budget: budget, to: entry.connection.callReplied)
+            entry.callsStalled = Self.stalled(entry.calls!, since: entry.callsStalled, received: received)
         } catch {
             entry.calls = nil
+            entry.callsStalled = nil
             entry.connection.endCalls(error)
             return
         }
-        if entry.connection.returnCallsReader(entry.calls!) { entry.calls = nil }
+        if entry.connection.returnCallsReader(entry.calls!) {
+            entry.calls = nil
+            entry.callsStalled = nil
+        }
+    }
+
+    /// Since when `reader` holds the start of a frame with nothing more of it come, after a
+    /// drain that `received` bytes or not; nil when it holds none.
+    private static func stalled(_ reader: FrameReader, since: ContinuousClock.Instant?, received: Bool) -> ContinuousClock.Instant? {
+        guard reader.holdsUnfinishedFrame else { return nil }
+        return received ? .now : since ?? .now
+    }
+
+    /// Kills `entry`'s worker once a frame it began on its control socket, or on its calls
+    /// socket while this thread reads it, has had no more bytes for the event deadline: its
+    /// plugin wrote there, and every frame after it would be read as the rest of that one
+    /// (a call overrunning for good, the plugin refused every later call). The worker itself
+    /// writes each frame whole, at once.
+    private func killIfUnfinished(_ entry: inout Entry, now: ContinuousClock.Instant) {
+        let deadline = entry.connection.frameDeadline
+        let socket: String
+        if let stalled = entry.controlStalled, stalled + deadline <= now {
+            socket = "control socket (3)"
+        } else if let stalled = entry.callsStalled, stalled + deadline <= now {
+            socket = "socket of calls (5)"
+        } else {
+            return
+        }
+        entry.controlStalled = nil
+        entry.callsStalled = nil
+        entry.connection.kill(reason: "it wrote the start of a frame on its \(socket) and not the rest within \(deadline.secondsText)",
+                              afterItsDeadline: true)
     }
 
     /// Hands every whole frame `reader` holds to `deliver`, reading what its socket holds
     /// (without waiting) up to `budget` times; throws at the end of the stream or a bad frame.
-    private static func drain(_ reader: inout FrameReader, budget: Int, to deliver: (WorkerMessage) -> Void) throws(FrameReader.End) {
+    /// Returns whether it read any byte.
+    private static func drain(_ reader: inout FrameReader, budget: Int, to deliver: (WorkerMessage) -> Void) throws(FrameReader.End) -> Bool {
         var reads = 0
         while true {
             while let message = try reader.buffered() { deliver(message) }
-            guard reads < budget, try reader.receiveAvailable() else { return }
+            guard reads < budget, try reader.receiveAvailable() else { return reads > 0 }
             reads += 1
         }
     }

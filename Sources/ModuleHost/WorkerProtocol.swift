@@ -377,6 +377,10 @@ struct FrameReader {
         return try Self.message(body)
     }
 
+    /// Whether it holds the start of a frame whose rest has not been read (after every whole
+    /// frame has been taken with `buffered()`).
+    var holdsUnfinishedFrame: Bool { end > start }
+
     /// Reads what the socket holds now into the buffer, without waiting (for a thread that
     /// polls many sockets); false when it held nothing. Take every `buffered()` message
     /// first: the buffer grows only to hold the frame being read.

@@ -16,10 +16,12 @@ struct HostileWorkerTests {
     /// on standard error, then (1.1 s later) an escape sequence and no newline, and closes
     /// both; on `garbage`, writes bytes that are no frame on
     /// the socket of ordered requests (4); on `unknown`, a frame with an op the protocol does
-    /// not have on the control socket (3); on `close`, closes descriptors 3, 4 and 5; on
+    /// not have on the control socket (3); on `cut`, the start of a frame and not the rest
+    /// on the control socket; on `close`, closes descriptors 3, 4 and 5; on
     /// `segv`, crashes; on `phantom`, writes on the control socket an answer to request
     /// 1000000, never sent. It exports `liar_add(a, b)`, `liar_slow(ms)`, which returns
-    /// after `ms` milliseconds, `liar_forge(count)` and `liar_phantom(id)` (below).
+    /// after `ms` milliseconds, `liar_forge(count)`, `liar_phantom(id)` and
+    /// `liar_truncate(n)` (below).
     static func liar(in directory: String, events: String = "/dev/null") throws -> String {
         let frame = #"{"op":"log","level":1,"label":"modhostd","message":"claimed line","metadata":[["plugin","Honest"],["module","honest"],["worker","1"],["request","7"]]}"#
         let source = """
@@ -48,6 +50,7 @@ struct HostileWorkerTests {
                 if (strcmp(event, "close") == 0) { close(3); close(4); close(5); }
                 if (strcmp(event, "closecalls") == 0) close(5);
                 if (strcmp(event, "phantom") == 0) phantom(3, 1000000);
+                if (strcmp(event, "cut") == 0) { static const unsigned char start[] = {0, 0, 0, 200, '{'}; if (write(3, start, sizeof start) < 0) {} }
                 if (strcmp(event, "unknown") == 0) {
                     static const char unknown[] = "{\\"op\\":\\"launch\\"}";
                     unsigned char header[4] = {0, 0, 0, (unsigned char)(sizeof unknown - 1)};
@@ -76,6 +79,14 @@ struct HostileWorkerTests {
             /* Answers the calls numbered 1 to count itself, on socket 5, each with a compact
                result of type str (liar_forge returns an i32), before the worker's own answer. */
             MODHOST_EXPORT int32_t liar_phantom(int32_t id) { phantom(5, (uint64_t)id); return 0; }
+            /* Writes on socket 5 the start of a frame of 200 bytes, then n bytes of it, and
+               returns: the worker's answer is taken for more of that frame, which stays unfinished. */
+            MODHOST_EXPORT int32_t liar_truncate(int32_t n) {
+                unsigned char f[4 + 100] = {0, 0, 0, 200, 4};
+                if (n < 0 || n > 100) n = 1;
+                if (write(5, f, 4 + (size_t)n) < 0) {}
+                return n;
+            }
             MODHOST_EXPORT int32_t liar_forge(int32_t count) {
                 static const char value[] = "\\\"forged\\\"";
                 for (uint64_t id = 1; id <= (uint64_t)count; id++) {
@@ -100,7 +111,8 @@ struct HostileWorkerTests {
         return try PluginFactory(directory: directory).buildC("Liar", source: source,
                                                               manifest: PluginFactory.manifest(plugin: "Liar", modules: ["liar"],
                                                                                                exports: [("liar_add", "i32(i32,i32)"), ("liar_slow", "i32(i32)"),
-                                                                                                         ("liar_forge", "i32(i32)"), ("liar_phantom", "i32(i32)")]))
+                                                                                                         ("liar_forge", "i32(i32)"), ("liar_phantom", "i32(i32)"),
+                                                                                                         ("liar_truncate", "i32(i32)")]))
     }
 
     /// A modhostd running the example Counter in process and `plugin` (built into `file`)
@@ -174,7 +186,7 @@ struct HostileWorkerTests {
     }
 
     @Test("a worker that writes what is no frame, or a frame the protocol does not have, or closes its sockets, is ended, named and restarted",
-          .timeLimit(.minutes(3)), arguments: ["garbage", "unknown", "close", "closecalls", "phantom", "phantomcall"])
+          .timeLimit(.minutes(3)), arguments: ["garbage", "unknown", "cut", "close", "closecalls", "phantom", "phantomcall"])
     func aWorkerWhoseSocketsNoLongerWorkIsRestarted(fault: String) async throws {
         let scratch = TemporaryDirectory("hostile-worker")
         let events = scratch.file("events.log")
@@ -200,6 +212,7 @@ struct HostileWorkerTests {
         let ended = h.daemon.text.split(separator: "\n").first { $0.contains("plugin Liar's worker (pid \(pid))") } ?? ""
         #expect(ended.contains(["garbage": "no frame", "unknown": #"op "launch", which the protocol does not have"#,
                                 "phantom": "a reply to request 1000000, which the daemon never sent, on its control socket (3)",
+                                "cut": "it wrote the start of a frame on its control socket (3) and not the rest within 1 s",
                                 "phantomcall": "a reply to request 1000000, which the daemon never sent, on its socket of calls (5)"][fault]
                                 ?? "closed"), "\(ended)")
         // The new worker gets events again.
@@ -228,12 +241,35 @@ struct HostileWorkerTests {
         #expect(forged.standardError.contains("it answered call liar_forge with a value of type str, where plugin.json declares i32"),
                 "\(forged.standardError)")
         #expect(await h.waitFor("plugin Liar's worker (pid \(pid))"), "\(h.daemon.text)")
+        try await Self.expectRestartedAndCalled(h)
+        await Self.stop(h)
+    }
+
+    /// Expects `h`'s Liar to have been restarted once, to run, and to answer a call.
+    static func expectRestartedAndCalled(_ h: DaemonLifecycleTests.Harness) async throws {
         let restarted = try await StuckModuleTests.listUntil(h.socket) { rows in
             rows["liar"]?["restarts"] as? Int == 1 && rows["liar"]?["state"] as? String == "running"
         }
         #expect(restarted.met, "the worker was not restarted: \(h.daemon.text)")
         let sum = try h.ctl("call", "Liar", "liar_add", "2", "3")
         #expect(sum.status == 0 && sum.standardOutput == "5\n", "\(sum.standardOutput)\(sum.standardError)")
+    }
+
+    /// Outside attack: a call whose plugin wrote the start of a frame on socket 5 and not
+    /// the rest left the worker's answer inside that frame; the call overran, every later
+    /// call was refused (`plugin_busy`) for good, and nothing was logged.
+    @Test("a worker that leaves a frame unfinished on its calls socket is ended, named and restarted", .timeLimit(.minutes(3)))
+    func aFrameLeftUnfinishedEndsTheWorker() async throws {
+        let scratch = TemporaryDirectory("hostile-worker")
+        let liar = try Self.liar(in: scratch.directory("liar"))
+        let h = try await Self.daemon(isolating: "Liar", file: liar, arguments: ["--request-deadline", "1", "--event-deadline", "1"])
+        let pid = try #require(try h.modules()["liar"]?["workerPid"] as? Int)
+        let cut = try h.ctl("call", "Liar", "liar_truncate", "5")
+        #expect(cut.status != 0, "\(cut.standardOutput)\(cut.standardError)")
+        #expect(await h.waitFor("plugin Liar's worker (pid \(pid))"), "\(h.daemon.text)")
+        let ended = h.daemon.text.split(separator: "\n").first { $0.contains("plugin Liar's worker (pid \(pid))") } ?? ""
+        #expect(ended.contains("it wrote the start of a frame on its socket of calls (5) and not the rest within 1 s"), "\(ended)")
+        try await Self.expectRestartedAndCalled(h)
         await Self.stop(h)
     }
 
