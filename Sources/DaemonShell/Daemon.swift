@@ -573,19 +573,23 @@ public actor Daemon: DaemonControl {
         try checkSendable(event: notification, to: nil)
         try await untilReadyWithinRequestDeadline()
         let started = ContinuousClock.now
-        let (listeners, stuckBefore) = try await withinRequestDeadline("notification \(notification)") { [host, workers] in
-            await host.perform { host -> ([String], [String: PluginWorker.Stuck]) in
+        let (listeners, stuckBefore, overrunsBefore) = try await withinRequestDeadline("notification \(notification)") { [host, workers] in
+            await host.perform { host -> ([String], [String: PluginWorker.Stuck], [UInt64]) in
                 let listeners = host.moduleManager.modules.filter { $0.notifications.contains(notification) }.map(\.moduleName)
                 // A listener stuck in a callback now is not given the notification.
                 let stuck = Dictionary(uniqueKeysWithValues: listeners.compactMap { name in Self.stuck(module: name, workers: workers, host: host).map { (name, $0) } })
+                let overruns = listeners.map { host.metrics.module(named: $0).snapshot().deadlineOverruns }
                 host.post(notification: notification, payload: payload)
-                return (listeners, stuck)
+                return (listeners, stuck, overruns)
             }
         }
+        let overrunsNow = Dictionary(uniqueKeysWithValues: zip(listeners, overrunsBefore))
         let delivery = PostDelivery(notification: notification, listeners: listeners, stuckBefore: stuckBefore,
                                     // C modules only: a Swift listener's handler has returned once the post has.
                                     stuckAfter: { [workers] in workers.stuck(module: $0) },
-                                    unanswered: { [workers] in workers.leftUnanswered(module: $0, event: notification, since: started) })
+                                    unanswered: { [workers] in workers.leftUnanswered(module: $0, event: notification, since: started) },
+                                    // A Swift listener's synchronous handler found past the deadline before it returned.
+                                    overranAndReturned: { [host] in host.metrics.module(named: $0).snapshot().deadlineOverruns > overrunsNow[$0] ?? .max })
         if let error = delivery.error(eventDeadline: configuration.eventDeadline) {
             logger.warning("notification \(notification): \(error.message)", [("notification", notification)])
             throw error

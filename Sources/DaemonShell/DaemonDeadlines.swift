@@ -252,6 +252,9 @@ struct PostDelivery {
     var reached: [String] = []
     /// Those that got it and are now stuck in it.
     var overran: [String] = []
+    /// Those that got it, were found past the event deadline in it and have returned since
+    /// (a Swift module's synchronous handler, which the host waited for).
+    var returnedLate: [String] = []
     /// Those stuck in another callback (or an earlier one of the same name) when it was posted.
     var notDelivered: [(module: String, stuck: PluginWorker.Stuck)] = []
     /// Isolated listeners whose worker did not answer it within the event deadline (it was
@@ -262,8 +265,10 @@ struct PostDelivery {
     /// `unanswered`: why an isolated listener did not answer the notification, nil when it
     /// did (or runs in process). One whose worker was not running (crashed, restarting,
     /// quarantined) did not get it and is not reached, as a `send` to all.
+    /// `overranAndReturned`: whether a listener's deadline overruns grew since the post.
     init(notification: String, listeners: [String], stuckBefore: [String: PluginWorker.Stuck],
-         stuckAfter: (String) -> PluginWorker.Stuck?, unanswered: (String) -> PluginWorkers.Unanswered?) {
+         stuckAfter: (String) -> PluginWorker.Stuck?, unanswered: (String) -> PluginWorkers.Unanswered?,
+         overranAndReturned: (String) -> Bool) {
         self.notification = notification
         for module in listeners {
             switch unanswered(module) {
@@ -283,6 +288,8 @@ struct PostDelivery {
             }
             if let after, after.what == notification {
                 overran.append(module)
+            } else if overranAndReturned(module) {
+                returnedLate.append(module)
             } else {
                 reached.append(module)
             }
@@ -293,11 +300,15 @@ struct PostDelivery {
     /// listener's worker ended with it, `module_stuck` when a listener stuck before did not
     /// get it; nil when every listener that runs got it and returned in time.
     func error(eventDeadline: Duration) -> DaemonError? {
-        guard !overran.isEmpty || !notDelivered.isEmpty || !killed.isEmpty || !workerEnded.isEmpty else { return nil }
+        guard !overran.isEmpty || !returnedLate.isEmpty || !notDelivered.isEmpty || !killed.isEmpty || !workerEnded.isEmpty else { return nil }
         var parts: [String] = []
         if !overran.isEmpty {
             parts.append("\(Self.modules(overran)) did not finish notification \(notification) within the event deadline of \(eventDeadline.secondsText); "
                          + (overran.count == 1 ? "it is shown as stuck and gets no more events until it returns" : "they are shown as stuck and get no more events until they return"))
+        }
+        if !returnedLate.isEmpty {
+            parts.append("\(Self.modules(returnedLate)) did not finish notification \(notification) within the event deadline of \(eventDeadline.secondsText) but "
+                         + (returnedLate.count == 1 ? "has" : "have") + " returned since")
         }
         if !killed.isEmpty {
             parts.append("\(Self.modules(killed)) did not finish notification \(notification) within the event deadline of \(eventDeadline.secondsText); "
@@ -313,7 +324,7 @@ struct PostDelivery {
                          + "stuck in a callback that has not returned")
         }
         parts.append(reached.isEmpty ? "no listener got it" : "it reached \(reached.joined(separator: ", "))")
-        let code = !overran.isEmpty || !killed.isEmpty ? "deadline_exceeded" : !workerEnded.isEmpty ? "worker_ended" : "module_stuck"
+        let code = !overran.isEmpty || !returnedLate.isEmpty || !killed.isEmpty ? "deadline_exceeded" : !workerEnded.isEmpty ? "worker_ended" : "module_stuck"
         return DaemonError(code: code, message: parts.joined(separator: "; "))
     }
 

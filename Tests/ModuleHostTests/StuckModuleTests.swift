@@ -403,6 +403,29 @@ import TestSupport
         #expect(exit == 0, "\(h.daemon.text)")
     }
 
+    /// A `post` whose Swift listener's synchronous handler ran past the event deadline
+    /// replies `deadline_exceeded` naming it, as docs/daemon.md says and as a `send` does
+    /// (found from outside: the post replied that it reached the module).
+    @Test func aPostWhoseSwiftListenerOverranSaysSo() async throws {
+        let plugin = try Self.swiftPlugin("Drowsy", variant: "1", members: """
+            public var notifications: Set<String> { ["slow", "quick"] }
+            public func handle(_ event: ModuleEvent, host: isolated HostInstance) {
+                if case .notification(let name, _) = event, name == "slow" { usleep(1_500_000) }
+            }
+            """)
+        let h = try Harness([], files: [plugin], arguments: ["--event-deadline", "0.5"])
+        #expect(await h.waitFor("started 1 module: drowsy"), "\(h.daemon.text)")
+        let slow = try h.ctl("post", "slow")
+        #expect(slow.status != 0 && slow.standardError.contains("(deadline_exceeded)"), "\(slow.standardOutput)\(slow.standardError)")
+        #expect(slow.standardError.contains("module drowsy did not finish notification slow within the event deadline of 0.5 s but has returned since"),
+                "\(slow.standardError)")
+        #expect(!slow.standardOutput.contains("drowsy") && slow.standardError.contains("no listener got it"), "\(slow.standardOutput)\(slow.standardError)")
+        let quick = try h.ctl("post", "quick")
+        #expect(quick.status == 0 && quick.standardOutput.contains("drowsy"), "\(quick.standardOutput)\(quick.standardError)")
+        let (exit, _) = await Self.terminate(h)
+        #expect(exit == 0, "\(h.daemon.text)")
+    }
+
     /// A Swift module whose initializer (its `create`) blocks past the event deadline is
     /// listed as `stuck` in `create` and logged by module and plugin, while the daemon
     /// answers; once it returns, the module starts and runs (found from outside: it stayed
