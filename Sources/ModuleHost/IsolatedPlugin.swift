@@ -618,14 +618,18 @@ public final class IsolatedPlugin: Sendable {
         do {
             connection = try await launch()
         } catch {
-            logger.error("cannot restart plugin \(name)'s worker: \(error.problem)")
+            // A plugin stopped meanwhile (replaced, removed: its private copy is deleted, and
+            // the launch may have failed for that) is not restarted, and that is no error.
             let quarantine = state.withLock { state -> Bool in
                 guard state.phase == .starting else { return false }
                 state.phase = .quarantined
                 state.lastCrash = error.problem
                 return true
             }
-            if quarantine { logger.error("plugin \(name) is quarantined until its file changes or a module of it is enabled") }
+            if quarantine {
+                logger.error("cannot restart plugin \(name)'s worker: \(error.problem)")
+                logger.error("plugin \(name) is quarantined until its file changes or a module of it is enabled")
+            }
             return
         }
         let (modules, stopped, restarts) = state.withLock { state -> ([(name: String, record: ModuleRecord)], Bool, Int) in

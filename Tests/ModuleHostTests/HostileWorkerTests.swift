@@ -273,6 +273,40 @@ struct HostileWorkerTests {
         await Self.stop(h)
     }
 
+    /// Outside run: a plugin replaced while its worker was stuck in a handler (killed at the
+    /// event deadline while the replace waited for it) ran its new version, but the old
+    /// worker's end restarted the old version from the private copy the replace deleted:
+    /// "cannot restart plugin ...'s worker" and "is quarantined", at error level, about a
+    /// plugin that ran fine.
+    @Test("replacing an isolated plugin whose worker is stuck runs the new version and restarts nothing of the old",
+          .timeLimit(.minutes(3)))
+    func replacingAStuckIsolatedPluginRestartsNothingOfTheOld() async throws {
+        let scratch = TemporaryDirectory("hostile-worker")
+        let old = try IsolationTests.faultyPlugin("Stuck", in: scratch.directory("v1"), events: scratch.file("v1.log"))
+        let new = try IsolationTests.faultyPlugin("Stuck", in: scratch.directory("v2"), events: scratch.file("v2.log"))
+        let h = try await Self.daemon(isolating: "Stuck", file: old, arguments: ["--event-deadline", "2"])
+        let pid = try #require(try h.modules()["stuck"]?["workerPid"] as? Int)
+        let blocked = try RunningProcess(BuildProducts.modhostctl, ["--socket", h.socket, "send", "block", "--to", "stuck"])
+        func noted(_ log: String, _ line: String) -> Bool {
+            ((try? String(contentsOfFile: scratch.file(log), encoding: .utf8)) ?? "").contains(line)
+        }
+        #expect(await DaemonLifecycleTests().eventually { noted("v1.log", "stuck block") }, "\(h.daemon.text)")
+        try h.drop(new, as: "libStuck.so")
+        #expect(await h.waitFor("plugin Stuck's worker (pid \(pid))"), "\(h.daemon.text)")
+        _ = await blocked.wait(timeout: .seconds(30))
+        #expect(try await DaemonLifecycleTests().eventually {
+            _ = try h.ctl("send", "after", "--to", "stuck")
+            return noted("v2.log", "stuck after")
+        }, "\(h.daemon.text)")
+        // An absence: whatever the old worker's end started has had half a second more.
+        try await Task.sleep(for: .milliseconds(500))
+        let text = h.daemon.text
+        #expect(!text.contains("cannot restart") && !text.contains("quarantined"), "\(text)")
+        let creates = ((try? String(contentsOfFile: scratch.file("v1.log"), encoding: .utf8)) ?? "").split(separator: "\n").filter { $0.hasPrefix("stuck create") }
+        #expect(creates.count == 1, "the old version was created again: \(creates)")
+        await Self.stop(h)
+    }
+
     @Test("a send to an isolated module whose worker ends during the event, or is down, says so", .timeLimit(.minutes(3)))
     func aSendThatNoWorkerHandledFails() async throws {
         let scratch = TemporaryDirectory("hostile-worker")
