@@ -1,4 +1,3 @@
-import Dispatch
 import Glibc
 @_spi(ModuleHost) import ModuleKit
 import PluginCall
@@ -87,25 +86,12 @@ public struct PluginLoader: Sendable {
         // (A struct, not an array of `stat?`: the first such array in a process costs its type
         // made at run time.)
         let directoryStatus = directories.map { DirectoryStatus(status: Validator.status(of: $0)) }
-        let validator = validator, candidates = found
-        let checked = Self.inCandidateOrder(count: candidates.count) { index -> Checked in
-            let candidate = candidates[index]
+        valid.reserveCapacity(found.count)
+        var claims = NameClaims(capacity: found.count)
+        for candidate in found {
             do throws(LoadFailure) {
-                return .valid(try validator.validate(candidate.path, in: candidate.directory.map { directories[$0] },
-                                                     directoryStatus: candidate.directory.flatMap { directoryStatus[$0].status }))
-            } catch {
-                return .refused(error)
-            }
-        }
-        var claims = NameClaims(capacity: candidates.count)
-        valid.reserveCapacity(candidates.count)
-        for result in checked {
-            do throws(LoadFailure) {
-                let file: PluginFile
-                switch result {
-                case .valid(let checkedFile): file = checkedFile
-                case .refused(let failure): throw failure
-                }
+                let file = try validator.validate(candidate.path, in: candidate.directory.map { directories[$0] },
+                                                  directoryStatus: candidate.directory.flatMap { directoryStatus[$0].status })
                 if let conflict = claims.claimIfFree(plugin: file.name, modules: file.manifest.modules, file: file.path) {
                     throw LoadFailure(file: file.path, conflict: conflict)
                 }
@@ -129,52 +115,18 @@ public struct PluginLoader: Sendable {
         var status: stat?
     }
 
-    /// What the checks before dlopen said about one candidate. (Not a `Result`: its generic
-    /// requirement costs a search of every loaded image's conformances the first time.)
-    enum Checked: Sendable {
-        case valid(PluginFile)
-        case refused(LoadFailure)
-    }
-
-    /// From this many candidates on, `validate` checks files on every core.
-    ///
-    /// The checks are done before the first `dlopen`, not beside the opening of plugins:
-    /// while another thread of the process runs, each `dlopen` costs more. On a 2-vCPU VM
-    /// a spinning thread made a plain dlopen loop about 1.2 times slower on a quiet machine
-    /// and twice as slow on a busy one (`modhost-bench --child load-baseline-busy`), while a
-    /// spinning thread of another process cost it about 5%: the shared address space (most
-    /// likely the cross-CPU TLB flushes of dlopen's mmap, mprotect and munmap). That ate
-    /// what overlapping the checks with `dlopen` saved (issue 8).
-    static let parallelValidationThreshold = 16
-
-    /// `check(index)` for every index below `count`, returned in index order. With
-    /// `parallelValidationThreshold` or more, the indices are shared out among the cores
-    /// (`DispatchQueue.concurrentPerform`) and all have returned before this does: the
-    /// checks read files and run no plugin code, and their results are used in candidate
-    /// order, so which file keeps a name and every refusal are the same as one at a time.
-    static func inCandidateOrder<T: Sendable>(count: Int, _ check: @Sendable (Int) -> T) -> [T] {
-        guard count >= parallelValidationThreshold else { return (0..<count).map(check) }
-        // Each index writes its own element of the result, once, and concurrentPerform
-        // returns once every index has run: no lock, and no array of optionals to unwrap
-        // (whose types a process would otherwise make at run time on its first load).
-        return [T](unsafeUninitializedCapacity: count) { buffer, initialized in
-            let elements = ResultSlots(base: buffer.baseAddress!)
-            DispatchQueue.concurrentPerform(iterations: count) { index in
-                (elements.base + index).initialize(to: check(index))
-            }
-            initialized = count
-        }
-    }
-
-    /// The result buffer of `inCandidateOrder`, shared with the threads that fill it.
-    /// `@unchecked Sendable`: every index is written by exactly one iteration, to its own
-    /// element, and read only after `concurrentPerform` has returned.
-    private struct ResultSlots<T>: @unchecked Sendable {
-        let base: UnsafeMutablePointer<T>
-    }
-
     /// Loads every valid plugin of `directories` in dependency order, registering its
     /// modules. Plugins named in `loaded` count as present for dependencies.
+    ///
+    /// Every file is checked (`validate`) before the first `dlopen`, on this thread, not
+    /// beside the opening of plugins: while another thread of the process runs, each
+    /// `dlopen` costs more. On a 2-vCPU VM a spinning thread made a plain dlopen loop about
+    /// 1.2 times slower on a quiet machine and twice as slow on a busy one (`modhost-bench
+    /// --child load-baseline-busy`), while a spinning thread of another process cost it about
+    /// 5%: the shared address space (most likely the cross-CPU TLB flushes of dlopen's mmap,
+    /// mprotect and munmap). That ate what overlapping the checks with `dlopen` saved.
+    /// Checking the files on every core before the first `dlopen` saved nothing either: the
+    /// same best time for 100 files, a worse median, and a worse time for 1000 (issue 8).
     public func load(directories: [String], files: [String] = [], loaded: Set<String> = [],
                      orderOverride: [String: Int] = [:]) -> LoadReport {
         var report = LoadReport()

@@ -79,7 +79,7 @@ struct LoadBenchmark {
             // Diagnosis only: the baseline while another thread of this process runs (spins,
             // with no system call); a thread that sleeps, or a busy other process, costs the
             // loop nothing. Why the loader checks files before it opens plugins rather than
-            // beside (PluginLoader.parallelValidationThreshold).
+            // beside (PluginLoader.load).
             let spinner = Spinner()
             Thread.detachNewThread { spinner.spin() }
             defer { spinner.stop() }

@@ -32,42 +32,6 @@ import TestSupport
         #expect(file.warnings.isEmpty)
     }
 
-    /// A directory large enough to be checked on every core gives what checking its files
-    /// one at a time, in name order, gives: the same files valid, the same refusals in the
-    /// same order, and the first file of a name keeps it wherever the files were checked.
-    @Test func checkingManyFilesAtOnceGivesTheOneAtATimeResults() throws {
-        let alpha = try goodCPlugin("Alpha"), beta = try goodCPlugin("Beta")
-        let set = dir.directory("many")
-        let count = PluginLoader.parallelValidationThreshold * 3
-        for index in 0..<count {
-            let name = "lib\(String(index + 100)).so"
-            if index % 11 == 5 {
-                _ = try dir.write("many/" + name, text: "not a plugin \(index)")
-            } else {
-                _ = try dir.copy(index < count / 2 || index % 7 != 0 ? alpha : beta, as: "many/" + name)
-            }
-        }
-        var claims = NameClaims()
-        var expectedValid: [String] = [], expectedRefused: [String] = []
-        for path in try pluginCandidates(in: set) {
-            do {
-                let file = try Validator().validate(path, in: set)
-                if let conflict = claims.conflict(plugin: file.name, modules: file.manifest.modules, file: path) {
-                    expectedRefused.append(LoadFailure(file: path, conflict: conflict).description)
-                } else {
-                    claims.claim(plugin: file.name, modules: file.manifest.modules, file: path)
-                    expectedValid.append(path)
-                }
-            } catch {
-                expectedRefused.append(error.description)
-            }
-        }
-        #expect(expectedValid.count == 2 && expectedRefused.count == count - 2)
-        let (valid, refused) = PluginLoader().validate(directories: [set])
-        #expect(valid.map(\.path) == expectedValid)
-        #expect(refused.map(\.description) == expectedRefused)
-    }
-
     @Test func aDirectoryIsNotARegularFile() {
         let path = dir.directory("folder.so")
         let failure = refusal(path)
