@@ -413,7 +413,10 @@ public actor PluginSet {
     /// The plugin loaded under `name`, nil when none is.
     public func plugin(named name: String) -> LoadedPlugin? { records[name]?.loaded }
 
-    /// What is loaded, refused and retired now.
+    /// What is loaded, refused and retired now. After `shutdown()` it still lists every
+    /// plugin loaded (its image stays mapped), while none of their modules runs
+    /// (`HostInstance.runningModuleNames` is empty) and each isolated plugin's worker is
+    /// `stopped`; `isStopping` tells that state apart.
     public func snapshot() -> PluginSetSnapshot {
         let plugins = records.values.sorted { $0.loaded.name < $1.loaded.name }.map { record in
             PluginSetSnapshot.Plugin(

@@ -920,6 +920,26 @@ struct IsolationTests {
         await f.set.shutdown()
     }
 
+    /// After `shutdown()`, `snapshot()` still lists every plugin (its image stays mapped),
+    /// as PluginSet documents, and says what ended: an isolated plugin's worker is `stopped`
+    /// with no pid, and no module runs (found from outside: read alone, the snapshot looked
+    /// like a set still running).
+    @Test func theSnapshotAfterShutdownSaysWhatEnded() async throws {
+        let f = try Fixture(plugins: ["Near": PluginIsolationSettings(isolation: .inProcess)])
+        try await f.add("Far")
+        try await f.add("Near")
+        await f.set.reconcile()
+        await f.set.start()
+        #expect(await f.worker("Far")?.phase == .running)
+        await f.set.shutdown()
+        let snapshot = await f.set.snapshot()
+        #expect(snapshot.plugins.map(\.name) == ["Far", "Near"])
+        let far = try #require(snapshot.plugins.first { $0.name == "Far" })
+        #expect(far.worker?.phase == .stopped && far.worker?.pid == nil, "\(String(describing: far.worker))")
+        #expect(f.host.runningModuleNames.isEmpty)
+        #expect(f.set.isStopping)
+    }
+
     /// The daemon watches its workers from one thread, however many run: it kept a reader
     /// and a reaper thread per worker, started and ended with each, and every thread that
     /// came and went left memory behind (its malloc arena, its cached stack, libdispatch's
