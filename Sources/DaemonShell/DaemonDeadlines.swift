@@ -104,7 +104,9 @@ extension Daemon {
     }
 
     /// Runs a call by name on the plugin's call worker, never on this actor, for at most
-    /// the request deadline. A plugin whose previous call overran gets no new call.
+    /// the request deadline. A plugin whose previous call overran gets no new call; a call
+    /// whose turn does not come within the deadline (the calls ahead of it took it all) is
+    /// refused and never runs. An overrun is logged, and so is the call's late return.
     /// `counters`, when given, count a refusal (`plugin_busy`) and an overrun.
     func callOffActor(plugin: String, function: String, counters: FunctionCallMetrics?,
                       _ body: @escaping @Sendable () throws(CallError) -> CallValue)
@@ -117,21 +119,31 @@ extension Daemon {
                               message: "plugin \(plugin) is busy: \(stuck.what) has been running for \(stuck.elapsed.secondsText); it gets no new call until that returns")
         }
         let deadline = configuration.requestDeadline
-        let outcome = await withDeadline(deadline) {
-            await worker.run("call \(function)", deadline: deadline) { () -> Result<CallValue, CallError> in
-                do throws(CallError) {
-                    return .success(try body())
-                } catch {
-                    return .failure(error)
-                }
+        let logger = logger
+        let metadata = [("plugin", plugin), ("function", function)]
+        let attempt = await worker.attempt("call \(function)", deadline: deadline, { () -> Result<CallValue, CallError> in
+            do throws(CallError) {
+                return .success(try body())
+            } catch {
+                return .failure(error)
             }
-        }
-        guard let outcome else {
+        }, returnedLate: { ran in
+            logger.info("call \(plugin).\(function) returned after \(ran.secondsText), past the request deadline; the plugin takes calls again", metadata)
+        })
+        switch attempt {
+        case .returned(let outcome):
+            return outcome
+        case .overran:
             counters?.recordDeadlineOverrun()
+            logger.warning("call \(plugin).\(function) did not return within the request deadline of \(deadline.secondsText); it goes on running, and the plugin gets no new call until it returns", metadata)
             throw DaemonError(code: "deadline_exceeded",
                               message: "call \(plugin).\(function) did not return within the request deadline of \(deadline.secondsText); the plugin gets no new call until it does")
+        case .notStarted:
+            counters?.recordError("plugin_busy")
+            let ahead = worker.busy.map { "\($0.what) has been running for \($0.elapsed.secondsText)" } ?? "the calls ahead of it took the time"
+            throw DaemonError(code: "plugin_busy",
+                              message: "plugin \(plugin) is busy (\(ahead)): call \(function) did not start within the request deadline of \(deadline.secondsText) and will not run")
         }
-        return outcome
     }
 
     /// Closes the control socket and stops the modules, then waits for the C callbacks and

@@ -82,7 +82,7 @@ package final class PluginWorker: Sendable {
     /// The job running now, whether or not it is past its deadline, else the next job
     /// queued (for no time yet): nil only when nothing is left to run (e.g. a queued
     /// `destroy` not started yet keeps it busy).
-    var busy: Stuck? {
+    package var busy: Stuck? {
         state.withLock { state in
             if let running = state.current { return Stuck(what: running.what, elapsed: ContinuousClock.now - running.since) }
             return state.queued.min { $0.key < $1.key }.map { Stuck(what: $0.value, elapsed: .zero) }
@@ -221,6 +221,52 @@ package final class PluginWorker: Sendable {
             let left = deadline - (ContinuousClock.now - start)
             return wakeUp.wait(timeout: .now() + max(left, .zero).dispatchInterval) == .success
         }
+    }
+
+    /// What became of a job `attempt` ran.
+    package enum Attempt<T: Sendable>: Sendable {
+        /// It returned within the deadline.
+        case returned(T)
+        /// It started and was still running at the deadline: the worker is stuck on it
+        /// (`stuck`) until it returns.
+        case overran
+        /// The jobs ahead of it took the whole deadline: it was dropped, and never runs.
+        case notStarted
+    }
+
+    /// Runs `job` if its turn comes within `deadline` (counted from now), and waits for it
+    /// up to then, holding no thread. A job whose turn has not come by the deadline is
+    /// dropped: it never runs, so its caller's failure is the whole story. One still
+    /// running then goes on (plugin code cannot be interrupted), the worker is stuck on it
+    /// from that instant, and `returnedLate` runs on the worker once it has returned, with
+    /// how long it ran.
+    package func attempt<T: Sendable>(_ what: String, deadline: Duration, _ job: @escaping @Sendable () -> T,
+                                      returnedLate: @escaping @Sendable (Duration) -> Void) async -> Attempt<T> {
+        let waitingSince = ContinuousClock.now
+        let turn = Turn()
+        let outcome = FirstResult<Attempt<T>>()
+        let id = submit(what, deadline: deadline, {
+            guard turn.take() else { return }
+            let started = ContinuousClock.now
+            let value = job()
+            if !outcome.finish(.returned(value)) { returnedLate(ContinuousClock.now - started) }
+        })
+        DispatchQueue.global().asyncAfter(deadline: .now() + deadline.dispatchInterval) { [self] in
+            if turn.drop() {
+                outcome.finish(.notStarted)
+            } else if outcome.finish(.overran) {
+                abandon(id, what, waitingSince: waitingSince)
+            }
+        }
+        return await outcome.wait()
+    }
+
+    /// Whether a job of `attempt` runs: taken by the job when its turn comes, or dropped by
+    /// its caller's deadline, whichever is first.
+    private final class Turn: Sendable {
+        private let state = Atomic<UInt8>(0)  // 0 waiting, 1 taken, 2 dropped
+        func take() -> Bool { state.compareExchange(expected: 0, desired: 1, ordering: .acquiringAndReleasing).exchanged }
+        func drop() -> Bool { state.compareExchange(expected: 0, desired: 2, ordering: .acquiringAndReleasing).exchanged }
     }
 
     /// Runs `job` and suspends (without holding a thread) until it returns, however long
@@ -450,14 +496,18 @@ final class FirstResult<T: Sendable>: Sendable {
     }
     private let state = Mutex(State.pending([]))
 
-    /// Records `value` unless one was recorded before, and wakes the waiters.
-    func finish(_ value: T) {
-        let waiters = state.withLock { state -> [CheckedContinuation<T, Never>] in
-            guard case .pending(let waiters) = state else { return [] }
+    /// Records `value` unless one was recorded before, and wakes the waiters; whether it
+    /// was the first.
+    @discardableResult
+    func finish(_ value: T) -> Bool {
+        let waiters = state.withLock { state -> [CheckedContinuation<T, Never>]? in
+            guard case .pending(let waiters) = state else { return nil }
             state = .decided(value)
             return waiters
         }
+        guard let waiters else { return false }
         for waiter in waiters { waiter.resume(returning: value) }
+        return true
     }
 
     /// The recorded value, if any.

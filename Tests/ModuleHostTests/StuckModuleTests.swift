@@ -540,6 +540,46 @@ import TestSupport
         #expect(h.daemon.text.contains("Spin"))
     }
 
+    /// Outside attack: a call queued behind a slow one got `deadline_exceeded` without ever
+    /// starting, and ran later anyway (its caller told it failed, its effect came after);
+    /// and an overrun was logged neither when it happened nor when the call returned. A
+    /// call whose turn does not come within the request deadline is now refused
+    /// (`plugin_busy`) and never runs; one that started and overran is logged at both ends.
+    @Test func aCallWhoseTurnDoesNotComeWithinTheDeadlineNeverRuns() async throws {
+        let scratch = TemporaryDirectory("queued-call")
+        let marks = scratch.file("marks")
+        let h = try Harness([], files: [try Self.plugin("Queue", modules: ["queue"], hangOn: [], in: scratch.path,
+                                   exports: [("nap", "i32(i32)"), ("mark", "i32(i32)")],
+                                   functions: """
+                                       static void note(const char *text) {
+                                           FILE *file = fopen("\(marks)", "a");
+                                           if (file) { fputs(text, file); fclose(file); }
+                                       }
+                                       __attribute__((visibility("default"))) int nap(int ms) { note("nap\\n"); usleep((useconds_t)ms * 1000); return ms; }
+                                       __attribute__((visibility("default"))) int mark(int n) { char text[32]; snprintf(text, sizeof text, "mark %d\\n", n); note(text); return n; }
+                                       """)],
+                            arguments: ["--request-deadline", "2"])
+        #expect(await h.waitFor("control socket ready"), "\(h.daemon.text)")
+        func noted() -> String { (try? String(contentsOfFile: marks, encoding: .utf8)) ?? "" }
+        let slow = try RunningProcess(BuildProducts.modhostctl, ["--socket", h.socket, "call", "Queue", "nap", "4000"])
+        #expect(await DaemonLifecycleTests().eventually { noted() == "nap\n" }, "\(noted())")
+        // Queued behind nap, which runs past this call's deadline too.
+        let queued = try h.ctl("call", "Queue", "mark", "1")
+        #expect(queued.status != 0 && queued.standardError.contains("(plugin_busy)"), "\(queued.standardOutput)\(queued.standardError)")
+        #expect(queued.standardError.contains("call mark did not start within the request deadline of 2 s and will not run"), "\(queued.standardError)")
+        #expect(await slow.wait(timeout: .seconds(30)) != 0 && slow.text.contains("deadline_exceeded"), "\(slow.text)")
+        #expect(await h.waitFor("call Queue.nap did not return within the request deadline of 2 s"), "\(h.daemon.text)")
+        // Once nap has returned (said in the log), calls run again; mark 1 never did.
+        #expect(await h.waitFor("call Queue.nap returned after"), "\(h.daemon.text)")
+        let after = try h.ctl("call", "Queue", "mark", "2")
+        #expect(after.status == 0, "\(after.standardOutput)\(after.standardError)")
+        #expect(noted() == "nap\nmark 2\n", "\(noted())")
+        let metrics = try h.ctl("metrics").standardOutput
+        #expect(metrics.contains("modhost_call_deadline_overruns_total{plugin=\"Queue\",function=\"nap\"} 1"), "\(metrics)")
+        let (exit, _) = await Self.terminate(h)
+        #expect(exit == 0, "\(h.daemon.text)")
+    }
+
     @Test func lifecycleEventNamesAreRefusedBySend() async throws {
         let scratch = TemporaryDirectory("reserved")
         let h = try Harness([], files: [try Self.plugin("Freer", modules: ["freer"], hangOn: [], in: scratch.path)])
