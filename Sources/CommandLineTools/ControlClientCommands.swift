@@ -334,6 +334,9 @@ extension ControlCommand {
         } catch .untrustedPeer(let path, let peer) {
             return .untrusted("\(ControlSocketError.untrustedPeer(path: path, peer: peer)); nothing was sent and its replies are ignored. "
                               + "Fix: find who runs pid \(peer.pid) and remove the socket, then start modhostd (or pass --socket with the real daemon's socket)")
+        } catch .lineTooLong(let limit) {
+            // It answered: the daemon was reached; its reply is more than this tool reads.
+            return .invalidReply("a reply line longer than \(limit) bytes (a modhostd of this version never sends one)")
         } catch {
             return .unreachable(unreachableMessage(error, socketPath: socketPath, timeout: timeout))
         }

@@ -68,7 +68,15 @@ public struct ControlService: Sendable {
         do throws(DaemonError) {
             let request = try Request(line: line, idText: &id)
             let result = try await perform(request, peer: peer)
-            return "{\"id\":\(id),\"ok\":true,\"result\":\(result),\"v\":\(Self.protocolVersion)}"
+            let reply = "{\"id\":\(id),\"ok\":true,\"result\":\(result),\"v\":\(Self.protocolVersion)}"
+            // What a client reads at most: a longer line would be cut or refused by it.
+            guard reply.utf8.count <= ControlClient.maximumReplyLength else {
+                throw DaemonError(code: "reply_too_large",
+                                  message: "the reply to \(request.command) would be \(reply.utf8.count) bytes, more than the \(ControlClient.maximumReplyLength) a reply line may take: "
+                                    + (request.command == "call" ? "the call ran, but its result is not sent; return less, or call the function from a host that embeds the plugin set"
+                                                                 : "it is not sent"))
+            }
+            return reply
         } catch {
             logger?.debug("control request refused: \(error.message)",
                           [("code", error.code), ("peer_pid", "\(peer.pid)"), ("peer_uid", "\(peer.uid)")])

@@ -35,7 +35,11 @@ public final class ControlClient: Sendable {
     /// Connects to the server at `socketPath` (a path or `@abstract` name). Throws
     /// `.system` (e.g. `ENOENT`: no daemon; `ECONNREFUSED`: stale socket), `.timedOut`, or
     /// `.untrustedPeer` when `trust` refuses the listener's credentials.
-    public init(socketPath: String, timeout: Duration = .seconds(5), maximumLineLength: Int = 16 << 20,
+    /// The longest reply line a client reads by default, in bytes (16 MiB): a server of
+    /// this protocol never sends a longer one (`ControlService` replaces it with an error).
+    public static let maximumReplyLength = 16 << 20
+
+    public init(socketPath: String, timeout: Duration = .seconds(5), maximumLineLength: Int = ControlClient.maximumReplyLength,
                 trust: @Sendable (PeerCredentials) -> Bool = ControlServer.trustedDaemon)
         throws(ControlSocketError)
     {
@@ -122,6 +126,8 @@ public final class ControlClient: Sendable {
             if let newline = connection.buffer[scanned...].firstIndex(of: UInt8(ascii: "\n")) {
                 var reply = connection.buffer[..<newline]
                 if reply.last == UInt8(ascii: "\r") { reply = reply.dropLast() }
+                // Also when the whole line came in one read.
+                if reply.count > limit { return .failure(.lineTooLong(limit: limit)) }
                 let text = String(decoding: reply, as: UTF8.self)
                 connection.buffer.removeSubrange(...newline)
                 return .success(text)

@@ -169,6 +169,53 @@ import TestSupport
         await fixture.stop()
     }
 
+    /// Outside attack: a call whose result made an 80 MB reply line reached the client cut
+    /// short, without its newline, and nothing said why; and modhostctl took a reply longer
+    /// than it reads for a daemon it could not reach (exit 69). A reply longer than the
+    /// 16 MiB a client reads is a `reply_too_large` error with the request's id, and
+    /// modhostctl says it got a reply it cannot read (exit 1).
+    @Test func aReplyLongerThanAClientReadsIsAnErrorNotACutLine() async throws {
+        let fixture = try Fixture()
+        let replies = try await fixture.exchange([
+            #"{"v":1,"id":1,"cmd":"call","plugin":"Calculator","function":"calc_repeat","args":["17000000"]}"#,
+            #"{"v":1,"id":2,"cmd":"call","plugin":"Calculator","function":"calc_repeat","args":["100000"]}"#,
+        ])
+        #expect(replies[0].code == "reply_too_large", "\(replies[0].text.prefix(300))")
+        #expect(replies[0].text.hasPrefix(#"{"error":{"code":"reply_too_large","message":"the reply to call would be 3400"#)
+                && replies[0].text.contains("the call ran, but its result is not sent") && replies[0].text.contains(#""id":1,"#),
+                "\(replies[0].text.prefix(300))")
+        #expect(replies[1].result?["value"] == .string(String(repeating: "a", count: 100_000)))
+        await fixture.stop()
+
+        // A listener that answers with a longer line than modhostctl reads.
+        let directory = TemporaryDirectory("ctl")
+        let path = directory.file("long.sock")
+        let listener = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
+        var address = sockaddr_un()
+        address.sun_family = sa_family_t(AF_UNIX)
+        withUnsafeMutableBytes(of: &address.sun_path) { $0.copyBytes(from: Array(path.utf8)) }
+        let bound = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(listener, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+        }
+        #expect(bound == 0 && listen(listener, 1) == 0)
+        Thread {
+            let connection = accept(listener, nil, nil)
+            var line = [UInt8](repeating: UInt8(ascii: "x"), count: (16 << 20) + 100) + [10]
+            var sent = 0
+            while sent < line.count {
+                let n = line.withUnsafeMutableBytes { send(connection, $0.baseAddress! + sent, $0.count - sent, Int32(MSG_NOSIGNAL)) }
+                if n <= 0 { break }
+                sent += n
+            }
+            close(connection)
+        }.start()
+        let result = try await Self.onThread { Result { try run(BuildProducts.modhostctl, ["--socket", path, "status"]) } }.get()
+        close(listener)
+        #expect(result.status == 1, "\(result.standardError)")
+        #expect(result.standardError.contains("sent a reply this modhostctl cannot read: a reply line longer than 16777216 bytes"), "\(result.standardError)")
+        #expect(!result.standardError.contains("cannot reach"), "\(result.standardError)")
+    }
+
     @Test func versionAndPingAnswerWithoutTheDaemon() async throws {
         let fixture = try Fixture()
         let replies = try await fixture.exchange([#"{"v":1,"id":1,"cmd":"version"}"#, #"{"cmd":"ping"}"#])
@@ -554,7 +601,7 @@ extension ControlProtocolTests {
         static let info: JSONValue = ["greeting": ["version": "1.2.0", "metadata": ["language": "swift", "tags": [1, 2]]]]
         static let modules: Set<String> = ["greeting", "counter"]
         static let signatures = ["calc_add": "i32(i32,i32)", "calc_half": "f64(f64)", "calc_big": "u64()",
-                                 "calc_void": "void()", "calc_bytes": "buf(buf)"]
+                                 "calc_void": "void()", "calc_bytes": "buf(buf)", "calc_repeat": "str(u64)"]
 
         /// Wait this long inside `reload`, to hold a request in flight.
         private let reloadDelay: Duration
@@ -642,6 +689,9 @@ extension ControlProtocolTests {
             case ("calc_bytes", let values):
                 guard case .bytes(let bytes) = values[0] else { break }
                 return .bytes(bytes.reversed())
+            case ("calc_repeat", let values):
+                guard case .uint64(let count) = values[0] else { break }
+                return .string(String(repeating: "a", count: Int(count)))
             default:
                 break
             }
