@@ -1,6 +1,23 @@
 import Foundation
 import Glibc
 
+/// A Unix stream socket bound to `path` (not listening yet), or -1 when it cannot be bound:
+/// a stale socket file, or a listener of a test's own.
+public func boundUnixSocket(_ path: String) -> Int32 {
+    let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+    var address = sockaddr_un()
+    address.sun_family = sa_family_t(AF_UNIX)
+    withUnsafeMutableBytes(of: &address.sun_path) { $0.copyBytes(from: Array(path.utf8)) }
+    let bound = withUnsafePointer(to: &address) {
+        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+    }
+    guard bound == 0 else {
+        close(fd)
+        return -1
+    }
+    return fd
+}
+
 /// A raw, blocking Unix stream socket connection for sending exactly the bytes a test
 /// wants (partial lines, invalid UTF-8) and reading what comes back.
 public final class RawConnection: Sendable {

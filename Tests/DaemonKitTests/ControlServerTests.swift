@@ -180,14 +180,8 @@ struct ControlServerTests {
         let path = directory.file("ctl.sock")
 
         // A socket file left behind by a dead daemon: bound, never listening, closed.
-        let dead = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
-        var address = sockaddr_un()
-        address.sun_family = sa_family_t(AF_UNIX)
-        withUnsafeMutableBytes(of: &address.sun_path) { $0.copyBytes(from: Array(path.utf8)) }
-        let bound = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(dead, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
-        }
-        #expect(bound == 0)
+        let dead = boundUnixSocket(path)
+        #expect(dead >= 0)
         close(dead)
 
         let first = try ControlServer(socketPath: path, rejectionReply: Self.rejected) { request, _ in "first:" + request }

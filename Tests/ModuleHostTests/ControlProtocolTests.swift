@@ -190,14 +190,8 @@ import TestSupport
         // A listener that answers with a longer line than modhostctl reads.
         let directory = TemporaryDirectory("ctl")
         let path = directory.file("long.sock")
-        let listener = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
-        var address = sockaddr_un()
-        address.sun_family = sa_family_t(AF_UNIX)
-        withUnsafeMutableBytes(of: &address.sun_path) { $0.copyBytes(from: Array(path.utf8)) }
-        let bound = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(listener, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
-        }
-        #expect(bound == 0 && listen(listener, 1) == 0)
+        let listener = boundUnixSocket(path)
+        #expect(listener >= 0 && listen(listener, 1) == 0)
         Thread {
             let connection = accept(listener, nil, nil)
             var line = [UInt8](repeating: UInt8(ascii: "x"), count: (16 << 20) + 100) + [10]
@@ -563,15 +557,9 @@ import TestSupport
 
         // A socket file nobody accepts on (a daemon that died).
         let stale = directory.file("stale.sock")
-        let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
-        var address = sockaddr_un()
-        address.sun_family = sa_family_t(AF_UNIX)
-        withUnsafeMutableBytes(of: &address.sun_path) { $0.copyBytes(from: Array(stale.utf8)) }
-        let bound = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
-        }
+        let fd = boundUnixSocket(stale)
+        #expect(fd >= 0)
         close(fd)
-        #expect(bound == 0)
         let refused = try await Self.onThread { Result { try run(BuildProducts.modhostctl, ["--socket", stale, "status"]) } }.get()
         #expect(refused.status == 69)
         #expect(refused.standardError.contains("cannot reach modhostd at \(stale): nothing accepts connections"))
