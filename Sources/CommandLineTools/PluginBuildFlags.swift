@@ -38,7 +38,11 @@ struct PluginBuildFlags: Sendable {
     var arguments: [String] {
         switch language {
         case .c:
-            return ["-std=c11", "-fPIC", "-shared", "-fvisibility=hidden", "-I", sdk + "/include",
+            // C11 with what glibc declares by default (strdup, which docs/calling.md has
+            // results made with, is not in C11 itself); a call to a function nobody declared
+            // is an error: C would take it for one returning int and cut a pointer result.
+            return ["-std=c11", "-D_DEFAULT_SOURCE", "-Werror=implicit-function-declaration",
+                    "-fPIC", "-shared", "-fvisibility=hidden", "-I", sdk + "/include",
                     "-Wl,-soname,lib\(plugin).so", "-Wl,-z,nodelete", "-Wl,-z,defs"]
         case .swift:
             // include/modulehost holds the C ABI's module map: the compiler needs it when it

@@ -316,6 +316,36 @@ import TestSupport
         }
     }
 
+    /// Outside run: docs/calling.md tells authors to return `strdup(...)`, but under the
+    /// flags' `-std=c11` glibc does not declare `strdup`: gcc only warned, took it for a
+    /// function returning `int`, cut the pointer to 32 bits, and the first call crashed the
+    /// daemon. The flags now declare what glibc offers by default (`_DEFAULT_SOURCE`) and
+    /// make a call to an undeclared function an error.
+    @Test func strdupAsTheDocsSayBuildsAndReturnsItsString() throws {
+        let root = TemporaryDirectory("strdup")
+        let dir = root.file("Hello")
+        try scaffold("c", "Hello", in: dir)
+        let source = try text(dir + "/hello.c")
+        try (source.replacingOccurrences(of: "#include <modulehost.h>\n", with: "#include <modulehost.h>\n#include <string.h>\n")
+            + "\nMODHOST_EXPORT char *hello_copy(const char *text) { return strdup(text); }\n")
+            .write(toFile: dir + "/hello.c", atomically: true, encoding: .utf8)
+        try #"{ "name": "Hello", "version": "1.0.0", "modules": ["hello"], "exports": [{ "name": "hello_copy", "signature": "str(str)" }] }"#
+            .write(toFile: dir + "/plugin.json", atomically: true, encoding: .utf8)
+        let build = try make(dir)
+        #expect(build.status == 0 && !build.standardOutput.contains("warning"), "\(build.standardOutput)")
+        try #require(build.status == 0)
+        let report = PluginLoader().load(directories: [], files: [dir + "/build/libHello.so"])
+        let functions = try #require(report.loaded.first?.functions, "\(report.refused)")
+        #expect(try functions.call("hello_copy", texts: ["a string from the heap"]) == .string("a string from the heap"))
+
+        // A function nobody declared is an error at build time, not a guess.
+        try (source + "\nint guess(void) { return undeclared_function(); }\n").write(toFile: dir + "/hello.c", atomically: true, encoding: .utf8)
+        let guessed = try make(dir)
+        #expect(guessed.status != 0 && guessed.standardOutput.contains("error: implicit declaration of function")
+                && guessed.standardOutput.contains("undeclared_function"),
+                "\(guessed.standardOutput)")
+    }
+
     // MARK: building without make
 
     /// docs/plugins.md's "Building without make" examples, run as written in a directory
