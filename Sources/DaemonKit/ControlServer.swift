@@ -52,6 +52,9 @@ public enum ControlRejection: Sendable, Hashable, CustomStringConvertible {
     case timedOut
     /// The server already serves its maximum number of connections; closed after the reply.
     case tooManyConnections(limit: Int)
+    /// The peer's process already has the most connections one process may have open;
+    /// closed after the reply.
+    case tooManyConnectionsFromProcess(limit: Int)
 
     /// A stable, machine-readable code such as `peer_not_permitted`.
     public var code: String {
@@ -60,7 +63,7 @@ public enum ControlRejection: Sendable, Hashable, CustomStringConvertible {
         case .lineTooLong: "request_too_long"
         case .invalidUTF8: "malformed_request"
         case .timedOut: "request_timeout"
-        case .tooManyConnections: "too_many_connections"
+        case .tooManyConnections, .tooManyConnectionsFromProcess: "too_many_connections"
         }
     }
 
@@ -75,6 +78,8 @@ public enum ControlRejection: Sendable, Hashable, CustomStringConvertible {
         case .invalidUTF8: "request line is not valid UTF-8"
         case .timedOut: "request not completed in time"
         case .tooManyConnections(let limit): "more than \(limit) connections"
+        case .tooManyConnectionsFromProcess(let limit):
+            "this process has \(limit) connections open, the most one process may have; use fewer, or close those it no longer reads"
         }
     }
 }
@@ -130,8 +135,10 @@ public enum ControlSocketError: Error, Sendable, Hashable, CustomStringConvertib
 ///   and, except for invalid UTF-8, the connection is closed. Idle connections are closed
 ///   after `idleTimeout`. When `maximumConnections` are open and another arrives, the one
 ///   that has waited longest for its next request to arrive whole (idle, or sending it
-///   slowly), for at least `evictionGrace`, is closed to make room. A client that does not read its replies is dropped after
-///   `writeTimeout`. No client can block another or the accept loop.
+///   slowly) or for its client to read a reply, for at least `evictionGrace`, is closed to
+///   make room. A client that does not read its replies is dropped after `writeTimeout`.
+///   One client process has at most `maximumConnectionsPerProcess` open. No client can
+///   block another or the accept loop.
 /// - Each connection is served by its own OS thread with non-blocking I/O and `poll`
 ///   deadlines; the handler runs as a Swift task. All descriptors are close-on-exec, and
 ///   each is closed exactly once by the thread that owns it.
@@ -158,11 +165,15 @@ public final class ControlServer: Sendable {
         /// How long writing one reply may take. Default 5 s.
         public var writeTimeout: Duration = .seconds(5)
         /// Connections served at once. One more closes the connection that has waited
-        /// longest for a request to arrive whole (idle, or with part of a line sent), if
-        /// that has been at least `evictionGrace`, and takes its place; otherwise (every
-        /// connection has a request in the handler, or has just connected) it gets an
-        /// error line. Default 128.
+        /// longest for a request to arrive whole (idle, or with part of a line sent) or for
+        /// its client to read a reply, if that has been at least `evictionGrace`, and takes
+        /// its place; otherwise (every connection has a request in the handler, or has just
+        /// connected) it gets an error line. Default 128.
         public var maximumConnections: Int = 128
+        /// Connections one client process (the pid `SO_PEERCRED` gives) may have open at
+        /// once; one more gets an error line. Default 64, half of `maximumConnections`: a
+        /// client that leaks connections leaves the other half to the others.
+        public var maximumConnectionsPerProcess: Int = 64
         /// How long a connection waits for a request before another may take its place
         /// (`maximumConnections`): time for a client that has just connected to send it.
         /// Default 0.25 s.
@@ -242,8 +253,11 @@ public final class ControlServer: Sendable {
 private final class ServerCore: Sendable {
     private struct State {
         var connections = 0
-        /// The connections waiting for their next request to arrive whole, by number: their
-        /// descriptor and since when (`admit` closes the longest waiting to make room).
+        /// Open connections by the pid of their client's process.
+        var perProcess: [pid_t: Int] = [:]
+        /// The connections waiting for their next request to arrive whole, or for their
+        /// client to read a reply, by number: their descriptor and since when (`admit`
+        /// closes the longest waiting to make room).
         var waiting: [Int: WaitingConnection] = [:]
         var lastConnection = 0
         var acceptorRunning = true
@@ -361,9 +375,16 @@ private final class ServerCore: Sendable {
     }
 
     /// Called when the acceptor or a connection finishes; resumes `stop()` callers once all have.
-    private func finished(connection: Bool) {
+    /// A connection of `process` has closed, or (nil) the acceptor has stopped.
+    private func finished(connection process: pid_t?) {
         let waiters = state.withLock { state -> [CheckedContinuation<Void, Never>] in
-            if connection { state.connections -= 1 } else { state.acceptorRunning = false }
+            if let process {
+                state.connections -= 1
+                state.perProcess[process, default: 1] -= 1
+                if state.perProcess[process] == 0 { state.perProcess[process] = nil }
+            } else {
+                state.acceptorRunning = false
+            }
             guard !state.acceptorRunning && state.connections == 0 else { return [] }
             defer { state.waiters = [] }
             return state.waiters
@@ -397,7 +418,12 @@ private final class ServerCore: Sendable {
                 unlink(socketPath)
             }
         }
-        finished(connection: false)
+        finished(connection: nil)
+    }
+
+    private enum Admission {
+        case admitted(Int)
+        case refused(ControlRejection)
     }
 
     /// Checks a new connection and starts its thread, or rejects it.
@@ -409,8 +435,9 @@ private final class ServerCore: Sendable {
             closeDescriptor(fd)
             return
         }
-        let limit = configuration.maximumConnections
-        let number = state.withLock { state -> Int? in
+        let limit = configuration.maximumConnections, perProcess = configuration.maximumConnectionsPerProcess
+        let admission = state.withLock { state -> Admission in
+            if state.perProcess[peer.pid, default: 0] >= perProcess { return .refused(.tooManyConnectionsFromProcess(limit: perProcess)) }
             if state.connections >= limit {
                 // Full: the connection that has waited longest for a request makes room, so
                 // that a client leaking connections, idle or with requests it never
@@ -419,25 +446,30 @@ private final class ServerCore: Sendable {
                 // leaves `waiting` before it closes).
                 guard let (oldest, waiting) = state.waiting.min(by: { $0.value.since < $1.value.since }),
                       ContinuousClock.now - waiting.since >= configuration.evictionGrace
-                else { return nil }
+                else { return .refused(.tooManyConnections(limit: limit)) }
                 state.waiting[oldest] = nil
-                shutdown(waiting.fd, Int32(SHUT_RD))
+                // Ends its wait: a read sees the end of input, a write fails.
+                shutdown(waiting.fd, Int32(SHUT_RDWR))
             }
             state.connections += 1
+            state.perProcess[peer.pid, default: 0] += 1
             state.lastConnection += 1
-            return state.lastConnection
+            return .admitted(state.lastConnection)
         }
-        guard let number else {
+        let connection: Int
+        switch admission {
+        case .admitted(let number):
+            connection = number
+        case .refused(let rejection):
             // Best effort and brief: a fresh socket's send buffer takes a short line at once.
-            _ = writeLine(fd, rejectionReply(.tooManyConnections(limit: limit)),
-                          deadline: .now.advanced(by: .milliseconds(100)))
+            _ = writeLine(fd, rejectionReply(rejection), deadline: .now.advanced(by: .milliseconds(100)))
             closeDescriptor(fd)
             return
         }
         startThread(name: "dk-ctl-conn") { [self] in
-            serve(fd, peer, number: number)
+            serve(fd, peer, number: connection)
             closeDescriptor(fd)
-            finished(connection: true)
+            finished(connection: peer.pid)
         }
     }
 
@@ -445,8 +477,9 @@ private final class ServerCore: Sendable {
 
     private enum ReadOutcome { case data, timedOut, closed, stopping }
 
-    /// Marks connection `number` as waiting for a request to arrive whole, from now if it
-    /// was not already, or not.
+    /// Marks connection `number` as waiting for a request to arrive whole or for its client
+    /// to read a reply (it may then be closed to make room), from now if it was not
+    /// already, or not.
     private func setWaiting(_ number: Int, fd: Int32, _ waiting: Bool) {
         state.withLock { state in
             if !waiting {
@@ -489,7 +522,11 @@ private final class ServerCore: Sendable {
                 } else {
                     reply = rejectionReply(.invalidUTF8(line: Array(line)))
                 }
-                guard writeLine(fd, reply, deadline: .now.advanced(by: configuration.writeTimeout)) else { return }
+                // A client that does not read this reply may lose its place to a new one.
+                guard writeLine(fd, reply, deadline: .now.advanced(by: configuration.writeTimeout),
+                                whenBlocked: { self.setWaiting(number, fd: fd, true) })
+                else { return }
+                setWaiting(number, fd: fd, false)
                 if isStopping { return }
             }
             scanned = buffer.count
@@ -550,8 +587,8 @@ private final class ServerCore: Sendable {
         return box.take()
     }
 
-    private func writeLine(_ fd: Int32, _ text: String, deadline: ContinuousClock.Instant) -> Bool {
-        writeAll(fd, Array(Self.oneLine(text).utf8) + [UInt8(ascii: "\n")], deadline: deadline)
+    private func writeLine(_ fd: Int32, _ text: String, deadline: ContinuousClock.Instant, whenBlocked: (() -> Void)? = nil) -> Bool {
+        writeAll(fd, Array(Self.oneLine(text).utf8) + [UInt8(ascii: "\n")], deadline: deadline, whenBlocked: whenBlocked)
     }
 
     /// `text` with line breaks turned into spaces, so it stays one protocol line.
@@ -603,9 +640,11 @@ func connectUnix(_ path: String) -> Result<Int32, SystemError> {
 }
 
 /// Writes all of `bytes` to a non-blocking socket by `deadline`; false on timeout or error.
-/// Uses `MSG_NOSIGNAL` so a vanished peer never raises SIGPIPE.
-func writeAll(_ fd: Int32, _ bytes: [UInt8], deadline: ContinuousClock.Instant) -> Bool {
+/// Uses `MSG_NOSIGNAL` so a vanished peer never raises SIGPIPE. `whenBlocked` runs once,
+/// the first time the socket has no room.
+func writeAll(_ fd: Int32, _ bytes: [UInt8], deadline: ContinuousClock.Instant, whenBlocked: (() -> Void)? = nil) -> Bool {
     var offset = 0
+    var blocked = false
     while offset < bytes.count {
         let count = bytes.withUnsafeBytes { raw in
             send(fd, raw.baseAddress! + offset, raw.count - offset, Int32(MSG_NOSIGNAL))
@@ -616,6 +655,10 @@ func writeAll(_ fd: Int32, _ bytes: [UInt8], deadline: ContinuousClock.Instant) 
         }
         let code = Glibc.errno
         guard count < 0, code == EAGAIN || code == EWOULDBLOCK || code == EINTR else { return false }
+        if !blocked, code != EINTR {
+            blocked = true
+            whenBlocked?()
+        }
         var fds = [pollfd(fd: fd, events: Int16(POLLOUT), revents: 0)]
         guard let ready = try? pollDescriptors(&fds, timeout: pollTimeout(until: deadline)), ready > 0 else { return false }
     }

@@ -363,6 +363,33 @@ struct ControlServerTests {
         await fixture.finish()
     }
 
+    /// Outside attack: connections whose client sent requests and never read the replies
+    /// kept their places until the write timeout, and a client reconnecting as each was
+    /// dropped kept every place taken: no one else was served. A connection blocked writing
+    /// a reply its client does not read, for the grace, makes room as an idle one does.
+    @Test func aConnectionWhoseClientDoesNotReadMakesRoom() async throws {
+        var configuration = ControlServer.Configuration()
+        configuration.maximumConnections = 2
+        configuration.evictionGrace = .milliseconds(250)
+        configuration.writeTimeout = .seconds(120)  // only eviction can end them within the test
+        let fixture = try Fixture(configuration: configuration)
+        let deaf = try (0..<2).map { _ in try RawConnection(fixture.path) }
+        // Replies of 60 KB, never read: the server's writes block once the socket is full.
+        let line = String(repeating: "x", count: 60_000) + "\n"
+        for connection in deaf {
+            Thread { for _ in 0..<20 { connection.send(line) } }.start()
+        }
+        #expect(await eventually { fixture.server.connectionCount == 2 })
+        let served = await eventually(timeout: .seconds(30)) {
+            guard let probe = try? RawConnection(fixture.path) else { return false }
+            probe.send("hello\n")
+            return probe.readLines(1).lines == ["echo:hello"]
+        }
+        #expect(served, "\(fixture.rejections.all.map(\.code))")
+        #expect(await onThread { deaf.contains { $0.waitForEOF(timeout: .seconds(10)) } })
+        await fixture.finish()
+    }
+
     @Test func aPeerOfAnotherUserIsRefused() async throws {
         // `nobody` must be able to reach the socket for SO_PEERCRED to be what refuses it.
         var configuration = ControlServer.Configuration()

@@ -210,6 +210,32 @@ import TestSupport
         #expect(!result.standardError.contains("cannot reach"), "\(result.standardError)")
     }
 
+    /// Outside attack: one client process that opened connections until none was left
+    /// (140 threads, each sending and never reading) kept every other client out, ping
+    /// too. One process may hold at most half the connections; a client of another process
+    /// is still served.
+    @Test func oneProcessCannotTakeEveryConnection() async throws {
+        var configuration = ControlServer.Configuration()
+        configuration.maximumConnections = 8
+        configuration.maximumConnectionsPerProcess = 4
+        let fixture = try Fixture(configuration: configuration)
+        var held: [RawConnection] = []
+        for _ in 0..<4 {
+            let connection = try RawConnection(fixture.socketPath)
+            connection.send(#"{"cmd":"ping"}"# + "\n")
+            #expect(await Self.onThread { connection.readLines(1).lines.first?.contains("pong") == true })
+            held.append(connection)
+        }
+        let fifth = try RawConnection(fixture.socketPath)
+        let refusal = await Self.onThread { fifth.readLines(1).lines }
+        #expect(refusal.first?.contains("\"too_many_connections\"") == true && refusal.first?.contains("this process has 4 connections open") == true,
+                "\(refusal)")
+        let other = try await fixture.modhostctl(["status"])
+        #expect(other.status == 0, "\(other.standardError)")
+        #expect(held.count == 4)
+        await fixture.stop()
+    }
+
     @Test func versionAndPingAnswerWithoutTheDaemon() async throws {
         let fixture = try Fixture()
         let replies = try await fixture.exchange([#"{"v":1,"id":1,"cmd":"version"}"#, #"{"cmd":"ping"}"#])
