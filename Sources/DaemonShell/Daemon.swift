@@ -621,8 +621,11 @@ public actor Daemon: DaemonControl {
             let deadline = configuration.requestDeadline
             let outcome: Result<CallValue, IsolatedCallError>
             do throws(DaemonError) {
+                // The call keeps the request deadline itself, and tells a call that overran
+                // from one that never started.
                 outcome = try await withinRequestDeadline("call \(plugin).\(function)",
-                                                          meanwhile: "in its worker; the plugin gets no new call until it returns") {
+                                                          meanwhile: "in its worker; the plugin gets no new call until it returns",
+                                                          grace: .milliseconds(500)) {
                     () async -> Result<CallValue, IsolatedCallError> in
                     let clock = ContinuousClock()
                     let started = clock.now
@@ -640,14 +643,14 @@ public actor Daemon: DaemonControl {
                     }
                 }
             } catch {
-                if error.code == "deadline_exceeded" { counters.recordDeadlineOverrun() }
+                if error.code == "deadline_exceeded" { overran(plugin, function, counters) }
                 throw error
             }
             switch outcome {
             case .success(let value): return value
             case .failure(let error):
                 // The call's own deadline (the same) passed before the race's.
-                if error.code == "deadline_exceeded" { counters.recordDeadlineOverrun() }
+                if error.code == "deadline_exceeded" { overran(plugin, function, counters) }
                 throw DaemonError(code: error.code, message: error.message)
             }
         }

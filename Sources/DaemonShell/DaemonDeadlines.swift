@@ -20,13 +20,15 @@ import Synchronization
 /// - A shutdown takes at most the shutdown budget; what still runs then is logged by name.
 extension Daemon {
     /// Runs `operation` (which may wait on plugin code) for at most the request deadline;
-    /// `meanwhile` says what an operator sees of it once the deadline has passed.
+    /// `meanwhile` says what an operator sees of it once the deadline has passed. `grace`
+    /// is for an operation that keeps the request deadline itself and says better what
+    /// became of it: this deadline then only backs it up.
     func withinRequestDeadline<T: Sendable>(_ what: String, meanwhile: String = "see modhostctl list for stuck modules",
-                                            _ operation: @escaping @Sendable () async -> T)
+                                            grace: Duration = .zero, _ operation: @escaping @Sendable () async -> T)
         async throws(DaemonError) -> T
     {
         let deadline = configuration.requestDeadline
-        guard let result = await withDeadline(deadline, operation) else {
+        guard let result = await withDeadline(deadline + grace, operation) else {
             throw DaemonError(code: "deadline_exceeded",
                               message: "\(what) did not finish within the request deadline of \(deadline.secondsText); it goes on in the background (\(meanwhile))")
         }
@@ -134,8 +136,7 @@ extension Daemon {
         case .returned(let outcome):
             return outcome
         case .overran:
-            counters?.recordDeadlineOverrun()
-            logger.warning("call \(plugin).\(function) did not return within the request deadline of \(deadline.secondsText); it goes on running, and the plugin gets no new call until it returns", metadata)
+            overran(plugin, function, counters)
             throw DaemonError(code: "deadline_exceeded",
                               message: "call \(plugin).\(function) did not return within the request deadline of \(deadline.secondsText); the plugin gets no new call until it does")
         case .notStarted:
@@ -144,6 +145,13 @@ extension Daemon {
             throw DaemonError(code: "plugin_busy",
                               message: "plugin \(plugin) is busy (\(ahead)): call \(function) did not start within the request deadline of \(deadline.secondsText) and will not run")
         }
+    }
+
+    /// A call by name still running at the request deadline: counted and logged.
+    func overran(_ plugin: String, _ function: String, _ counters: FunctionCallMetrics?) {
+        counters?.recordDeadlineOverrun()
+        logger.warning("call \(plugin).\(function) did not return within the request deadline of \(configuration.requestDeadline.secondsText); it goes on running, and the plugin gets no new call until it returns",
+                       [("plugin", plugin), ("function", function)])
     }
 
     /// Closes the control socket and stops the modules, then waits for the C callbacks and

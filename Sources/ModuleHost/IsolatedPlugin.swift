@@ -432,9 +432,18 @@ public final class IsolatedPlugin: Sendable {
                                     message: "plugin \(name) is busy: \(busy.function) has been running for \((ContinuousClock.now - busy.since).secondsText) in its worker; it gets no new call until that returns")
         }
         let arguments: CompactFrame.Arguments = if let texts { .texts(texts) } else if let json { .json(json) } else { .none }
+        let outcome: WorkerConnection.Outcome
         switch await connection.call(function: function, deadline: deadline, frame: { id in
             CompactFrame.call(id: id, function: function, arguments: arguments)
         }) {
+        case .outcome(let answered):
+            outcome = answered
+        case .notStarted(let ahead):
+            let running = ahead.map { "\($0.function) has been running for \($0.running.secondsText) in its worker" } ?? "the calls ahead of it took the time"
+            throw IsolatedCallError(code: "plugin_busy",
+                                    message: "plugin \(name) is busy (\(running)): call \(function) did not start within the deadline of \((deadline ?? self.deadline).secondsText) and will not run")
+        }
+        switch outcome {
         case .reply(let reply):
             if let error = reply["error"] {
                 throw IsolatedCallError(code: error.text("code") ?? "call_failed", message: error.text("message") ?? "the call failed")
@@ -811,6 +820,21 @@ final class WorkerConnection: Sendable {
         var overrun: [Int: (function: String, since: ContinuousClock.Instant)] = [:]
         var reader: FrameReader?
         var closed = false
+        /// The call the worker has now (sent and not answered: it runs calls one at a time,
+        /// so the next is sent only once this one is answered), and the calls waiting for
+        /// their turn, in order (`takeTurn`).
+        var turn: (id: Int, function: String, since: ContinuousClock.Instant)?
+        var queue: [(id: Int, function: String, continuation: CheckedContinuation<Turn, Never>)] = []
+    }
+
+    /// What a call waiting for its turn to be sent got.
+    enum Turn {
+        case granted
+        /// Its deadline passed first: it is not sent, and never runs. `ahead` is the call
+        /// the worker had then, and for how long.
+        case notStarted(ahead: (function: String, running: Duration)?)
+        /// The socket ended.
+        case gone
     }
     /// How long a caller reads the calls socket itself, on its own thread, waiting for its
     /// reply, before it hands the reading to the worker poller and suspends: a quick call's
@@ -1139,33 +1163,98 @@ final class WorkerConnection: Sendable {
     /// caller's, as a bare socket round trip does. Replies it reads for other calls go to
     /// their callers; once it stops reading with calls still waiting, the worker poller
     /// reads on for them.
-    func call(function: String, deadline: Duration?, frame: (Int) -> [UInt8]?) async -> Outcome {
+    ///
+    /// A call is sent only once the call before it has been answered (the worker runs them
+    /// one at a time): one whose turn has not come by its deadline is `notStarted`, never
+    /// sent, and never runs; one that overran keeps the turn until its reply comes.
+    func call(function: String, deadline: Duration?, frame: (Int) -> [UInt8]?) async -> CallOutcome {
         let start = ContinuousClock.now
         let id = nextID.add(1, ordering: .relaxed).oldValue
+        let until = deadline.map { start + $0 }
+        switch await takeTurn(id, function, until: until) {
+        case .granted: break
+        case .notStarted(let ahead): return .notStarted(ahead: ahead)
+        case .gone: return .outcome(.gone)
+        }
         let numbered = frame(id)
         let waiter = Waiter()
         guard callReplies.withLock({ replies -> Bool in
             guard !replies.closed else { return false }
             replies.waiters[id] = waiter
             return true
-        }) else { return .gone }
+        }) else { return .outcome(.gone) }
         let sendLimit = deadline ?? plugin.deadline
         switch await send(numbered, on: calls, until: start + sendLimit, overdue: .init("read call", function, within: sendLimit)) {
         case .sent:
             break
         case .timedOut:
             forgetCall(id)
-            return .timedOut
+            passTurn(id)
+            return .outcome(.timedOut)
         case .gone:
             forgetCall(id)
-            return .gone
+            passTurn(id)
+            return .outcome(.gone)
         }
-        let until = deadline.map { start + $0 }
         let watchUntil = ContinuousClock.now + Self.callWatch
-        if let own = readOwnReply(id, waiter, until: until.map { min($0, watchUntil) } ?? watchUntil) { return own }
+        if let own = readOwnReply(id, waiter, until: until.map { min($0, watchUntil) } ?? watchUntil) {
+            if case .reply = own { passTurn(id) }
+            return .outcome(own)
+        }
         let outcome = await waiter.wait(upTo: until.map { max($0 - .now, .zero) })
         if case .timedOut = outcome { forgetCall(id, overran: (function, start)) }
-        return outcome
+        return .outcome(outcome)
+    }
+
+    /// What became of a call: its outcome, or not started (its turn did not come by its
+    /// deadline, with the call the worker had then).
+    enum CallOutcome {
+        case outcome(Outcome)
+        case notStarted(ahead: (function: String, running: Duration)?)
+    }
+
+    /// Waits, holding no thread, until call `id` may be sent (the worker has no other call
+    /// to answer), or until `until` passes (nil: as long as it takes).
+    private func takeTurn(_ id: Int, _ function: String, until: ContinuousClock.Instant?) async -> Turn {
+        await withCheckedContinuation { continuation in
+            let now = callReplies.withLock { replies -> Turn? in
+                if replies.closed { return .gone }
+                if replies.turn == nil {
+                    replies.turn = (id, function, .now)
+                    return .granted
+                }
+                replies.queue.append((id, function, continuation))
+                return nil
+            }
+            if let now {
+                continuation.resume(returning: now)
+                return
+            }
+            guard let until else { return }
+            DispatchQueue.global().asyncAfter(deadline: .now() + max(until - .now, .zero).dispatchInterval) { [self] in
+                let dropped = callReplies.withLock { replies -> (CheckedContinuation<Turn, Never>, Turn)? in
+                    guard let index = replies.queue.firstIndex(where: { $0.id == id }) else { return nil }
+                    let ahead = replies.turn.map { (function: $0.function, running: ContinuousClock.now - $0.since) }
+                    return (replies.queue.remove(at: index).continuation, .notStarted(ahead: ahead))
+                }
+                if let (continuation, turn) = dropped { continuation.resume(returning: turn) }
+            }
+        }
+    }
+
+    /// Call `id` is answered (or was not sent): the next waiting call, if any, is sent.
+    private func passTurn(_ id: Int) {
+        let next = callReplies.withLock { replies -> CheckedContinuation<Turn, Never>? in
+            guard replies.turn?.id == id else { return nil }
+            guard !replies.queue.isEmpty else {
+                replies.turn = nil
+                return nil
+            }
+            let next = replies.queue.removeFirst()
+            replies.turn = (next.id, next.function, .now)
+            return next.continuation
+        }
+        next?.resume(returning: .granted)
     }
 
     /// The oldest call that overran its deadline and is still running in the worker.
@@ -1233,10 +1322,15 @@ final class WorkerConnection: Sendable {
     /// worker killed.
     func callReplied(_ reply: WorkerMessage) {
         guard let id = answeredRequest(reply, on: "socket of calls (5)") else { return }
-        callReplies.withLock { replies in
-            replies.overrun[id] = nil
-            return replies.waiters.removeValue(forKey: id)
-        }?.complete(.reply(reply))
+        let (waiter, overran) = callReplies.withLock { replies in
+            (replies.waiters.removeValue(forKey: id), replies.overrun.removeValue(forKey: id))
+        }
+        waiter?.complete(.reply(reply))
+        if let overran {
+            plugin.logger.info("call \(plugin.name).\(overran.function) returned after \((ContinuousClock.now - overran.since).secondsText), past its deadline; the plugin takes calls again",
+                               [("function", overran.function), ("pid", "\(pid)")])
+        }
+        passTurn(id)
     }
 
     /// The worker poller gives the calls socket's reader back once no call waits: true
@@ -1260,16 +1354,19 @@ final class WorkerConnection: Sendable {
         } else {
             killLater(reason: "its socket of calls (5) was closed (\(end)) and it did not end")
         }
-        let waiters = callReplies.withLock { replies in
+        let (waiters, queued) = callReplies.withLock { replies in
             defer {
                 replies.waiters = [:]
                 replies.overrun = [:]
                 replies.reader = nil
                 replies.closed = true
+                replies.turn = nil
+                replies.queue = []
             }
-            return Array(replies.waiters.values)
+            return (Array(replies.waiters.values), replies.queue.map(\.continuation))
         }
         for waiter in waiters { waiter.complete(.gone) }
+        for turn in queued { turn.resume(returning: .gone) }
     }
 
     /// A frame of the control socket (from the worker poller): a reply to its waiter, a
