@@ -242,7 +242,7 @@ private struct Request {
         case let other?: throw Self.invalid("\"id\" must be a string or an integer, not \(other.kind)")
         }
         switch fields["v"] {
-        case nil: break  // version 1 is assumed
+        case nil, .null?: break  // version 1 is assumed
         case .number(let version)? where version == version.rounded():
             guard version == Double(ControlService.protocolVersion) else {
                 throw DaemonError(code: "unsupported_version",

@@ -236,6 +236,20 @@ import TestSupport
         await fixture.stop()
     }
 
+    /// An optional field given as `null` counts as absent, `v` too (outside attack: `"v":null`
+    /// was refused while `"argsForm":null` was taken as absent), as docs/control-protocol.md
+    /// says.
+    @Test func anOptionalFieldGivenAsNullCountsAsAbsent() async throws {
+        let fixture = try Fixture()
+        let replies = try await fixture.exchange([
+            #"{"v":null,"id":1,"cmd":"status"}"#,
+            #"{"v":1,"id":null,"cmd":"call","plugin":"Calculator","function":"calc_add","args":["1","2"],"argsForm":null}"#,
+        ])
+        #expect(replies[0].code == nil, "\(replies[0].text)")
+        #expect(replies[1].result?["value"] == 3, "\(replies[1].text)")
+        await fixture.stop()
+    }
+
     @Test func versionAndPingAnswerWithoutTheDaemon() async throws {
         let fixture = try Fixture()
         let replies = try await fixture.exchange([#"{"v":1,"id":1,"cmd":"version"}"#, #"{"cmd":"ping"}"#])
