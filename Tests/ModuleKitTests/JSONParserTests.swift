@@ -45,6 +45,15 @@ import Testing
         #expect(try JSONValue.parse(Array("1e308".utf8)) == .number(1e308))
     }
 
+    /// Negative zero keeps its sign through JSON text and back (outside attack: a call
+    /// result of -0.0 read `"text":"-0.0"` but `"value":0`).
+    @Test func negativeZeroKeepsItsSign() throws {
+        #expect(JSONValue.number(-0.0).jsonText == "-0")
+        #expect(JSONValue.number(0.0).jsonText == "0")
+        guard case .number(let value) = try JSONValue.parse(Array("-0".utf8)) else { Issue.record("not a number"); return }
+        #expect(value == 0 && value.sign == .minus)
+    }
+
     @Test func anIntegerADoubleDoesNotHoldExactlyIsAnErrorNotRounded() throws {
         Self.refused(Array(#"{"id":9007199254740993}"#.utf8), offset: 6, "integer 9007199254740993 is not exactly a JSON number")
         Self.refused(Array("[1,-9007199254740993]".utf8), offset: 3, "not exactly a JSON number")
@@ -86,14 +95,14 @@ import Testing
         Self.refused(Array("".utf8), offset: 0, "unexpected end of input")
     }
 
-    /// The exact text: compact, keys sorted, whole numbers up to 2^53 as integers, other
-    /// numbers as Swift writes a Double.
+    /// The exact text: compact, keys sorted, whole numbers up to 2^53 as integers (negative
+    /// zero as `-0`), other numbers as Swift writes a Double.
     @Test func jsonTextIsCompactWithSortedKeysAndWholeNumbersAsIntegers() {
         let value: JSONValue = [
             "b": [0, -0.0, -1, 9_007_199_254_740_992, -9_007_199_254_740_992, 1e16, 0.5, 1e300, -2.5e-7, true, false, nil],
             "a": ["y": "", "x": [:]], "": [],
         ]
-        #expect(value.jsonText == #"{"":[],"a":{"x":{},"y":""},"b":[0,0,-1,9007199254740992,-9007199254740992,1e+16,0.5,1e+300,-2.5e-07,true,false,null]}"#)
+        #expect(value.jsonText == #"{"":[],"a":{"x":{},"y":""},"b":[0,-0,-1,9007199254740992,-9007199254740992,1e+16,0.5,1e+300,-2.5e-07,true,false,null]}"#)
         #expect(JSONValue.number(.infinity).jsonText == "null")
     }
 

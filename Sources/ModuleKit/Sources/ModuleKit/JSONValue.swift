@@ -89,7 +89,7 @@ public enum JSONValue: Sendable, Hashable, Codable, CustomStringConvertible {
 
     /// Compact JSON text with sorted keys: the one JSON writer, so the same value always
     /// gives the same text. Whole numbers a double holds exactly (up to 2^53) are written
-    /// as integers (`1`, never `1.0`); NaN and infinities, which JSON cannot hold, as
+    /// as integers (`1`, never `1.0`; negative zero as `-0`); NaN and infinities, which JSON cannot hold, as
     /// `null`; strings as `quote(_:)` writes them. `parse(_:)` reads the text back to an
     /// equal value (but for NaN and infinities).
     public var jsonText: String {
@@ -111,8 +111,10 @@ public enum JSONValue: Sendable, Hashable, Codable, CustomStringConvertible {
         case .null: Self.append("null", to: &out)
         case .bool(let value): Self.append(value ? "true" : "false", to: &out)
         case .number(let value):
-            // Whole numbers a double holds exactly (up to 2^53) print as integers, never `1.0`.
+            // Whole numbers a double holds exactly (up to 2^53) print as integers, never `1.0`;
+            // negative zero keeps its sign.
             if value.isFinite, value == value.rounded(), abs(value) <= 0x1p53 {
+                if value == 0, value.sign == .minus { out.append(UInt8(ascii: "-")) }
                 Self.append(Int64(value), to: &out)
             } else {
                 out.append(contentsOf: (value.isFinite ? "\(value)" : "null").utf8)
