@@ -202,8 +202,18 @@ public struct ControlService: Sendable {
         }
     }
 
+    /// The longest error message a reply carries, in bytes: a message made of what a
+    /// plugin said (an isolated plugin's call error) is cut there, so that an error reply
+    /// stays far below the longest reply line.
+    static let maximumMessageLength = 64 << 10
+
     private static func errorReply(_ error: DaemonError, idText: String) -> String {
-        var members: [String: JSONValue] = ["code": .string(error.code), "message": .string(error.message)]
+        var message = error.message
+        if message.utf8.count > maximumMessageLength {
+            let kept = String(decoding: message.utf8.prefix(maximumMessageLength), as: UTF8.self)
+            message = kept + "… (cut: the message had \(message.utf8.count) bytes)"
+        }
+        var members: [String: JSONValue] = ["code": .string(error.code), "message": .string(message)]
         if error.code == "unsupported_version" { members["supported"] = [.number(Double(protocolVersion))] }
         return "{\"error\":\(JSONValue.object(members).jsonText),\"id\":\(idText),\"ok\":false,\"v\":\(protocolVersion)}"
     }

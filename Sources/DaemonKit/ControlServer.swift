@@ -268,6 +268,8 @@ private final class ServerCore: Sendable {
     private struct WaitingConnection {
         let fd: Int32
         let since: ContinuousClock.Instant
+        /// For its client to read a reply (else for a request).
+        var writing = false
     }
 
     let configuration: ControlServer.Configuration
@@ -448,8 +450,9 @@ private final class ServerCore: Sendable {
                       ContinuousClock.now - waiting.since >= configuration.evictionGrace
                 else { return .refused(.tooManyConnections(limit: limit)) }
                 state.waiting[oldest] = nil
-                // Ends its wait: a read sees the end of input, a write fails.
-                shutdown(waiting.fd, Int32(SHUT_RDWR))
+                // Ends its wait: a read sees the end of input (a request read just now is
+                // still answered), a write fails.
+                shutdown(waiting.fd, waiting.writing ? Int32(SHUT_RDWR) : Int32(SHUT_RD))
             }
             state.connections += 1
             state.perProcess[peer.pid, default: 0] += 1
@@ -490,6 +493,12 @@ private final class ServerCore: Sendable {
         }
     }
 
+    /// Marks connection `number` as waiting, from now, for its client to read more of a
+    /// reply: a client that reads a long reply steadily is never the longest waiting.
+    private func setWritingBlocked(_ number: Int, fd: Int32) {
+        state.withLock { $0.waiting[number] = WaitingConnection(fd: fd, since: .now, writing: true) }
+    }
+
     private func serve(_ fd: Int32, _ peer: PeerCredentials, number: Int) {
         defer { setWaiting(number, fd: fd, false) }
         guard configuration.authorize(peer) else {
@@ -524,7 +533,7 @@ private final class ServerCore: Sendable {
                 }
                 // A client that does not read this reply may lose its place to a new one.
                 guard writeLine(fd, reply, deadline: .now.advanced(by: configuration.writeTimeout),
-                                whenBlocked: { self.setWaiting(number, fd: fd, true) })
+                                whenBlocked: { self.setWritingBlocked(number, fd: fd) })
                 else { return }
                 setWaiting(number, fd: fd, false)
                 if isStopping { return }
@@ -640,8 +649,8 @@ func connectUnix(_ path: String) -> Result<Int32, SystemError> {
 }
 
 /// Writes all of `bytes` to a non-blocking socket by `deadline`; false on timeout or error.
-/// Uses `MSG_NOSIGNAL` so a vanished peer never raises SIGPIPE. `whenBlocked` runs once,
-/// the first time the socket has no room.
+/// Uses `MSG_NOSIGNAL` so a vanished peer never raises SIGPIPE. `whenBlocked` runs each
+/// time the socket has no room after bytes were written since the last time (or at all).
 func writeAll(_ fd: Int32, _ bytes: [UInt8], deadline: ContinuousClock.Instant, whenBlocked: (() -> Void)? = nil) -> Bool {
     var offset = 0
     var blocked = false
@@ -651,6 +660,7 @@ func writeAll(_ fd: Int32, _ bytes: [UInt8], deadline: ContinuousClock.Instant, 
         }
         if count > 0 {
             offset += count
+            blocked = false
             continue
         }
         let code = Glibc.errno

@@ -622,10 +622,11 @@ public actor Daemon: DaemonControl {
             let outcome: Result<CallValue, IsolatedCallError>
             do throws(DaemonError) {
                 // The call keeps the request deadline itself, and tells a call that overran
-                // from one that never started.
+                // from one that never started; a worker that ended is waited for 2 s at most
+                // to say how.
                 outcome = try await withinRequestDeadline("call \(plugin).\(function)",
                                                           meanwhile: "in its worker; the plugin gets no new call until it returns",
-                                                          grace: .milliseconds(500)) {
+                                                          grace: .milliseconds(2500)) {
                     () async -> Result<CallValue, IsolatedCallError> in
                     let clock = ContinuousClock()
                     let started = clock.now

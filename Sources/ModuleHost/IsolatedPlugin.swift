@@ -948,6 +948,9 @@ final class WorkerConnection: Sendable {
     /// Socket 5, which the worker poller polls while it reads the replies there.
     var callsDescriptor: Int32 { calls.channel.fd }
 
+    /// Whether the calls socket holds bytes not read yet.
+    var callsHaveUnreadInput: Bool { calls.channel.hasUnreadInput }
+
     /// How long a frame the worker began may wait for its next byte before the worker is
     /// killed (`WorkerPoller`): the event deadline.
     var frameDeadline: Duration { plugin.deadline }
@@ -1183,8 +1186,9 @@ final class WorkerConnection: Sendable {
             replies.waiters[id] = waiter
             return true
         }) else { return .outcome(.gone) }
+        // Counted from its turn: the worker had another call to answer before.
         let sendLimit = deadline ?? plugin.deadline
-        switch await send(numbered, on: calls, until: start + sendLimit, overdue: .init("read call", function, within: sendLimit)) {
+        switch await send(numbered, on: calls, until: .now + sendLimit, overdue: .init("read call", function, within: sendLimit)) {
         case .sent:
             break
         case .timedOut:
@@ -1231,7 +1235,8 @@ final class WorkerConnection: Sendable {
                 return
             }
             guard let until else { return }
-            DispatchQueue.global().asyncAfter(deadline: .now() + max(until - .now, .zero).dispatchInterval) { [self] in
+            DispatchQueue.global().asyncAfter(deadline: .now() + max(until - .now, .zero).dispatchInterval) { [weak self] in
+                guard let self else { return }
                 let dropped = callReplies.withLock { replies -> (CheckedContinuation<Turn, Never>, Turn)? in
                     guard let index = replies.queue.firstIndex(where: { $0.id == id }) else { return nil }
                     let ahead = replies.turn.map { (function: $0.function, running: ContinuousClock.now - $0.since) }
@@ -1273,8 +1278,10 @@ final class WorkerConnection: Sendable {
     /// is still to come); once no call waits or overruns, the poller gives the socket back.
     private func forgetCall(_ id: Int, overran: (function: String, since: ContinuousClock.Instant)? = nil) {
         let (released, idle) = callReplies.withLock { replies -> (Bool, FrameReader?) in
-            replies.waiters[id] = nil
-            if let overran, !replies.closed {
+            // A reply read since the caller's deadline passed has removed the waiter: the
+            // call is over, and no overrun is left to wait for.
+            let unanswered = replies.waiters.removeValue(forKey: id) != nil
+            if let overran, unanswered, !replies.closed {
                 replies.overrun[id] = overran
                 // Its reply must still be read: by the poller, if no thread reads now.
                 defer { replies.reader = nil }

@@ -251,7 +251,9 @@ package final class PluginWorker: Sendable {
             let value = job()
             if !outcome.finish(.returned(value)) { returnedLate(ContinuousClock.now - started) }
         })
-        DispatchQueue.global().asyncAfter(deadline: .now() + deadline.dispatchInterval) { [self] in
+        // Weak: a result already returned is not kept until the deadline.
+        DispatchQueue.global().asyncAfter(deadline: .now() + deadline.dispatchInterval) { [self, weak outcome] in
+            guard let outcome else { return }
             if turn.drop() {
                 outcome.finish(.notStarted)
             } else if outcome.finish(.overran) {

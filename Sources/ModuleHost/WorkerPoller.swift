@@ -278,10 +278,12 @@ final class WorkerPoller: Sendable {
     /// writes each frame whole, at once.
     private func killIfUnfinished(_ entry: inout Entry, now: ContinuousClock.Instant) {
         let deadline = entry.connection.frameDeadline
+        // The rest may be in the socket already, unread while this thread was held up
+        // elsewhere: the next read, in this turn of the loop, restarts the clock.
         let socket: String
-        if let stalled = entry.controlStalled, stalled + deadline <= now {
+        if let stalled = entry.controlStalled, stalled + deadline <= now, !entry.connection.control.channel.hasUnreadInput {
             socket = "control socket (3)"
-        } else if let stalled = entry.callsStalled, stalled + deadline <= now {
+        } else if let stalled = entry.callsStalled, stalled + deadline <= now, !entry.connection.callsHaveUnreadInput {
             socket = "socket of calls (5)"
         } else {
             return

@@ -185,6 +185,11 @@ import TestSupport
                 && replies[0].text.contains("the call ran, but its result is not sent") && replies[0].text.contains(#""id":1,"#),
                 "\(replies[0].text.prefix(300))")
         #expect(replies[1].result?["value"] == .string(String(repeating: "a", count: 100_000)))
+        // An error message a plugin made (an isolated plugin's call error) is cut, however
+        // long, even escaped (each control character six bytes).
+        let loud = try await fixture.ask(#"{"v":1,"id":3,"cmd":"call","plugin":"Calculator","function":"calc_shout","args":["5000000"]}"#)
+        #expect(loud.code == "call_failed" && loud.text.utf8.count < 1 << 20, "\(loud.text.utf8.count) bytes")
+        #expect(loud.text.contains("(cut: the message had 5000000 bytes)"), "\(loud.text.suffix(200))")
         await fixture.stop()
 
         // A listener that answers with a longer line than modhostctl reads.
@@ -629,7 +634,7 @@ extension ControlProtocolTests {
         static let info: JSONValue = ["greeting": ["version": "1.2.0", "metadata": ["language": "swift", "tags": [1, 2]]]]
         static let modules: Set<String> = ["greeting", "counter"]
         static let signatures = ["calc_add": "i32(i32,i32)", "calc_half": "f64(f64)", "calc_big": "u64()",
-                                 "calc_void": "void()", "calc_bytes": "buf(buf)", "calc_repeat": "str(u64)"]
+                                 "calc_void": "void()", "calc_bytes": "buf(buf)", "calc_repeat": "str(u64)", "calc_shout": "void(u64)"]
 
         /// Wait this long inside `reload`, to hold a request in flight.
         private let reloadDelay: Duration
@@ -717,6 +722,10 @@ extension ControlProtocolTests {
             case ("calc_bytes", let values):
                 guard case .bytes(let bytes) = values[0] else { break }
                 return .bytes(bytes.reversed())
+            case ("calc_shout", let values):
+                // An error whose message is what a plugin said: as long as it likes.
+                guard case .uint64(let count) = values[0] else { break }
+                throw DaemonError(code: "call_failed", message: String(repeating: "\u{1}", count: Int(count)))
             case ("calc_repeat", let values):
                 guard case .uint64(let count) = values[0] else { break }
                 return .string(String(repeating: "a", count: Int(count)))
