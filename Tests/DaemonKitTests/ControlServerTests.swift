@@ -387,6 +387,8 @@ struct ControlServerTests {
         }
         #expect(served, "\(fixture.rejections.all.map(\.code))")
         #expect(await onThread { deaf.contains { $0.waitForEOF(timeout: .seconds(10)) } })
+        // A deaf one left in place would hold the server's stop for its write timeout.
+        for connection in deaf { shutdown(connection.fd, Int32(SHUT_RDWR)) }
         await fixture.finish()
     }
 
