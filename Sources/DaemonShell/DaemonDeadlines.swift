@@ -141,9 +141,8 @@ extension Daemon {
                               message: "call \(plugin).\(function) did not return within the request deadline of \(deadline.secondsText); the plugin gets no new call until it does")
         case .notStarted:
             counters?.recordError("plugin_busy")
-            let ahead = worker.busy.map { "\($0.what) has been running for \($0.elapsed.secondsText)" } ?? "the calls ahead of it took the time"
             throw DaemonError(code: "plugin_busy",
-                              message: "plugin \(plugin) is busy (\(ahead)): call \(function) did not start within the request deadline of \(deadline.secondsText) and will not run")
+                              message: PluginWorker.notStarted(plugin: plugin, function: function, deadline: deadline, ahead: worker.busy))
         }
     }
 

@@ -439,9 +439,9 @@ public final class IsolatedPlugin: Sendable {
         case .outcome(let answered):
             outcome = answered
         case .notStarted(let ahead):
-            let running = ahead.map { "\($0.function) has been running for \($0.running.secondsText) in its worker" } ?? "the calls ahead of it took the time"
             throw IsolatedCallError(code: "plugin_busy",
-                                    message: "plugin \(name) is busy (\(running)): call \(function) did not start within the deadline of \((deadline ?? self.deadline).secondsText) and will not run")
+                                    message: PluginWorker.notStarted(plugin: name, function: function, deadline: deadline ?? self.deadline,
+                                                                     ahead: ahead.map { PluginWorker.Stuck(what: "\($0.function) in its worker", elapsed: $0.running) }))
         }
         switch outcome {
         case .reply(let reply):
@@ -1220,22 +1220,19 @@ final class WorkerConnection: Sendable {
     /// Waits, holding no thread, until call `id` may be sent (the worker has no other call
     /// to answer), or until `until` passes (nil: as long as it takes).
     private func takeTurn(_ id: Int, _ function: String, until: ContinuousClock.Instant?) async -> Turn {
-        // Nearly always free: taken without suspending (a continuation would cost a hop to
-        // another thread on every call).
-        let free = callReplies.withLock { replies -> Turn? in
+        /// `.granted` if no call has the turn (taking it), `.gone` once the socket ended.
+        func takeIfFree(_ replies: inout CallReplies) -> Turn? {
             if replies.closed { return .gone }
             guard replies.turn == nil else { return nil }
             replies.turn = (id, function, .now)
             return .granted
         }
-        if let free { return free }
+        // Nearly always free: taken without suspending (a continuation would cost a hop to
+        // another thread on every call).
+        if let free = callReplies.withLock({ takeIfFree(&$0) }) { return free }
         return await withCheckedContinuation { continuation in
             let now = callReplies.withLock { replies -> Turn? in
-                if replies.closed { return .gone }
-                if replies.turn == nil {
-                    replies.turn = (id, function, .now)
-                    return .granted
-                }
+                if let free = takeIfFree(&replies) { return free }
                 replies.queue.append((id, function, continuation))
                 return nil
             }

@@ -263,6 +263,14 @@ package final class PluginWorker: Sendable {
         return await outcome.wait()
     }
 
+    /// Why call `function` of `plugin` was refused (`plugin_busy`) when its turn did not
+    /// come within `deadline`, with what ran ahead of it: one message, in process and
+    /// isolated.
+    package static func notStarted(plugin: String, function: String, deadline: Duration, ahead: Stuck?) -> String {
+        let running = ahead.map { "\($0.what) has been running for \($0.elapsed.secondsText)" } ?? "the calls ahead of it took the time"
+        return "plugin \(plugin) is busy (\(running)): call \(function) did not start within the deadline of \(deadline.secondsText) and will not run"
+    }
+
     /// Whether a job of `attempt` runs: taken by the job when its turn comes, or dropped by
     /// its caller's deadline, whichever is first.
     private final class Turn: Sendable {
