@@ -522,8 +522,9 @@ public final class IsolatedPlugin: Sendable {
         case .timedOut:
             reason = "it did not answer \(what) within \(deadline.secondsText)\(limitsHint)"
         case .reply(let reply):
+            // What the worker says it is stuck in: its own words, bounded as its log lines are.
             guard let stuck = reply.text("stuck") else { return }
-            reason = "its code did not return from \(stuck) within \(deadline.secondsText)"
+            reason = "its code did not return from \(LogLineRate.bounded(stuck)) within \(deadline.secondsText)"
         case .gone:
             if let module { workers.recordUnanswered(module: module, event: what, why: .workerEnded) }
             return
@@ -1045,8 +1046,10 @@ final class WorkerConnection: Sendable {
             // the worker makes, never one of the daemon's (a crash guard's quarantine...).
             var check = message.text("check").flatMap(LoadFailure.Check.init(rawValue:)) ?? .isolation
             if !Self.checksOfAWorker.contains(check) { check = .isolation }
-            return .failure(LoadFailure(file: plugin.file.path, check: check, problem: "in its worker: \(message.text("problem") ?? "it failed")",
-                                        fix: message.text("fix") ?? "see the log"))
+            // Its texts are bounded as the worker's log lines are.
+            return .failure(LoadFailure(file: plugin.file.path, check: check,
+                                        problem: "in its worker: \(LogLineRate.bounded(message.text("problem") ?? "it failed"))",
+                                        fix: LogLineRate.bounded(message.text("fix") ?? "see the log")))
         case .timedOut:
             kill(reason: "it was not ready within \(deadline.secondsText)\(plugin.limitsHint)", afterItsDeadline: true)
             return .failure(failure("its worker was not ready within \(deadline.secondsText)\(plugin.limitsHint)",

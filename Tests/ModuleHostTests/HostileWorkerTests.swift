@@ -440,6 +440,9 @@ struct HostileWorkerTests {
                "ready frame did not list the modules plugin.json lists (forger)"),
               (#"{"op":"failed","check":"crash guard","problem":"plugin Counter crashed the host process","fix":"remove libCounter.so"}"#,
                "isolation check failed: in its worker: plugin Counter crashed the host process"),
+              // The texts of a failed frame reach the log and `list`: bounded as log lines are.
+              (#"{"op":"failed","check":"dlopen","problem":""# + String(repeating: "x", count: 100_000) + #"","fix":"none"}"#,
+               "in its worker: xxxx"),
           ])
     func aForgedReadyFrameIsRefused(frame: String, refused: String) async throws {
         let scratch = TemporaryDirectory("forged-ready")
@@ -474,6 +477,7 @@ struct HostileWorkerTests {
         let refusal = try #require(rows.values.first { ($0["file"] as? String ?? "").hasSuffix("libForger.so") }, "\(rows)")
         #expect(refusal["state"] as? String == "refused", "\(refusal)")
         #expect("\(refusal)".contains(refused), "\(refusal)")
+        #expect("\(refusal)".utf8.count < 16_384, "\("\(refusal)".utf8.count) bytes")
         #expect(!h.daemon.text.contains("crash guard check failed"), "\(h.daemon.text)")
         await Self.stop(h)
     }
