@@ -162,6 +162,55 @@ struct BusTests {
         #expect(outer.contains(bus: inner) && !inner.contains(bus: outer))
     }
 
+    // Outside attack: a bus installed from the preInstall hook of a bus being installed on
+    // it made each bus contain the other (both installs returned true), and the next
+    // `contains(bus:)` overflowed the stack.
+    @Test func aBusCannotBeInstalledOnABusThatIsBeingInstalledOnIt() {
+        final class Outer: SubBus { let bus = Bus(label: "outer") }
+        final class Inner: SubBus, Installable {
+            let bus = Bus(label: "inner")
+            let outer: Outer
+            let installedOuter = Atomic<Bool>(false)
+            init(outer: Outer) { self.outer = outer }
+            func preInstall(on parent: Bus) { installedOuter.store(bus.install(outer), ordering: .relaxed) }
+        }
+        let outer = Outer()
+        let inner = Inner(outer: outer)
+        #expect(outer.bus.install(inner))
+        let hookInstalled = inner.installedOuter.load(ordering: .relaxed)
+        #expect(!hookInstalled, "the hook's install made a cycle")
+        #expect(outer.bus.contains(bus: inner.bus) && !inner.bus.contains(bus: outer.bus))
+    }
+
+    // Outside attack: A installed on B and B on A from two threads at once both succeeded
+    // (3 rounds in 2000), leaving a cycle.
+    @Test(.timeLimit(.minutes(2)))
+    func twoBusesInstalledOnEachOtherAtOnceMakeNoCycle() {
+        final class Node: SubBus { let bus = Bus(label: "node") }
+        let queues = [DispatchQueue(label: "a-on-b"), DispatchQueue(label: "b-on-a")]
+        var cycles = 0
+        for _ in 0..<2000 {
+            let a = Node(), b = Node()
+            let arrived = Atomic<Int>(0)
+            let successes = Atomic<Int>(0)
+            let group = DispatchGroup()
+            for (queue, (target, item)) in zip(queues, [(b, a), (a, b)]) {
+                queue.async(group: group) {
+                    arrived.add(1, ordering: .acquiringAndReleasing)
+                    while arrived.load(ordering: .acquiring) < 2 { sched_yield() }
+                    if target.bus.install(item) { successes.add(1, ordering: .relaxed) }
+                }
+            }
+            group.wait()
+            if successes.load(ordering: .relaxed) != 1 {
+                cycles += 1
+                // Break the cycle, or the buses are never freed.
+                a.bus.uninstall(b)
+            }
+        }
+        #expect(cycles == 0, "both installs succeeded in \(cycles) of 2000 rounds")
+    }
+
     // Concurrent installs and uninstalls from many threads keep the bus consistent and run
     // each hook exactly once per object (replacements included: all objects share a type).
     @Test func concurrentUseKeepsTheBusConsistent() {

@@ -210,8 +210,9 @@ public final class Bus: Sendable, CustomStringConvertible {
     ///   returns true. A call that returns false because another one is still running does
     ///   not wait for it: the object becomes accessible once that call's `preInstall` has
     ///   returned.
-    /// - `item` is this bus or a bus (or `SubBus`) that contains this bus, which would make
-    ///   a cycle.
+    /// - `item` is this bus or a bus (or `SubBus`) that contains this bus, or on which this
+    ///   bus is being installed (from a hook, or another thread), which would make a cycle.
+    ///   Of two installs that together would make one, from any threads, one returns false.
     ///
     /// Values (not objects) are never "the same": installing one always installs it,
     /// replacing the item of its type.
@@ -219,19 +220,28 @@ public final class Bus: Sendable, CustomStringConvertible {
     public func install<T: Sendable>(_ item: T) -> Bool {
         let installed: any Sendable = item
         let value: any Sendable = (installed as? any HookedValueProtocol)?.storedValue ?? installed
-        if let nested = Self.bus(in: value), nested.contains(bus: self) { return false }
         let key = ObjectIdentifier(type(of: value))
         // Reserve the install: from here on, another install of the same object returns false.
-        let reserved = state.withLock { state -> (serial: UInt64, existing: Item?)? in
-            let isSame = { (other: Item) in other.key == key && Self.isSameObject(other.value, value) }
-            if state.arriving.contains(where: isSame)
-                || state.items.contains(where: { !state.leaving.contains($0.serial) && isSame($0) })
-            {
-                return nil
+        func reserve() -> (serial: UInt64, existing: Item?)? {
+            state.withLock { state in
+                let isSame = { (other: Item) in other.key == key && Self.isSameObject(other.value, value) }
+                if state.arriving.contains(where: isSame)
+                    || state.items.contains(where: { !state.leaving.contains($0.serial) && isSame($0) })
+                {
+                    return nil
+                }
+                state.nextSerial += 1
+                state.arriving.append(Item(serial: state.nextSerial, key: key, value: value, installed: installed))
+                return (state.nextSerial, state.claim { $0.key == key })
             }
-            state.nextSerial += 1
-            state.arriving.append(Item(serial: state.nextSerial, key: key, value: value, installed: installed))
-            return (state.nextSerial, state.claim { $0.key == key })
+        }
+        let reserved: (serial: UInt64, existing: Item?)?
+        if let nested = Self.bus(in: value) {
+            // The check and the reservation as one step, for every bus at once: two installs
+            // that together would make a cycle (A on B and B on A) cannot both pass it.
+            reserved = Self.nesting.withLock { _ in nested.reaches(self) ? nil : reserve() }
+        } else {
+            reserved = reserve()
         }
         guard let reserved else { return false }
         if let existing = reserved.existing { finishUninstall(existing) }
@@ -319,6 +329,18 @@ public final class Bus: Sendable, CustomStringConvertible {
     }
 
     // MARK: Internals
+
+    /// Held by an install of a bus (or `SubBus`) from its check for a cycle to its
+    /// reservation: the check must see every bus install that passed it before.
+    private static let nesting = Mutex<Void>(())
+
+    /// Whether `bus` is this bus, or is on it or being installed on it (its `preInstall`
+    /// running), directly or on a bus on it: installing this bus on `bus` would make a cycle.
+    private func reaches(_ bus: Bus) -> Bool {
+        if bus === self { return true }
+        let nested = state.withLock { state in (state.items + state.arriving).compactMap { Self.bus(in: $0.value) } }
+        return nested.contains { $0.reaches(bus) }
+    }
 
     /// Runs the uninstall of an item this thread claimed: pre hook, contents of a nested
     /// bus, removal, post hook.
