@@ -100,6 +100,16 @@ public final class CrashGuard: Sendable {
     private var crashedPath: String { directory + "/crashed.json" }
     var fatalPath: String { directory + "/fatal.json" }
     private let crashes: Mutex<[String: Crash]>
+    /// Room written (as spaces) into `inflight.json` and `fatal.json` when they are opened,
+    /// so that a record written later over it needs no new disk space: on a full disk a
+    /// crash is still recorded. A record longer than the room grows the file.
+    static let reservedRecordLength = 8 << 10
+    /// `fatal.json`, opened by `openFatalRecord` for the fatal-signal recorder (which keeps
+    /// the descriptor for the life of the process: it is never closed), and its room.
+    private let fatal = Mutex((fd: Int32(-1), room: 0))
+    /// Why a record file the previous run left could not be read, said once it is logged
+    /// (`recoverFromPreviousRun(logging:)`).
+    private let unreadable = Mutex<[String]>([])
 
     /// The open in-flight file, whether it holds a record, and its length.
     ///
@@ -114,6 +124,9 @@ public final class CrashGuard: Sendable {
         var current: Crash?
         /// The host is exiting by its own decision (`exiting()`): no record is written.
         var exiting = false
+        /// The file could not be opened, and that was logged (once: it is tried again at
+        /// every record).
+        var openFailureLogged = false
     }
     private let inflight = Mutex(InFlight())
 
@@ -127,11 +140,49 @@ public final class CrashGuard: Sendable {
             throw PluginSetError(code: "state_directory", message: "cannot create the state directory \(directory): \(error.localizedDescription). Fix: create it or use another state directory")
         }
         var known: [String: Crash] = [:]
-        if let data = try? BoundedFile.read(directory + "/crashed.json", limit: Self.maximumRecordFileSize),
-           let list = try? JSONValue.parse(data).decode([Crash].self) {
+        var problems: [String] = []
+        switch Self.readRecord(directory + "/crashed.json", as: [Crash].self) {
+        case .success(let list?):
             for crash in list { known[crash.key] = crash }
+        case .success(nil):
+            break
+        case .failure(let problem):
+            problems.append("\(problem): the files it quarantined are loaded again (until one crashes the host again)")
         }
         crashes = Mutex(known)
+        unreadable.withLock { $0 = problems }
+    }
+
+    /// The record in the file at `path`: nil when there is none (no file, or only spaces:
+    /// a cleared in-flight record). A file that cannot be read or decoded is moved aside to
+    /// `PATH.unreadable` (for the operator to look at; it replaces an earlier one), and the
+    /// failure says why and where it went.
+    private static func readRecord<T: Decodable>(_ path: String, as type: T.Type) -> Result<T?, Problem> {
+        let data: [UInt8]
+        do {
+            data = try BoundedFile.read(path, limit: maximumRecordFileSize)
+        } catch .system(let error) where error.code == ENOENT {
+            return .success(nil)
+        } catch {
+            return .failure(Problem(moving: path, reason: "\(error)"))
+        }
+        guard data.contains(where: { $0 != UInt8(ascii: " ") }) else { return .success(nil) }
+        do {
+            return .success(try JSONValue.parse(data).decode(T.self))
+        } catch {
+            return .failure(Problem(moving: path, reason: "\(error)"))
+        }
+    }
+
+    /// A record file that could not be read, moved aside.
+    private struct Problem: Error, CustomStringConvertible {
+        let description: String
+        init(moving path: String, reason: String) {
+            let aside = path + ".unreadable"
+            let moved = rename(path, aside) == 0
+            description = "the crash guard's record \(path) cannot be read (\(reason))"
+                + (moved ? "; it was moved to \(aside)" : "")
+        }
     }
 
     deinit {
@@ -140,14 +191,16 @@ public final class CrashGuard: Sendable {
 
     /// Reads what a crashed run left (the fatal-signal or exit record first: it names the
     /// code that failed; else the in-flight record), records it as a crash and returns it.
+    /// A record that cannot be read is moved aside, and said by the logging variant.
     public func recoverFromPreviousRun() -> Crash? {
         func read(_ path: String) -> Crash? {
-            // Only spaces: a cleared in-flight record.
-            guard let data = try? BoundedFile.read(path, limit: Self.maximumRecordFileSize),
-                  data.contains(where: { $0 != UInt8(ascii: " ") }) else {
+            switch Self.readRecord(path, as: Crash.self) {
+            case .success(let crash):
+                return crash
+            case .failure(let problem):
+                unreadable.withLock { $0.append("\(problem): the crash it records, if any, is not pinned on a file") }
                 return nil
             }
-            return try? JSONValue.parse(data).decode(Crash.self)
         }
         let found = read(fatalPath) ?? read(inflightPath)
         unlink(fatalPath)
@@ -158,9 +211,15 @@ public final class CrashGuard: Sendable {
         return crash
     }
 
-    /// `recoverFromPreviousRun()`, logging the crash found (error level) on `logger`.
+    /// `recoverFromPreviousRun()`, logging the crash found, and each record that could not
+    /// be read (error level), on `logger`.
     package func recoverFromPreviousRun(logging logger: Logger) {
-        if let crash = recoverFromPreviousRun() {
+        let crash = recoverFromPreviousRun()
+        for problem in unreadable.withLock({ $0 }) {
+            logger.error("\(problem). Fix: find what else writes in the state directory \(directory); only modhostd should")
+        }
+        unreadable.withLock { $0 = [] }
+        if let crash {
             logger.error("\(crash.subject) \(crash.what) at \(crash.time); that file is refused until it changes",
                          [("plugin", crash.plugin), ("file", crash.file)])
         }
@@ -193,8 +252,19 @@ public final class CrashGuard: Sendable {
         var bytes = Array(text.utf8)
         inflight.withLock { state in
             guard !state.exiting else { return }
-            if state.fd < 0 { state.fd = open(inflightPath, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600) }
-            guard state.fd >= 0 else { return }
+            if state.fd < 0 {
+                state.fd = open(inflightPath, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0o600)
+                guard state.fd >= 0 else {
+                    let problem = SystemError.current("open").message
+                    if !state.openFailureLogged {
+                        logger.error("cannot open \(inflightPath): \(problem); a plugin that crashes the host while it is loaded or started will not be quarantined at the next start",
+                                     [("file", inflightPath)])
+                    }
+                    state.openFailureLogged = true
+                    return
+                }
+                reserveRoom(state.fd, inflightPath)
+            }
             // Over a longer previous record, the rest is blanked in the same write.
             if bytes.count < state.length { bytes += repeatElement(UInt8(ascii: " "), count: state.length - bytes.count) }
             _ = bytes.withUnsafeBytes { pwrite(state.fd, $0.baseAddress, $0.count, 0) }
@@ -245,9 +315,46 @@ public final class CrashGuard: Sendable {
     }
 
     /// Writes `crash` as the record the next start reads first (for an exit from plugin
-    /// code; a fatal signal is written by `FatalSignalRecorder`'s handler).
+    /// code; a fatal signal is written by `FatalSignalRecorder`'s handler): over the room
+    /// of the open `fatal.json` when there is one, which needs no new disk space.
     func recordFatal(_ crash: Crash) {
-        write(crash, to: fatalPath)
+        let fd = fatal.withLock { $0.fd }
+        guard fd >= 0, let text = try? JSONValue(encoding: crash).jsonText else { return write(crash, to: fatalPath) }
+        let bytes = Array((text + "\n").utf8)
+        if bytes.withUnsafeBytes({ pwrite(fd, $0.baseAddress, $0.count, 0) }) != bytes.count {
+            logger.error("cannot record a crash in \(fatalPath): \(SystemError.current("pwrite").message); the plugin will not be quarantined at the next start unless it crashes again",
+                         [("file", fatalPath)])
+        }
+    }
+
+    /// Opens `fatal.json` empty, with room for one record, for the fatal-signal recorder:
+    /// its descriptor, kept open for the life of the process, or why it cannot.
+    func openFatalRecord() -> Result<Int32, SystemError> {
+        let fd = open(fatalPath, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0o600)
+        guard fd >= 0 else { return .failure(.current("open", subject: fatalPath)) }
+        let room = reserveRoom(fd, fatalPath)
+        fatal.withLock { $0 = (fd, room) }
+        return .success(fd)
+    }
+
+    /// Makes sure `fatal.json` has room for a record of `length` bytes (a plugin's record,
+    /// and what the signal handler adds to it).
+    func reserveFatalRecord(length: Int) {
+        let (fd, room) = fatal.withLock { $0 }
+        guard fd >= 0, length > room else { return }
+        let grown = reserveRoom(fd, fatalPath, length: length)
+        fatal.withLock { $0.room = max($0.room, grown) }
+    }
+
+    /// Writes `length` spaces at the start of `fd` (the file at `path`): the room later
+    /// records are written over. Returns the room made; a failure is logged.
+    @discardableResult
+    private func reserveRoom(_ fd: Int32, _ path: String, length: Int = reservedRecordLength) -> Int {
+        let spaces = [UInt8](repeating: UInt8(ascii: " "), count: length)
+        if spaces.withUnsafeBytes({ pwrite(fd, $0.baseAddress, $0.count, 0) }) == length { return length }
+        logger.error("cannot make room for the crash guard's record in \(path): \(SystemError.current("pwrite").message); a plugin that crashes the host may not be quarantined at the next start. Fix: free space in \(directory)",
+                     [("file", path)])
+        return 0
     }
 
     private func persist() {

@@ -19,11 +19,15 @@ import Synchronization
 /// record; the in-flight record (see `CrashGuard`) still names the file the host was
 /// working on, if any.
 package enum FatalSignalRecorder {
-    /// Installs the handler, writing to `guard`'s `fatal.json` (emptied). Call it after
+    /// Installs the handler, writing to `guard`'s `fatal.json` (emptied, with room for a
+    /// record made in advance: a record needs no new disk space). Call it after
     /// `recoverFromPreviousRun()`. Returns why it could not, or nil.
     package static func install(_ guard: CrashGuard) -> String? {
-        let fd = open(`guard`.fatalPath, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
-        guard fd >= 0 else { return "cannot open \(`guard`.fatalPath): \(String(cString: strerror(errno)))" }
+        let fd: Int32
+        switch `guard`.openFatalRecord() {
+        case .success(let opened): fd = opened
+        case .failure(let error): return "cannot open \(`guard`.fatalPath): \(error.message)"
+        }
         guard modhost_crash_recorder_install(fd) == 0 else {
             return "cannot install the fatal-signal handler: \(String(cString: strerror(errno)))"
         }
@@ -31,11 +35,13 @@ package enum FatalSignalRecorder {
     }
 
     /// Remembers `loaded` (from `file`, with content `hash`) as a plugin a crash can be
-    /// attributed to.
-    static func track(_ loaded: LoadedPlugin, file: String, hash: String) {
+    /// attributed to, making sure `guard`'s `fatal.json` has room for its record.
+    static func track(_ loaded: LoadedPlugin, file: String, hash: String, guard: CrashGuard) {
         guard let library = loaded.library else { return }
-        let record = JSONValue.object(["file": .string(file), "plugin": .string(loaded.name), "hash": .string(hash)]).jsonText
-        _ = String(record.dropLast()).withCString { modhost_crash_recorder_add(library.handle, $0) }
+        let record = String(JSONValue.object(["file": .string(file), "plugin": .string(loaded.name), "hash": .string(hash)]).jsonText.dropLast())
+        // What the handler adds: phase, cause and time (crash_recorder.c, at most 192 bytes).
+        `guard`.reserveFatalRecord(length: record.utf8.count + 192)
+        _ = record.withCString { modhost_crash_recorder_add(library.handle, $0) }
     }
 }
 

@@ -309,7 +309,7 @@ extension PluginSet {
                 defer { crashGuard.end() }
                 namesMapped[file.name] = image.nameGeneration
                 loaded = try PluginLoader(validator: validator, registry: registry, workers: workers, metrics: metrics).open(image.file)
-                FatalSignalRecorder.track(loaded!, file: file.path, hash: hash)
+                FatalSignalRecorder.track(loaded!, file: file.path, hash: hash, guard: crashGuard)
             }
             if let displacing {
                 removed += await remove(displacing, reason: "its file \(file.path) now holds plugin \(file.name)")
@@ -513,7 +513,8 @@ extension PluginSet {
                 defer { crashGuard.end() }
                 namesMapped[name] = images[name]!.nameGeneration
                 let opened = try PluginLoader(validator: validator, registry: registry, workers: workers, metrics: metrics).open(image)
-                FatalSignalRecorder.track(opened, file: records[name]?.source ?? file.path, hash: name == file.name ? hash : records[name]?.hash ?? hash)
+                FatalSignalRecorder.track(opened, file: records[name]?.source ?? file.path, hash: name == file.name ? hash : records[name]?.hash ?? hash,
+                                          guard: crashGuard)
                 loaded[name] = opened
             }
         } catch {

@@ -240,6 +240,70 @@ import TestSupport
         try await setup.restartQuarantining("Leaver", reason: "ended the host process by calling exit(0)")
     }
 
+    // MARK: - The state directory's disk full, its records damaged
+
+    /// Whether this process can mount a tmpfs (root, and a kernel that lets it).
+    static let canMountTmpfs: Bool = {
+        guard geteuid() == 0 else { return false }
+        let scratch = TemporaryDirectory("mount-probe")
+        let point = scratch.directory("point")
+        guard (try? run("/bin/mount", ["-t", "tmpfs", "-o", "size=64k", "tmpfs", point]))?.status == 0 else { return false }
+        _ = try? run("/bin/umount", [point])
+        return true
+    }()
+
+    /// Fills the file system of `directory` with a file `filler` in it, until it is full.
+    static func fill(_ directory: String) {
+        let fd = open(directory + "/filler", O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
+        defer { close(fd) }
+        let block = [UInt8](repeating: 0x55, count: 4096)
+        while block.withUnsafeBytes({ write(fd, $0.baseAddress, $0.count) }) > 0 {}
+        _ = block.withUnsafeBytes { write(fd, $0.baseAddress, 1) }
+    }
+
+    /// Outside attack: with the state directory's disk full, a crash in a plugin's code
+    /// left an empty fatal.json (an exit() from it, none), and the next start loaded the
+    /// plugin again: under systemd's Restart=on-failure, a crash loop.
+    @Test(.enabled(if: canMountTmpfs, "mounting a tmpfs needs root"), .timeLimit(.minutes(3)),
+          arguments: [("FullBomb", #"volatile int *nowhere = 0; *nowhere = 1;"#, 128 + SIGSEGV, "crashed the host process with SIGSEGV in its code"),
+                      ("FullLeaver", "exit(0);", 70, "ended the host process by calling exit(0)")])
+    func aCrashWithTheStateDiskFullIsStillPinnedOnThePlugin(name: String, crash: String, status: Int32, reason: String) async throws {
+        let setup = try Setup()
+        _ = try Self.plugin(name, in: setup.plugins, handleBody: "if (strcmp(event, \"detonate\") == 0) { \(crash) }")
+        let state = setup.scratch.directory("state")
+        #expect(try run("/bin/mount", ["-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs", state]).status == 0)
+        defer { _ = try? run("/bin/umount", ["-l", state]) }
+        let first = try setup.start()
+        #expect(await first.waitFor("control socket ready", timeout: .seconds(60)))
+        Self.fill(state)
+        _ = try setup.ctl("send", "detonate", "--to", name.lowercased())
+        #expect(await first.wait(timeout: .seconds(60)) == status, "log: \(first.text)")
+        unlink(state + "/filler")
+        try await setup.restartQuarantining(name, reason: reason)
+    }
+
+    /// Outside attack: a damaged crashed.json (or fatal.json) lifted every quarantine with
+    /// no word in the log. It still cannot be read, but it is said, and kept aside.
+    @Test func aDamagedCrashRecordIsLoggedAndKeptAside() async throws {
+        let setup = try Setup()
+        _ = try Self.plugin("Killer", in: setup.plugins, handleBody: #"if (strcmp(event, "start") == 0) kill(getpid(), SIGKILL);"#)
+        let first = try setup.start()
+        #expect(await first.wait(timeout: .seconds(60)) == 128 + SIGKILL)
+        // The next start records the crash in crashed.json; cut it short.
+        try await setup.restartQuarantining("Killer", reason: "crashed the host process during start")
+        let crashed = setup.state + "/crashed.json"
+        let record = try #require(try? String(contentsOfFile: crashed, encoding: .utf8))
+        try String(record.prefix(20)).write(toFile: crashed, atomically: false, encoding: .utf8)
+        try "{\"file\": 7".write(toFile: setup.state + "/fatal.json", atomically: false, encoding: .utf8)
+        // Killer's quarantine is lost with the record: it is loaded, and kills the daemon again.
+        let again = try setup.start()
+        #expect(await again.wait(timeout: .seconds(60)) == 128 + SIGKILL)
+        #expect(again.text.contains("the crash guard's record \(crashed) cannot be read"), "log: \(again.text)")
+        #expect(again.text.contains("it was moved to \(crashed).unreadable"), "log: \(again.text)")
+        #expect(again.text.contains("the crash guard's record \(setup.state)/fatal.json cannot be read"), "log: \(again.text)")
+        #expect((try? String(contentsOfFile: crashed + ".unreadable", encoding: .utf8)) == String(record.prefix(20)))
+    }
+
     // MARK: - Finding 10: a crash in a thread a plugin started
 
     /// A plugin whose module starts a thread at create that waits for the event `detonate`,
