@@ -40,7 +40,9 @@ import Synchronization
 /// deletes the copies an earlier run left there (so give each set a directory of its own).
 ///
 /// The process binds a plugin's dependencies by SONAME: two sets in one process must not
-/// load plugins of the same name.
+/// load plugins of the same name at the same time. One set made after another was shut
+/// down may load the same plugins: the names of the images are counted for the process,
+/// so its dependents bind to its own images.
 public actor PluginSet {
     /// The host instance the plugins' modules run in.
     public nonisolated let host: HostInstance
@@ -100,10 +102,17 @@ public actor PluginSet {
     var retiredBytes: Int64 = 0
     var generations: [String: Int] = [:]
     /// The highest name generation (`DynamicStringPatch.generationName`) of each plugin
-    /// that this process has mapped, from the moment its image is opened here. Only
-    /// in-process loads use one up: an isolated plugin's image is mapped in its worker, a
-    /// process of its own, and keeps its original name, so it can be replaced without limit.
-    var namesMapped: [String: Int] = [:]
+    /// that this process has mapped, from the moment its image is opened here, by any plugin
+    /// set: glibc binds a dependency by name to whichever image of that name the process
+    /// loaded first, so a set made after another was shut down must not reuse its names.
+    /// Only in-process loads use one up: an isolated plugin's image is mapped in its
+    /// worker, a process of its own, and keeps its original name, so it can be replaced
+    /// without limit.
+    static let namesMapped = Mutex<[String: Int]>([:])
+    /// Records that the image of `plugin` with name generation `generation` is mapped here.
+    func mapped(_ plugin: String, nameGeneration generation: Int) {
+        Self.namesMapped.withLock { $0[plugin] = max($0[plugin] ?? 0, generation) }
+    }
     /// The most name generations of one plugin this process can tell apart (lowered by tests).
     var nameGenerationLimit = DynamicStringPatch.maximumGeneration
     func setNameGenerationLimit(_ limit: Int) { nameGenerationLimit = min(limit, DynamicStringPatch.maximumGeneration) }

@@ -307,7 +307,7 @@ extension PluginSet {
             } else {
                 crashGuard.begin(file: file.path, plugin: file.name, hash: hash, phase: "entry")
                 defer { crashGuard.end() }
-                namesMapped[file.name] = image.nameGeneration
+                mapped(file.name, nameGeneration: image.nameGeneration)
                 loaded = try PluginLoader(validator: validator, registry: registry, workers: workers, metrics: metrics).open(image.file)
                 FatalSignalRecorder.track(loaded!, file: file.path, hash: hash, guard: crashGuard)
             }
@@ -511,7 +511,7 @@ extension PluginSet {
                 }
                 crashGuard.begin(file: file.path, plugin: file.name, hash: hash, phase: "entry")
                 defer { crashGuard.end() }
-                namesMapped[name] = images[name]!.nameGeneration
+                mapped(name, nameGeneration: images[name]!.nameGeneration)
                 let opened = try PluginLoader(validator: validator, registry: registry, workers: workers, metrics: metrics).open(image)
                 FatalSignalRecorder.track(opened, file: records[name]?.source ?? file.path, hash: name == file.name ? hash : records[name]?.hash ?? hash,
                                           guard: crashGuard)
@@ -721,7 +721,7 @@ extension PluginSet {
     /// original names) when it runs in a worker, a process of its own.
     func nameGeneration(of name: String, path: String, inThisProcess: Bool) throws(LoadFailure) -> Int {
         guard inThisProcess else { return 1 }
-        let next = (namesMapped[name] ?? 0) + 1
+        let next = (Self.namesMapped.withLock { $0[name] } ?? 0) + 1
         guard next <= nameGenerationLimit else {
             throw LoadFailure(file: path, check: .dependency,
                               problem: "plugin \(name) has been loaded \(next - 1) times in this process, the most it can tell apart",

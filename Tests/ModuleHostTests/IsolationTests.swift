@@ -1014,12 +1014,14 @@ struct IsolationTests {
     /// An isolated plugin's image is mapped only in its worker, a process of its own, so it
     /// keeps its own names and can be replaced any number of times; only a plugin that runs
     /// in the daemon is limited by the names one process can tell apart (1,295 generations,
-    /// lowered here to 3). Each isolated replace runs the new version in a new worker.
+    /// lowered here to 3). Each isolated replace runs the new version in a new worker. (The
+    /// names are this process's, whatever set loaded them: the in-process plugin's name is
+    /// this test's own.)
     @Test func anIsolatedPluginCanBeReplacedPastTheLimitOfNamesInOneProcess() async throws {
-        let f = try Fixture(plugins: ["Near": PluginIsolationSettings(isolation: .inProcess)])
+        let f = try Fixture(plugins: ["Nearby": PluginIsolationSettings(isolation: .inProcess)])
         await f.set.setNameGenerationLimit(3)
         try await f.add("Quiet")
-        try await f.add("Near")
+        try await f.add("Nearby")
         await f.set.reconcile()
         await f.set.start()
         let versions = PluginFactory(directory: f.root.directory("versions"))
@@ -1041,11 +1043,11 @@ struct IsolationTests {
             #expect(await f.running(["Quiet"]))
         }
         // In process: generations 2 and 3 load; a fourth name is refused and 1.2 keeps running.
-        for cycle in 1...2 { #expect(try await replace("Near", cycle).replaced == ["Near"], "replace \(cycle)") }
-        #expect(try await replace("Near", 3).refused.count == 1)
-        let near = await plugin("Near")
+        for cycle in 1...2 { #expect(try await replace("Nearby", cycle).replaced == ["Nearby"], "replace \(cycle)") }
+        #expect(try await replace("Nearby", 3).refused.count == 1)
+        let near = await plugin("Nearby")
         #expect(near?.version == "1.2", "\(String(describing: near))")
-        #expect(near?.lastError?.problem == "plugin Near has been loaded 3 times in this process, the most it can tell apart",
+        #expect(near?.lastError?.problem == "plugin Nearby has been loaded 3 times in this process, the most it can tell apart",
                 "\(String(describing: near?.lastError))")
         await f.set.shutdown()
     }

@@ -168,6 +168,28 @@ struct PluginSetTests {
         #expect(await f.waitFor("psadda destroy tag=a1 provider=-"))
     }
 
+    /// Outside attack (embedder): a second set in the process, after the first was shut
+    /// down, bound its dependent to the first set's image of the provider (the same name,
+    /// which glibc had already loaded): the old code ran, with nothing refused or logged.
+    @Test func aSecondSetInTheProcessBindsItsDependentsToItsOwnImages() async throws {
+        let first = try Fixture()
+        try first.install(try first.build("PsTwiceP", tag: "first"), as: "PsTwiceP")
+        try first.install(try first.build("PsTwiceD", tag: "d", provider: "PsTwiceP"), as: "PsTwiceD")
+        #expect(await first.set.reconcile(trial: false) == PluginChanges(added: ["PsTwiceP", "PsTwiceD"]))
+        await first.set.start()
+        #expect(await first.knock("pstwiced", "knock") == "pstwiced knock tag=d provider=first")
+        await first.set.shutdown()
+
+        let second = try Fixture()
+        try second.install(try second.build("PsTwiceP", tag: "second"), as: "PsTwiceP")
+        try second.install(try second.build("PsTwiceD", tag: "d", provider: "PsTwiceP"), as: "PsTwiceD")
+        #expect(await second.set.reconcile(trial: false) == PluginChanges(added: ["PsTwiceP", "PsTwiceD"]))
+        await second.set.start()
+        #expect(await second.knock("pstwicep", "knock") == "pstwicep knock tag=second provider=-")
+        #expect(await second.knock("pstwiced", "knock") == "pstwiced knock tag=d provider=second")
+        await second.set.shutdown()
+    }
+
     @Test func aReplacedPluginRunsTheNewCodeAndItsDependentBindsToIt() async throws {
         let f = try Fixture()
         try f.install(try f.build("PsRepP", tag: "p1"), as: "PsRepP")
