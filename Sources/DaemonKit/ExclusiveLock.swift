@@ -1,6 +1,7 @@
 #if canImport(Glibc)
 import Glibc
 #endif
+import Synchronization
 
 /// An exclusive, advisory `flock` on a lock file, held until the value is released (and
 /// dropped by the kernel when the process dies, however it dies), so a crashed owner
@@ -77,11 +78,18 @@ public final class ExclusiveLock: Sendable {
         self.directoryFD = directoryFD
     }
 
-    /// Releases the lock (closing the files drops it).
-    deinit {
+    private let released = Atomic<Bool>(false)
+
+    /// Releases the lock now (closing the files drops it); later calls, and the release
+    /// when the value goes, do nothing.
+    public func release() {
+        guard !released.exchange(true, ordering: .acquiringAndReleasing) else { return }
         closeDescriptor(fd)
         if directoryFD >= 0 { closeDescriptor(directoryFD) }
     }
+
+    /// Releases the lock, unless `release()` did.
+    deinit { release() }
 
     private static func readPID(_ fd: Int32) -> Int32? {
         var buffer = [UInt8](repeating: 0, count: 32)

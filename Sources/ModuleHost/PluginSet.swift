@@ -60,7 +60,8 @@ public actor PluginSet {
     nonisolated let imagesDirectory: String
     nonisolated let trialLoader: (any TrialLoader)?
     nonisolated let logger: Logger
-    /// The state directory's lock, held while this set exists (`init(stateDirectory:)`).
+    /// The state directory's lock, held while this set exists, until `shutdown()` returns
+    /// (`init(stateDirectory:)`).
     nonisolated let stateLock: ExclusiveLock?
     var validator: Validator
     /// The plugin directories, scanned in this order.
@@ -200,8 +201,8 @@ public actor PluginSet {
     ///   by `checkStateDirectory`: created with mode 0700 when missing, refused when someone
     ///   else could write to them;
     /// - the directory is locked (`modhostd.lock`, an exclusive `flock` holding this pid) for
-    ///   as long as the set exists: another process, an embedder or a `modhostd`, cannot use
-    ///   the same state directory (`already_running`);
+    ///   as long as the set exists and until its `shutdown()` has returned: another process,
+    ///   an embedder or a `modhostd`, cannot use the same state directory (`already_running`);
     /// - the crash guard is opened there, and what the previous run of this process left is
     ///   read: a plugin that crashed it while it was loaded, initialized or started is
     ///   logged (error level, on `logger`) and its file refused until it changes.
@@ -343,7 +344,8 @@ public actor PluginSet {
     /// Stops changes (`stopChanges`), waits for the change in progress, then shuts the host
     /// down: every module gets willTerminate (awaited) and deinit, in reverse order.
     /// Then every isolated plugin's worker ends. A worker that ends before (e.g. killed for
-    /// not answering willTerminate) is not restarted.
+    /// not answering willTerminate) is not restarted. Last, a set made on a state
+    /// directory (`init(stateDirectory:)`) releases its lock: another set may use it.
     public func shutdown() async {
         stopChanges()
         await changes.run {
@@ -351,6 +353,7 @@ public actor PluginSet {
             await self.host.shutdown()
             await self.stopWorkers()
         }
+        stateLock?.release()
     }
 
     func endWorkerRestarts() {
