@@ -51,7 +51,10 @@ let package = Package(
         // OS plumbing that knows nothing of plugins (nor of ModuleKit): signals, inotify, the
         // control socket's line server and client, systemd notification, atomic writes and
         // bounded reads.
-        .target(name: "DaemonKit", swiftSettings: swift6),
+        .target(name: "DaemonKit", dependencies: ["CForkGuard"], swiftSettings: swift6),
+        // Closing the host's locks in a child that plugin code forks: a pthread_atfork handler,
+        // which must take no lock (plain C, on atomics).
+        .target(name: "CForkGuard"),
         // The embeddable loading layer: validation, images, registry, dependency order, the
         // plugin set, trial loads, the crash guard, C modules and their workers.
         .target(

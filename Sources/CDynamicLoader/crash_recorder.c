@@ -33,6 +33,9 @@ static _Atomic(struct plugin_image *) images;
 static atomic_int record_fd = -1;
 static atomic_int recorded;
 static atomic_int installed;
+/* The process the record is about: a child forked from it (by plugin code) that crashes
+ * did not crash the host, and writes nothing. */
+static atomic_int recorder_pid;
 static int stack_readable;  /* process_vm_readv works here (probed at install) */
 static struct sigaction previous[NSIG];
 static const int fatal_signals[] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT};
@@ -113,7 +116,7 @@ static size_t append_epoch(char *out, size_t at, size_t capacity) {
 void modhost_crash_recorder_write(const void *plugin, const char *phase, const char *cause) {
     const struct plugin_image *image = plugin;
     int fd = atomic_load(&record_fd);
-    if (image == NULL || fd < 0 || atomic_exchange(&recorded, 1)) return;
+    if (image == NULL || fd < 0 || getpid() != atomic_load(&recorder_pid) || atomic_exchange(&recorded, 1)) return;
     char tail[192];
     size_t length = append(tail, 0, sizeof tail, ",\"phase\":\"");
     length = append(tail, length, sizeof tail, phase);
@@ -211,6 +214,7 @@ void modhost_crash_recorder_allow_abort(void) {
 }
 
 int modhost_crash_recorder_install(int fd) {
+    atomic_store(&recorder_pid, getpid());
     int old = atomic_exchange(&record_fd, fd);
     if (old >= 0 && old != fd) close(old);
     if (atomic_exchange(&installed, 1)) return 0;

@@ -1,6 +1,7 @@
 #if canImport(Glibc)
 import Glibc
 #endif
+import CForkGuard
 import Dispatch
 import Synchronization
 
@@ -325,6 +326,8 @@ private final class ServerCore: Sendable {
                 throw error
             }
             listenFD = fd
+            // A process forked from the daemon (by plugin code) does not keep the listener.
+            _ = modhost_fork_guard_close(fd)
         } catch {
             if error.code == EADDRINUSE { throw .alreadyRunning(path: socketPath) }
             if error.code == ENOTSOCK && error.syscall == "lstat" { throw .notASocket(path: socketPath) }
@@ -413,6 +416,7 @@ private final class ServerCore: Sendable {
             }
             admit(fd)
         }
+        modhost_fork_guard_keep(listenFD)
         closeDescriptor(listenFD)
         if let identity {
             var info = stat()

@@ -1,6 +1,7 @@
 #if canImport(Glibc)
 import Glibc
 #endif
+import CForkGuard
 import Synchronization
 
 /// An exclusive, advisory `flock` on a lock file, held until the value is released (and
@@ -8,7 +9,8 @@ import Synchronization
 /// never leaves a stale lock behind.
 ///
 /// - The file is opened without following a symlink, created with mode 0600 if missing,
-///   and close-on-exec (child processes never inherit the lock).
+///   and close-on-exec; a child made by `fork()` alone (code the process loaded, forking)
+///   closes it at once (a `pthread_atfork` handler): no child process keeps the lock.
 /// - While held, the file contains the owner's pid and a newline; a second process (or a
 ///   second lock in this process) gets `.held` with that pid, without waiting.
 /// - With `lockingDirectory`, the directory holding the file is locked too, first: deleting
@@ -76,6 +78,9 @@ public final class ExclusiveLock: Sendable {
         _ = text.withUnsafeBytes { pwrite(fd, $0.baseAddress, $0.count, 0) }
         self.fd = fd
         self.directoryFD = directoryFD
+        // A process forked from this one (by code it loaded) must not keep the lock.
+        _ = modhost_fork_guard_close(fd)
+        if directoryFD >= 0 { _ = modhost_fork_guard_close(directoryFD) }
     }
 
     private let released = Atomic<Bool>(false)
@@ -84,8 +89,12 @@ public final class ExclusiveLock: Sendable {
     /// when the value goes, do nothing.
     public func release() {
         guard !released.exchange(true, ordering: .acquiringAndReleasing) else { return }
+        modhost_fork_guard_keep(fd)
         closeDescriptor(fd)
-        if directoryFD >= 0 { closeDescriptor(directoryFD) }
+        if directoryFD >= 0 {
+            modhost_fork_guard_keep(directoryFD)
+            closeDescriptor(directoryFD)
+        }
     }
 
     /// Releases the lock, unless `release()` did.

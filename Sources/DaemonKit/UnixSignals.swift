@@ -139,11 +139,23 @@ public final class UnixSignalWatch: Sendable {
 /// The write end of the signal pipe, read by the signal handler. An atomic load is
 /// async-signal-safe; -1 until the dispatcher has created its pipe.
 private let signalPipeWriteEnd = Atomic<Int32>(-1)
+/// The process whose reader thread reads the pipe (set with the pipe).
+private let signalPipeOwner = Atomic<Int32>(-1)
 
 /// The process-wide signal handler: records the signal number in the pipe. Uses only
 /// async-signal-safe operations and preserves `errno`.
+///
+/// In a process forked from this one without exec (by code it loaded), which inherits the
+/// handler and the pipe but not the reader, the signal takes its default action instead: a
+/// SIGTERM sent to such a child ends it, and never reaches this process's subscribers.
 private func recordSignal(_ signo: Int32) {
     let savedErrno = Glibc.errno
+    if getpid() != signalPipeOwner.load(ordering: .acquiring) {
+        signal(signo, SIG_DFL)
+        raise(signo)
+        Glibc.errno = savedErrno
+        return
+    }
     let fd = signalPipeWriteEnd.load(ordering: .acquiring)
     if fd >= 0 {
         var byte = UInt8(truncatingIfNeeded: signo)
@@ -252,6 +264,7 @@ private final class SignalDispatcher: Sendable {
         // The handler must never block: a full pipe drops the byte instead.
         let flags = fcntl(writeEnd, F_GETFL)
         _ = fcntl(writeEnd, F_SETFL, flags | O_NONBLOCK)
+        signalPipeOwner.store(getpid(), ordering: .releasing)
         signalPipeWriteEnd.store(writeEnd, ordering: .releasing)
         startThread(name: "dk-signals") { SignalDispatcher.shared.readLoop(readEnd) }
         return readEnd

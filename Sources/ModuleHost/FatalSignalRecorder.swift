@@ -57,6 +57,9 @@ public enum ExitGuard {
     public static let pluginExitStatus: Int32 = 70
 
     private static let daemonExiting = Atomic<Bool>(false)
+    /// The process the check is about: in a child forked from it (by plugin code), an
+    /// `exit()` is the child's own business.
+    private static let processID = Atomic<Int32>(0)
     private static let installed = Mutex<(crashGuard: CrashGuard, logger: Logger)?>(nil)
 
     /// Installs the check (once per process; a later call changes the guard and logger).
@@ -65,6 +68,7 @@ public enum ExitGuard {
             defer { state = (crashGuard, logger) }
             return state == nil
         }
+        processID.store(getpid(), ordering: .sequentiallyConsistent)
         if first { on_exit({ status, _ in ExitGuard.unexpectedExit(status) }, nil) }
     }
 
@@ -82,7 +86,8 @@ public enum ExitGuard {
     }
 
     private static func unexpectedExit(_ status: Int32) {
-        guard !daemonExiting.load(ordering: .sequentiallyConsistent),
+        guard getpid() == processID.load(ordering: .sequentiallyConsistent),
+              !daemonExiting.load(ordering: .sequentiallyConsistent),
               let (crashGuard, logger) = installed.withLock({ $0 }) else { return }
         let cause = "exit(\(status))"
         var record: UnsafePointer<CChar>?

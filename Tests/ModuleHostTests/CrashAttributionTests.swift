@@ -240,6 +240,91 @@ import TestSupport
         try await setup.restartQuarantining("Leaver", reason: "ended the host process by calling exit(0)")
     }
 
+    // MARK: - A child process that plugin code forks
+
+    /// A plugin whose module, on the event `spawn`, forks a child that writes its pid to
+    /// `pidFile`, then runs `child` (and waits for a signal).
+    static func spawner(_ name: String, in directory: String, pidFile: String, child: String = "") throws -> String {
+        try plugin(name, in: directory, handleBody: """
+            if (strcmp(event, "spawn") == 0 && fork() == 0) {
+                FILE *out = fopen("\(pidFile).tmp", "w");
+                if (out) { fprintf(out, "%d", (int)getpid()); fclose(out); rename("\(pidFile).tmp", "\(pidFile)"); }
+                \(child)
+                for (;;) pause();
+            }
+            """)
+    }
+
+    /// The pid the child wrote; fails the test (never 0 or less, which `kill` would take
+    /// for a process group, this one's) when it did not.
+    func childPID(_ pidFile: String) async throws -> pid_t {
+        #expect(await eventually { FileManager.default.fileExists(atPath: pidFile) })
+        let pid = pid_t((try? String(contentsOfFile: pidFile, encoding: .utf8)) ?? "") ?? 0
+        return try #require(pid > 0 ? pid : nil, "no child pid in \(pidFile)")
+    }
+
+    /// Outside attack (operator): a child forked by plugin code kept the state directory's
+    /// and the socket's locks after the daemon ended (the next start exited 71, naming the
+    /// daemon's pid, long gone), and its SIGTERM went to the daemon's signal handler: the
+    /// child ignored it, and the daemon took it for its own.
+    @Test(.timeLimit(.minutes(3)))
+    func aChildThatPluginCodeForksKeepsNoLockAndDiesBySIGTERM() async throws {
+        let setup = try Setup()
+        let pidFile = setup.scratch.file("child.pid")
+        _ = try Self.spawner("Spawner", in: setup.plugins, pidFile: pidFile)
+        let first = try setup.start()
+        #expect(await first.waitFor("control socket ready", timeout: .seconds(60)))
+        _ = try setup.ctl("send", "spawn", "--to", "spawner")
+        let child = try await childPID(pidFile)
+        defer { kill(child, SIGKILL) }
+        // SIGTERM to the child ends the child, not the daemon.
+        kill(child, SIGTERM)
+        #expect(await eventually { Self.isGone(child) }, "the child ignored SIGTERM")
+        #expect(try setup.ctl("status").status == 0, "log: \(first.text)")
+        #expect(!first.text.contains("SIGTERM received"), "log: \(first.text)")
+        // A child still running when the daemon ends holds none of its locks.
+        unlink(pidFile)
+        _ = try setup.ctl("send", "spawn", "--to", "spawner")
+        let second = try await childPID(pidFile)
+        defer { kill(second, SIGKILL) }
+        first.send(SIGTERM)
+        // (RunningProcess sees the daemon's end only once no process holds its output: the
+        // children are killed before `wait`.)
+        #expect(await eventually { Self.isGone(first.pid) })
+        #expect(!Self.isGone(second))
+        let again = try setup.start()
+        #expect(await again.waitFor("control socket ready", timeout: .seconds(60)), "log: \(again.text)")
+        kill(child, SIGKILL)
+        kill(second, SIGKILL)
+        #expect(await first.wait(timeout: .seconds(60)) == 0)
+        again.send(SIGTERM)
+        #expect(await again.wait(timeout: .seconds(60)) == 0)
+    }
+
+    /// A child forked by plugin code that exits or crashes ended itself, not the daemon: it
+    /// recorded a crash (or an exit) in the daemon's state directory, and the next start
+    /// quarantined the plugin.
+    @Test(.timeLimit(.minutes(3)), arguments: [("ExitingChild", "exit(0);"), ("CrashingChild", "volatile int *nowhere = 0; *nowhere = 1;")])
+    func aChildThatPluginCodeForksMayExitOrCrashAlone(name: String, child: String) async throws {
+        let setup = try Setup()
+        let pidFile = setup.scratch.file("child.pid")
+        _ = try Self.spawner(name, in: setup.plugins, pidFile: pidFile, child: child)
+        let first = try setup.start()
+        #expect(await first.waitFor("control socket ready", timeout: .seconds(60)))
+        _ = try setup.ctl("send", "spawn", "--to", name.lowercased())
+        let pid = try await childPID(pidFile)
+        #expect(await eventually { Self.isGone(pid) })
+        #expect(try setup.ctl("status").status == 0)
+        first.send(SIGTERM)
+        #expect(await first.wait(timeout: .seconds(60)) == 0)
+        #expect(!first.text.contains("called exit"), "log: \(first.text)")
+        let again = try setup.start()
+        #expect(await again.waitFor("control socket ready", timeout: .seconds(60)))
+        #expect(try setup.row(ofFile: name)?["state"] as? String == "running", "log: \(again.text)")
+        again.send(SIGTERM)
+        #expect(await again.wait(timeout: .seconds(60)) == 0)
+    }
+
     // MARK: - The state directory's disk full, its records damaged
 
     /// Whether this process can mount a tmpfs (root, and a kernel that lets it).

@@ -1,0 +1,42 @@
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <unistd.h>
+#include "fork_guard.h"
+
+/* Slots hold a descriptor, or -1. Atomics: the child handler takes no lock (a lock another
+ * thread held at the fork would never be released in the child). */
+enum { SLOTS = 32 };
+static atomic_int slots[SLOTS] = {[0 ... SLOTS - 1] = -1};
+static pthread_once_t registered = PTHREAD_ONCE_INIT;
+
+/* Also unblocks every signal: the child has only the forking thread, whose mask the host
+ * set for its own threads (a plugin's worker thread blocks SIGTERM, say), and a SIGTERM
+ * sent to the child would otherwise stay pending for ever. */
+static void in_child(void) {
+    for (int i = 0; i < SLOTS; i++) {
+        int fd = atomic_load(&slots[i]);
+        if (fd >= 0) close(fd);
+    }
+    sigset_t all;
+    sigfillset(&all);
+    pthread_sigmask(SIG_UNBLOCK, &all, NULL);
+}
+
+static void register_handler(void) { pthread_atfork(NULL, NULL, in_child); }
+
+int modhost_fork_guard_close(int fd) {
+    pthread_once(&registered, register_handler);
+    for (int i = 0; i < SLOTS; i++) {
+        int empty = -1;
+        if (atomic_compare_exchange_strong(&slots[i], &empty, fd)) return 0;
+    }
+    return -1;
+}
+
+void modhost_fork_guard_keep(int fd) {
+    for (int i = 0; i < SLOTS; i++) {
+        int expected = fd;
+        if (atomic_compare_exchange_strong(&slots[i], &expected, -1)) return;
+    }
+}
