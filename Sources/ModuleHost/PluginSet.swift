@@ -28,8 +28,9 @@ import Synchronization
 ///   depend on the removed one first (in reverse load order); a replacement reloads its
 ///   dependents against the new version in the same update.
 /// - **Failures.** A refused file is logged once (at error level, naming the file, the
-///   check and the fix), shown in `snapshot()` and not tried again until it changes; it
-///   never stops the other files. A replacement that fails leaves the old version running.
+///   check and the fix), shown in `snapshot()` and not tried again until it changes
+///   (unless its refusal depends on other files: a missing dependency, a name another file
+///   holds, which are tried again at every `reconcile`); it never stops the other files. A replacement that fails leaves the old version running.
 /// - **Logging.** One line per load, refusal, replacement and removal, on `logger`, with
 ///   `plugin`, `file` and `module` keys where they apply.
 ///
@@ -486,7 +487,8 @@ public struct PluginSetSnapshot: Sendable {
     /// The states of a file that provides no loaded plugin (docs/daemon.md, "States").
     public enum FileState: String, Sendable {
         /// A check refused it; tried again when it changes (contents, mode or owner) and at
-        /// every `reconcile(retryingRefused: true)`.
+        /// every `reconcile(retryingRefused: true)`; at every `reconcile` when another file
+        /// held its plugin's or a module's name (check `duplicate name`).
         case refused
         /// Its plugin needs a plugin that is not loaded (missing, refused, removed, or a file
         /// still arriving); tried again at every scan, loaded once that plugin is.

@@ -81,7 +81,10 @@ extension PluginSet {
             // owner changed, and may now be back to what it was loaded with: checked again).
             if let record = records.values.first(where: { $0.source == path }), record.identity == identity, !isolationChanged(record),
                refused[path] == nil { continue }
-            if !retryingRefused, let entry = refused[path], entry.identity == identity, entry.failure.check != .dependency { continue }
+            // A refusal that depends on other files (a dependency not loaded, a name another
+            // file holds) is tried again at every pass: that file may have come or gone.
+            if !retryingRefused, let entry = refused[path], entry.identity == identity,
+               entry.failure.check != .dependency, entry.failure.check != .duplicate { continue }
             if let crash = crashGuard.crash(forFile: path, identity: identity.key) {
                 refuse(LoadFailure(file: path, check: .crashGuard, problem: "this file \(crash.what) at \(crash.time)",
                                    fix: "replace or remove the file; a changed file is tried again"), identity, &summary)

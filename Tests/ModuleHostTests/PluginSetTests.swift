@@ -190,6 +190,24 @@ struct PluginSetTests {
         await second.set.shutdown()
     }
 
+    /// Outside attack (both helpers): a file refused because another file held its plugin's
+    /// name stayed refused once that other file was removed, as its message's fix says to
+    /// do, until it changed or a `reload`: the plugin ran nowhere.
+    @Test func aFileRefusedForADuplicateNameLoadsOnceTheOtherFileIsRemoved() async throws {
+        let f = try Fixture()
+        try f.install(try f.build("PsDup", tag: "one"), as: "PsDup")
+        try f.install(try f.build("PsDup", tag: "two"), as: "PsDupZ")
+        #expect(await f.set.reconcile(trial: false) == PluginChanges(added: ["PsDup"], refused: [f.path(of: "PsDupZ")]))
+        await f.set.start()
+        #expect(await f.knock("psdup", "knock1") == "psdup knock1 tag=one provider=-")
+        #expect(unlink(f.path(of: "PsDup")) == 0)
+        let changes = await f.set.reconcile()
+        #expect(changes.removed == ["PsDup"] && changes.added == ["PsDup"] && changes.refused.isEmpty, "\(changes)")
+        #expect(await f.knock("psdup", "knock2") == "psdup knock2 tag=two provider=-")
+        #expect(await f.plugin("PsDup")?.file == f.path(of: "PsDupZ"))
+        await f.set.shutdown()
+    }
+
     @Test func aReplacedPluginRunsTheNewCodeAndItsDependentBindsToIt() async throws {
         let f = try Fixture()
         try f.install(try f.build("PsRepP", tag: "p1"), as: "PsRepP")
