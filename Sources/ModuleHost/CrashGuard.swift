@@ -220,7 +220,11 @@ public final class CrashGuard: Sendable {
         }
         unreadable.withLock { $0 = [] }
         if let crash {
-            logger.error("\(crash.subject) \(crash.what) at \(crash.time); that file is refused until it changes",
+            // The file may hold another build by now (a replace under way when it died): what
+            // is refused is that content, or that very file when it was not hashed yet.
+            let refused = crash.hash.isEmpty ? "that file is refused until it changes"
+                : "a file with that content (hash \(crash.hash)) is refused; another build of it is loaded"
+            logger.error("\(crash.subject) \(crash.what) at \(crash.time) (file \(crash.file)); \(refused)",
                          [("plugin", crash.plugin), ("file", crash.file)])
         }
     }
