@@ -30,6 +30,9 @@ public struct LoadFailure: Error, Sendable, Equatable, CustomStringConvertible {
         case isolation
         case module
         case crashGuard = "crash guard"
+        /// The daemon could not make its private copy of the file (its state directory is
+        /// full or not writable): nothing is wrong with the file.
+        case privateCopy = "private copy"
     }
 
     /// The plugin file, as found in the plugin directory.

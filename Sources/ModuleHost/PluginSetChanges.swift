@@ -646,7 +646,13 @@ extension PluginSet {
     func privateImage(of file: PluginFile, version: FileIdentity?, generation: Int, nameGeneration: Int, hash: String,
                       renames extra: [String: String] = [:]) throws(LoadFailure) -> PrivateImage {
         func fail(_ problem: String) -> LoadFailure {
-            LoadFailure(file: file.path, check: .fileType, problem: problem, fix: "check the directory \(imagesDirectory) is writable")
+            LoadFailure(file: file.path, check: .fileType, problem: problem, fix: "check the file is still there and readable")
+        }
+        /// A copy that could not be written: the state directory's fault, not the file's.
+        func cannotWrite(_ path: String, _ code: Int32) -> LoadFailure {
+            let room = code == ENOSPC || code == EDQUOT ? "free space in \(imagesDirectory)" : "make \(imagesDirectory) writable by the daemon's user"
+            return LoadFailure(file: file.path, check: .privateCopy, problem: "cannot write \(path): \(SystemError.describe(code))",
+                               fix: "\(room), then reload (modhostctl reload): the file is not tried again until it changes or a reload")
         }
         let source: ReadOnlyFile
         switch ReadOnlyFile.open(file.resolvedPath, followSymlinks: true) {
@@ -696,23 +702,34 @@ extension PluginSet {
         let target = imagesDirectory + "/\(file.name)-\(generation)-\(hash).so"
         let temporary = target + ".tmp"
         let fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644)
-        guard fd >= 0 else { throw fail("cannot write \(temporary): \(String(cString: strerror(errno)))") }
-        var failure: String?
+        guard fd >= 0 else { throw cannotWrite(temporary, errno) }
+        var writeError: Int32?
+        var readError: ELFError?
         do {
             try source.forEachChunk { chunk in
-                if failure == nil, !writeAll(fd, chunk, at: nil) { failure = String(cString: strerror(errno)) }
+                if writeError == nil, !writeAll(fd, chunk, at: nil) { writeError = errno }
             }
         } catch {
-            failure = "\(error)"
+            readError = error
         }
-        for patch in patches where failure == nil {
-            if !patch.bytes.withUnsafeBytes({ writeAll(fd, $0, at: patch.fileOffset) }) { failure = String(cString: strerror(errno)) }
+        for patch in patches where writeError == nil && readError == nil {
+            if !patch.bytes.withUnsafeBytes({ writeAll(fd, $0, at: patch.fileOffset) }) { writeError = errno }
         }
-        close(fd)
-        guard failure == nil, rename(temporary, target) == 0 else {
-            let reason = failure ?? String(cString: strerror(errno))
+        let closeError: Int32? = close(fd) == 0 ? nil : errno
+        // A full disk may show only when the file is closed (delayed allocation).
+        if writeError == nil, readError == nil { writeError = closeError }
+        if let readError {
             unlink(temporary)
-            throw fail("cannot write \(target): \(reason)")
+            throw fail("cannot read the file to make a private copy: \(readError)")
+        }
+        if let writeError {
+            unlink(temporary)
+            throw cannotWrite(target, writeError)
+        }
+        guard rename(temporary, target) == 0 else {
+            let code = errno
+            unlink(temporary)
+            throw cannotWrite(target, code)
         }
         let copy = PluginFile(path: file.path, resolvedPath: target, manifest: file.manifest, dynamic: file.dynamic, warnings: [])
         return PrivateImage(file: copy, generation: generation, nameGeneration: nameGeneration, soname: soname, originalSoname: original,

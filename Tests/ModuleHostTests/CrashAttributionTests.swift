@@ -369,6 +369,29 @@ import TestSupport
         try await setup.restartQuarantining(name, reason: reason)
     }
 
+    /// Outside attack: with the state directory's disk full, a plugin was refused by the
+    /// check "file type", with the fix "check the directory is writable".
+    @Test(.enabled(if: canMountTmpfs, "mounting a tmpfs needs root"), .timeLimit(.minutes(3)))
+    func aFullStateDiskRefusesThePrivateCopyAndSaysHowToRecover() async throws {
+        let setup = try Setup()
+        let state = setup.scratch.directory("state")
+        #expect(try run("/bin/mount", ["-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs", state]).status == 0)
+        defer { _ = try? run("/bin/umount", ["-l", state]) }
+        Self.fill(state)
+        let daemon = try setup.start()
+        #expect(await daemon.waitFor("control socket ready", timeout: .seconds(60)))
+        let row = try setup.row(ofFile: "Counter")
+        let lastError = row?["lastError"] as? String ?? ""
+        #expect(lastError.contains("private copy check failed: cannot write \(state)/images/Counter-1-"), "\(String(describing: row))")
+        #expect(lastError.contains("No space left on device"), "\(lastError)")
+        #expect(lastError.contains("Fix: free space in \(state)/images, then reload (modhostctl reload)"), "\(lastError)")
+        unlink(state + "/filler")
+        #expect(try setup.ctl("reload").status == 0)
+        #expect(try setup.row(ofFile: "Counter")?["state"] as? String == "running")
+        daemon.send(SIGTERM)
+        #expect(await daemon.wait(timeout: .seconds(60)) == 0)
+    }
+
     /// Outside attack: a damaged crashed.json (or fatal.json) lifted every quarantine with
     /// no word in the log. It still cannot be read, but it is said, and kept aside.
     @Test func aDamagedCrashRecordIsLoggedAndKeptAside() async throws {
