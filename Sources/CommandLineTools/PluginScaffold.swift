@@ -23,9 +23,31 @@ struct PluginScaffold: Sendable {
         guard identifier, let first = name.unicodeScalars.first, first.properties.isAlphabetic else {
             throw UsageError("NAME \"\(name)\" names a type and functions in the source: use ASCII letters, digits and '_', starting with a letter (e.g. Hello)")
         }
+        if language == .swift, Self.takenSwiftNames().contains(name) {
+            throw UsageError("NAME \"\(name)\" already names a module or library of ModuleKit or the Swift toolchain: a Swift plugin of that name does not build or does not load; choose another name (e.g. \(name)Plugin)")
+        }
         self.name = name
         self.language = language
         self.sdk = sdk
+    }
+
+    /// The names a Swift plugin cannot take: a Swift plugin NAME is the module NAME in
+    /// `libNAME.so`, and those of ModuleKit and of the toolchain's runtime directory (the
+    /// one this process's `libswiftCore.so` comes from: its modules and its `lib*.so`) are
+    /// taken. A few always are, should that directory not be found.
+    static func takenSwiftNames() -> Set<String> {
+        var names: Set<String> = ["ModuleKit", "CModuleHost", "Swift", "Foundation", "FoundationEssentials", "FoundationNetworking",
+                                  "FoundationXML", "FoundationInternationalization", "Dispatch", "Glibc", "Synchronization",
+                                  "Observation", "Distributed", "RegexBuilder", "XCTest", "Testing", "swiftCore", "dispatch", "BlocksRuntime"]
+        let maps = (try? BoundedFile.read("/proc/self/maps", limit: 4 << 20)).map { String(decoding: $0, as: UTF8.self) } ?? ""
+        guard let core = maps.split(separator: "\n").lazy.compactMap({ $0.split(separator: " ", omittingEmptySubsequences: true).last })
+            .first(where: { $0.hasSuffix("/libswiftCore.so") }) else { return names }
+        let directory = String(core.dropLast("/libswiftCore.so".count))
+        for entry in (try? FileManager.default.contentsOfDirectory(atPath: directory)) ?? [] {
+            if entry.hasSuffix(".swiftmodule") { names.insert(String(entry.dropLast(".swiftmodule".count))) }
+            if entry.hasPrefix("lib"), entry.hasSuffix(".so") { names.insert(String(entry.dropFirst(3).dropLast(3))) }
+        }
+        return names
     }
 
     /// File names and contents, in the order they are written.

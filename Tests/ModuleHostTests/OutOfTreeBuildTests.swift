@@ -88,6 +88,12 @@ import TestSupport
             (["new", "--c", "../Hello", "--dir", root.file("x")], "not a name"),
             (["new", "--swift", "my-plugin", "--dir", root.file("y")], "letters, digits and '_'"),
             (["new", "Hello"], "one of --swift and --c"),
+            // Outside attack: these wrote directories that did not build, or built a plugin
+            // that did not load (libFoundation.so against the toolchain's).
+            (["new", "--swift", "ModuleKit", "--dir", root.file("z1")], "already names a module or library of ModuleKit or the Swift toolchain"),
+            (["new", "--swift", "Swift", "--dir", root.file("z2")], "already names a module or library"),
+            (["new", "--swift", "Foundation", "--dir", root.file("z3")], "already names a module or library"),
+            (["new", "--swift", "swiftCore", "--dir", root.file("z4")], "already names a module or library"),
         ]
         for (arguments, message) in cases {
             let result = try run(BuildProducts.modhostctl, arguments)
