@@ -24,10 +24,16 @@ extension PluginSet {
             deleteLeftoverImages()
             workerRecords.endLeftovers()
         }
-        // What is on disk now, in the directories as they are when the scan starts.
+        // What is on disk now, in the directories as they are when the scan starts. A
+        // directory given twice (`d` and `d/.`, or through a symlink) is read once, under
+        // its first spelling: otherwise each file would claim its own names.
         let directories = self.directories
+        var directoryStatus: [String: stat] = [:]
+        for directory in directories { directoryStatus[directory] = Validator.status(of: directory) }
         var present: [String: String] = [:]  // path -> directory
+        var seen: Set<[UInt64]> = []
         for directory in directories {
+            if let status = directoryStatus[directory], !seen.insert([UInt64(status.st_dev), UInt64(status.st_ino)]).inserted { continue }
             do {
                 for path in try pluginCandidates(in: directory) { present[path] = directory }
             } catch {
@@ -49,8 +55,6 @@ extension PluginSet {
         // New and changed files.
         var fresh: [PluginFile] = []
         var replacements: [(file: PluginFile, version: FileIdentity, hash: String, identity: FileIdentity)] = []
-        var directoryStatus: [String: stat] = [:]
-        for directory in directories { directoryStatus[directory] = Validator.status(of: directory) }
         var hashes: [String: (String, FileIdentity, FileIdentity)] = [:]
         // Candidates refused before their manifest was read (e.g. still being copied): one
         // of them may be a dependency that is on its way.

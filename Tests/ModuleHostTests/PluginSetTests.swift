@@ -208,6 +208,20 @@ struct PluginSetTests {
         await f.set.shutdown()
     }
 
+    /// Outside attack (embedder): the same directory given as `d` and `d/.` loaded each
+    /// plugin once and refused its own file as a duplicate of itself.
+    @Test func aDirectoryGivenUnderTwoSpellingsIsReadOnce() async throws {
+        let f = try Fixture()
+        try f.install(try f.build("PsSpelt", tag: "one"), as: "PsSpelt")
+        let link = f.root.file("link")
+        #expect(symlink(f.plugins, link) == 0)
+        await f.set.setDirectories([f.plugins, f.plugins + "/.", f.plugins + "/", link])
+        #expect(await f.set.reconcile(trial: false) == PluginChanges(added: ["PsSpelt"]))
+        #expect(await f.set.snapshot().files.isEmpty)
+        #expect(await f.plugin("PsSpelt")?.file == f.path(of: "PsSpelt"))
+        await f.set.shutdown()
+    }
+
     @Test func aReplacedPluginRunsTheNewCodeAndItsDependentBindsToIt() async throws {
         let f = try Fixture()
         try f.install(try f.build("PsRepP", tag: "p1"), as: "PsRepP")
