@@ -225,17 +225,25 @@ public actor Daemon: DaemonControl {
     /// them. Throws `already_running` (naming the directory or socket and the other pid)
     /// when another daemon has either.
     func takeOwnership() throws(DaemonError) {
-        func alreadyRunning(_ what: String, _ pid: Int32?) -> DaemonError {
-            DaemonError(code: "already_running",
-                        message: "another modhostd\(pid.map { " (pid \($0))" } ?? "") is using \(what); this one exits without loading any plugin. Fix: stop it, or give this one its own --state-dir and --socket")
+        func alreadyRunning(_ what: String, _ pid: Int32?, lockFile: String) -> DaemonError {
+            // The pid in the lock file is the daemon that took it; a process it left behind
+            // (one that inherited the lock) may hold it after it ended.
+            if let pid, kill(pid, 0) != 0, errno == ESRCH {
+                return DaemonError(code: "already_running",
+                                   message: "\(what) is locked by a process that inherited the lock of modhostd (pid \(pid), which has ended); this one exits without loading any plugin. Fix: find that process with `fuser -v \(lockFile)` and stop it")
+            }
+            return DaemonError(code: "already_running",
+                               message: "another modhostd\(pid.map { " (pid \($0))" } ?? "") is using \(what); this one exits without loading any plugin. Fix: stop it, or give this one its own --state-dir and --socket")
         }
         func lock(_ path: String, _ what: String, code: String, lockingDirectory: Bool = false) throws(DaemonError) -> ExclusiveLock {
             do {
                 return try ExclusiveLock(path: path, lockingDirectory: lockingDirectory)
             } catch .held(_, let pid) {
-                throw alreadyRunning(what, pid)
+                throw alreadyRunning(what, pid, lockFile: path)
+            } catch .system(let error) where error.code == ELOOP {
+                throw DaemonError(code: code, message: "cannot lock \(what): \(path) is a symlink. Fix: remove it; modhostd makes its lock files itself")
             } catch {
-                throw DaemonError(code: code, message: "cannot lock \(what): \(error)")
+                throw DaemonError(code: code, message: "cannot lock \(what): \(error). Fix: check that \(PathText.parent(of: path)) belongs to the daemon's user and is writable by it")
             }
         }
         stateLock = try lock(stateDirectory + "/modhostd.lock", "the state directory \(stateDirectory)", code: "state_directory",
@@ -268,7 +276,7 @@ public actor Daemon: DaemonControl {
         do {
             server = try service.makeServer(socketPath: socketPath)
         } catch .alreadyRunning {
-            throw alreadyRunning("the control socket \(socketPath) (a process accepts connections on it)", nil)
+            throw alreadyRunning("the control socket \(socketPath) (a process accepts connections on it)", nil, lockFile: "")
         } catch {
             throw DaemonError(code: "control_socket", message: "cannot open the control socket \(socketPath): \(error). Fix: stop the other modhostd or pass --socket")
         }

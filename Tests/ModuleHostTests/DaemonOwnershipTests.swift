@@ -56,6 +56,33 @@ import TestSupport
         #expect(await h.stop() == 0)
     }
 
+    /// Outside attack (operator): a lock held by a process that outlived the daemon which
+    /// took it was reported as "another modhostd (pid N)", N long gone; a symlinked lock
+    /// file gave "Too many levels of symbolic links" with no fix.
+    @Test func aLockTheDaemonCannotTakeIsExplainedWithAFix() async throws {
+        let scratch = TemporaryDirectory("lock-held")
+        let state = scratch.directory("state")
+        chmod(state, 0o700)
+        // A pid that is no process: the daemon that took the lock has ended.
+        try scratch.write("state/modhostd.lock", text: "2147483646\n")
+        // This process holds the lock, as a process that inherited it would.
+        let holder = open(state, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        #expect(holder >= 0 && flock(holder, LOCK_EX | LOCK_NB) == 0)
+        let arguments = ["--plugins", scratch.directory("plugins"), "--state-dir", state, "--socket", scratch.file("sock")]
+        let first = try RunningProcess(BuildProducts.modhostd, arguments)
+        #expect(await first.wait(timeout: .seconds(20)) == 71)
+        #expect(first.text.contains("is locked by a process that inherited the lock of modhostd (pid 2147483646, which has ended)"), "\(first.text)")
+        #expect(first.text.contains("Fix: find that process with `fuser -v \(state)/modhostd.lock` and stop it"), "\(first.text)")
+        close(holder)
+
+        unlink(state + "/modhostd.lock")
+        #expect(symlink(scratch.file("elsewhere"), state + "/modhostd.lock") == 0)
+        let second = try RunningProcess(BuildProducts.modhostd, arguments)
+        #expect(await second.wait(timeout: .seconds(20)) == 71)
+        #expect(second.text.contains("\(state)/modhostd.lock is a symlink. Fix: remove it"), "\(second.text)")
+        #expect(!FileManager.default.fileExists(atPath: scratch.file("elsewhere")))
+    }
+
     /// A state directory inside another daemon's (its images) is refused before anything
     /// is created there: that daemon would take its files for leftovers of its own.
     @Test func aStateDirectoryInsideAnotherDaemonsIsRefused() async throws {
