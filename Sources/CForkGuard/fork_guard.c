@@ -10,17 +10,23 @@ enum { SLOTS = 32 };
 static atomic_int slots[SLOTS] = {[0 ... SLOTS - 1] = -1};
 static pthread_once_t registered = PTHREAD_ONCE_INIT;
 
-/* Also unblocks every signal: the child has only the forking thread, whose mask the host
- * set for its own threads (a plugin's worker thread blocks SIGTERM, say), and a SIGTERM
- * sent to the child would otherwise stay pending for ever. */
+/* The slots are emptied too: the child's next descriptors reuse those numbers, and a child
+ * of the child must not close them. Also unblocks the signals that end a process: the
+ * child has only the forking thread, whose mask the host set for its own threads (a
+ * plugin's worker thread blocks SIGTERM, say), and a SIGTERM sent to the child would
+ * otherwise stay pending for ever. Other signals keep the mask the forking code chose. */
 static void in_child(void) {
     for (int i = 0; i < SLOTS; i++) {
-        int fd = atomic_load(&slots[i]);
+        int fd = atomic_exchange(&slots[i], -1);
         if (fd >= 0) close(fd);
     }
-    sigset_t all;
-    sigfillset(&all);
-    pthread_sigmask(SIG_UNBLOCK, &all, NULL);
+    sigset_t ending;
+    sigemptyset(&ending);
+    sigaddset(&ending, SIGTERM);
+    sigaddset(&ending, SIGINT);
+    sigaddset(&ending, SIGHUP);
+    sigaddset(&ending, SIGQUIT);
+    pthread_sigmask(SIG_UNBLOCK, &ending, NULL);
 }
 
 static void register_handler(void) { pthread_atfork(NULL, NULL, in_child); }

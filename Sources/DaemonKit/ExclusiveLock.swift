@@ -10,7 +10,9 @@ import Synchronization
 ///
 /// - The file is opened without following a symlink, created with mode 0600 if missing,
 ///   and close-on-exec; a child made by `fork()` alone (code the process loaded, forking)
-///   closes it at once (a `pthread_atfork` handler): no child process keeps the lock.
+///   closes it at once (a `pthread_atfork` handler), so a child that outlives this
+///   process does not keep the lock (a fork in the instant between the open and that
+///   registration is the exception).
 /// - While held, the file contains the owner's pid and a newline; a second process (or a
 ///   second lock in this process) gets `.held` with that pid, without waiting.
 /// - With `lockingDirectory`, the directory holding the file is locked too, first: deleting

@@ -230,7 +230,7 @@ public actor Daemon: DaemonControl {
             // (one that inherited the lock) may hold it after it ended.
             if let pid, kill(pid, 0) != 0, errno == ESRCH {
                 return DaemonError(code: "already_running",
-                                   message: "\(what) is locked by a process that inherited the lock of modhostd (pid \(pid), which has ended); this one exits without loading any plugin. Fix: find that process with `fuser -v \(lockFile)` and stop it")
+                                   message: "\(what) is locked by a process that inherited the lock of modhostd (pid \(pid), which is no longer running); this one exits without loading any plugin. Fix: find that process with `fuser -v \(lockFile)` and stop it")
             }
             return DaemonError(code: "already_running",
                                message: "another modhostd\(pid.map { " (pid \($0))" } ?? "") is using \(what); this one exits without loading any plugin. Fix: stop it, or give this one its own --state-dir and --socket")

@@ -107,9 +107,12 @@ public final class CrashGuard: Sendable {
     /// `fatal.json`, opened by `openFatalRecord` for the fatal-signal recorder (which keeps
     /// the descriptor for the life of the process: it is never closed), and its room.
     private let fatal = Mutex((fd: Int32(-1), room: 0))
-    /// Why a record file the previous run left could not be read, said once it is logged
-    /// (`recoverFromPreviousRun(logging:)`).
-    private let unreadable = Mutex<[String]>([])
+    /// Record files the previous run left that could not be read, with what that costs:
+    /// moved aside by `recoverFromPreviousRun` (once this process owns the directory), and
+    /// said by its logging variant.
+    private let unreadable = Mutex<[(problem: Problem, consequence: String)]>([])
+    /// What `recoverFromPreviousRun` moved aside, said by its logging variant.
+    private let moved = Mutex<[String]>([])
 
     /// The open in-flight file, whether it holds a record, and its length.
     ///
@@ -140,23 +143,21 @@ public final class CrashGuard: Sendable {
             throw PluginSetError(code: "state_directory", message: "cannot create the state directory \(directory): \(error.localizedDescription). Fix: create it or use another state directory")
         }
         var known: [String: Crash] = [:]
-        var problems: [String] = []
+        var problems: [(problem: Problem, consequence: String)] = []
         switch Self.readRecord(directory + "/crashed.json", as: [Crash].self) {
         case .success(let list?):
             for crash in list { known[crash.key] = crash }
         case .success(nil):
             break
         case .failure(let problem):
-            problems.append("\(problem): the files it quarantined are loaded again (until one crashes the host again)")
+            problems.append((problem, "the files it quarantined are loaded again (until one crashes the host again)"))
         }
         crashes = Mutex(known)
         unreadable.withLock { $0 = problems }
     }
 
     /// The record in the file at `path`: nil when there is none (no file, or only spaces:
-    /// a cleared in-flight record). A file that cannot be read or decoded is moved aside to
-    /// `PATH.unreadable` (for the operator to look at; it replaces an earlier one), and the
-    /// failure says why and where it went.
+    /// a cleared in-flight record), or why it cannot be read or decoded.
     private static func readRecord<T: Decodable>(_ path: String, as type: T.Type) -> Result<T?, Problem> {
         let data: [UInt8]
         do {
@@ -164,24 +165,27 @@ public final class CrashGuard: Sendable {
         } catch .system(let error) where error.code == ENOENT {
             return .success(nil)
         } catch {
-            return .failure(Problem(moving: path, reason: "\(error)"))
+            return .failure(Problem(path: path, reason: "\(error)"))
         }
         guard data.contains(where: { $0 != UInt8(ascii: " ") }) else { return .success(nil) }
         do {
             return .success(try JSONValue.parse(data).decode(T.self))
         } catch {
-            return .failure(Problem(moving: path, reason: "\(error)"))
+            return .failure(Problem(path: path, reason: "\(error)"))
         }
     }
 
-    /// A record file that could not be read, moved aside.
-    private struct Problem: Error, CustomStringConvertible {
-        let description: String
-        init(moving path: String, reason: String) {
+    /// A record file that could not be read.
+    private struct Problem: Error {
+        let path: String
+        let reason: String
+
+        /// Moves the file to `PATH.unreadable` (for the operator to look at; it replaces an
+        /// earlier one) and says why and where it went.
+        func movedAside() -> String {
             let aside = path + ".unreadable"
             let moved = rename(path, aside) == 0
-            description = "the crash guard's record \(path) cannot be read (\(reason))"
-                + (moved ? "; it was moved to \(aside)" : "")
+            return "the crash guard's record \(path) cannot be read (\(reason))" + (moved ? "; it was moved to \(aside)" : "")
         }
     }
 
@@ -198,11 +202,16 @@ public final class CrashGuard: Sendable {
             case .success(let crash):
                 return crash
             case .failure(let problem):
-                unreadable.withLock { $0.append("\(problem): the crash it records, if any, is not pinned on a file") }
+                unreadable.withLock { $0.append((problem, "the crash it records, if any, is not pinned on a file")) }
                 return nil
             }
         }
         let found = read(fatalPath) ?? read(inflightPath)
+        // Moved aside only now: this process owns the directory (a second daemon that will
+        // exit as already running has read them, but changes nothing).
+        let problems = unreadable.withLock { $0 }
+        moved.withLock { $0 += problems.map { "\($0.problem.movedAside()): \($0.consequence)" } }
+        unreadable.withLock { $0 = [] }
         unlink(fatalPath)
         unlink(inflightPath)
         guard let crash = found else { return nil }
@@ -215,15 +224,15 @@ public final class CrashGuard: Sendable {
     /// be read (error level), on `logger`.
     package func recoverFromPreviousRun(logging logger: Logger) {
         let crash = recoverFromPreviousRun()
-        for problem in unreadable.withLock({ $0 }) {
+        for problem in moved.withLock({ $0 }) {
             logger.error("\(problem). Fix: find what else writes in the state directory \(directory); only modhostd should")
         }
-        unreadable.withLock { $0 = [] }
+        moved.withLock { $0 = [] }
         if let crash {
             // The file may hold another build by now (a replace under way when it died): what
             // is refused is that content, or that very file when it was not hashed yet.
             let refused = crash.hash.isEmpty ? "that file is refused until it changes"
-                : "a file with that content (hash \(crash.hash)) is refused; another build of it is loaded"
+                : "a file with that content (hash \(crash.hash)) is refused; a changed file is tried again"
             logger.error("\(crash.subject) \(crash.what) at \(crash.time) (file \(crash.file)); \(refused)",
                          [("plugin", crash.plugin), ("file", crash.file)])
         }

@@ -98,6 +98,9 @@ public actor PluginSet {
     var manifestsRead: [String: (name: String, version: String)] = [:]
     /// `setStopsPluginsWithUnsafeFiles`.
     var stopsPluginsWithUnsafeFiles = false
+    /// Refused files whose plugin or module name another file held when the scan checked
+    /// the names (before any copy or dlopen): tried again at every scan.
+    var nameClashes: Set<String> = []
     /// Files being loaded by the reconcile in progress.
     var loading: Set<String> = []
     var retiredCount = 0

@@ -49,6 +49,7 @@ extension PluginSet {
         for path in refused.keys where present[path] == nil {
             refused[path] = nil
             waiting.remove(path)
+            nameClashes.remove(path)
         }
         for path in manifestsRead.keys where present[path] == nil { manifestsRead[path] = nil }
 
@@ -86,9 +87,11 @@ extension PluginSet {
             if let record = records.values.first(where: { $0.source == path }), record.identity == identity, !isolationChanged(record),
                refused[path] == nil { continue }
             // A refusal that depends on other files (a dependency not loaded, a name another
-            // file holds) is tried again at every pass: that file may have come or gone.
+            // file holds, as this scan's own check finds before any copy or dlopen) is tried
+            // again at every pass: that file may have come or gone.
             if !retryingRefused, let entry = refused[path], entry.identity == identity,
-               entry.failure.check != .dependency, entry.failure.check != .duplicate { continue }
+               entry.failure.check != .dependency, !nameClashes.contains(path) { continue }
+            nameClashes.remove(path)
             if let crash = crashGuard.crash(forFile: path, identity: identity.key) {
                 refuse(LoadFailure(file: path, check: .crashGuard, problem: "this file \(crash.what) at \(crash.time)",
                                    fix: "replace or remove the file; a changed file is tried again"), identity, &summary)
@@ -147,6 +150,7 @@ extension PluginSet {
                     claims.claim(plugin: record.loaded.name, modules: record.loaded.file.manifest.modules, file: path)
                 }
                 refuse(LoadFailure(file: path, conflict: conflict), identity, &summary)
+                nameClashes.insert(path)
                 continue
             }
             if let displaced { displacing[path] = displaced.loaded.name }
@@ -592,7 +596,7 @@ extension PluginSet {
     }
 
     /// Deletes the private copies (and unfinished ones) an earlier run of this images
-    /// directory left: what it names `NAME-GENERATION-HASH.so` (`.so.tmp`). Called before
+    /// directory left: what it names `NAME-GENERATION.NAMEGENERATION-HASH.so` (`.so.tmp`). Called before
     /// the first scan loads anything.
     func deleteLeftoverImages() {
         guard let names = try? FileManager.default.contentsOfDirectory(atPath: imagesDirectory) else { return }
@@ -612,8 +616,8 @@ extension PluginSet {
         }
     }
 
-    /// Whether `name` is one `privateImage` writes: `NAME-GENERATION-HASH.so`, or that with
-    /// `.tmp`.
+    /// Whether `name` is one `privateImage` writes: `NAME-GENERATION.NAMEGENERATION-HASH.so`
+    /// (or, from an earlier version, `NAME-GENERATION-HASH.so`), or that with `.tmp`.
     static func isImageName(_ name: String) -> Bool {
         let stem: Substring
         if name.hasSuffix(".so.tmp") {
@@ -626,7 +630,8 @@ extension PluginSet {
         let parts = stem.split(separator: "-", omittingEmptySubsequences: false)
         guard parts.count >= 3, let hash = parts.last, let generation = parts.dropLast().last else { return false }
         return PluginName.problem(String(parts.dropLast(2).joined(separator: "-"))) == nil
-            && !generation.isEmpty && generation.allSatisfy { $0.isASCII && $0.isNumber }
+            && generation.split(separator: ".", omittingEmptySubsequences: false).count <= 2
+            && generation.split(separator: ".", omittingEmptySubsequences: false).allSatisfy { !$0.isEmpty && $0.allSatisfy { $0.isASCII && $0.isNumber } }
             && hash.count == 16 && hash.allSatisfy { $0.isASCII && $0.isHexDigit }
     }
 
@@ -703,7 +708,11 @@ extension PluginSet {
         if let problem = PluginName.problem(file.name) {
             throw LoadFailure(file: file.path, check: .manifest, problem: "plugin name \(problem)", fix: "correct plugin.json and rebuild")
         }
-        let target = imagesDirectory + "/\(file.name)-\(generation)-\(hash).so"
+        // The name generation too: it is this process's, so no two copies this process maps
+        // have one path (glibc returns an image already loaded from a path without reading
+        // the file again: a set made on the same state directory after another was shut
+        // down would get that one's images).
+        let target = imagesDirectory + "/\(file.name)-\(generation).\(nameGeneration)-\(hash).so"
         let temporary = target + ".tmp"
         let fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644)
         guard fd >= 0 else { throw cannotWrite(temporary, errno) }

@@ -382,7 +382,7 @@ import TestSupport
         #expect(await daemon.waitFor("control socket ready", timeout: .seconds(60)))
         let row = try setup.row(ofFile: "Counter")
         let lastError = row?["lastError"] as? String ?? ""
-        #expect(lastError.contains("private copy check failed: cannot write \(state)/images/Counter-1-"), "\(String(describing: row))")
+        #expect(lastError.contains("private copy check failed: cannot write \(state)/images/Counter-1.1-"), "\(String(describing: row))")
         #expect(lastError.contains("No space left on device"), "\(lastError)")
         #expect(lastError.contains("Fix: free space in \(state)/images, then reload (modhostctl reload)"), "\(lastError)")
         unlink(state + "/filler")

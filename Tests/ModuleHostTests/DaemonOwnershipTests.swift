@@ -71,7 +71,7 @@ import TestSupport
         let arguments = ["--plugins", scratch.directory("plugins"), "--state-dir", state, "--socket", scratch.file("sock")]
         let first = try RunningProcess(BuildProducts.modhostd, arguments)
         #expect(await first.wait(timeout: .seconds(20)) == 71)
-        #expect(first.text.contains("is locked by a process that inherited the lock of modhostd (pid 2147483646, which has ended)"), "\(first.text)")
+        #expect(first.text.contains("is locked by a process that inherited the lock of modhostd (pid 2147483646, which is no longer running)"), "\(first.text)")
         #expect(first.text.contains("Fix: find that process with `fuser -v \(state)/modhostd.lock` and stop it"), "\(first.text)")
         close(holder)
 

@@ -183,7 +183,7 @@ struct BusTests {
     }
 
     // Outside attack: A installed on B and B on A from two threads at once both succeeded
-    // (3 rounds in 2000), leaving a cycle.
+    // (3 rounds in 2000 for the helper, 1007 here), leaving a cycle.
     @Test(.timeLimit(.minutes(2)))
     func twoBusesInstalledOnEachOtherAtOnceMakeNoCycle() {
         final class Node: SubBus { let bus = Bus(label: "node") }

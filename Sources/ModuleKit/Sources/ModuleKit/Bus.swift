@@ -119,7 +119,8 @@ extension HookedValue: HookedValueProtocol {
 ///
 /// Uninstalling it uninstalls everything on it, in reverse order, with hooks.
 public protocol SubBus: AnyObject, Sendable {
-    /// The bus holding this sub-bus's contents.
+    /// The bus holding this sub-bus's contents: a stored constant (`let bus = Bus(...)`). It
+    /// is read while other installs of buses wait, so it must not install anything itself.
     var bus: Bus { get }
 }
 
@@ -338,8 +339,9 @@ public final class Bus: Sendable, CustomStringConvertible {
     /// running), directly or on a bus on it: installing this bus on `bus` would make a cycle.
     private func reaches(_ bus: Bus) -> Bool {
         if bus === self { return true }
-        let nested = state.withLock { state in (state.items + state.arriving).compactMap { Self.bus(in: $0.value) } }
-        return nested.contains { $0.reaches(bus) }
+        // The values under the lock; a `SubBus`'s `bus` (its code) is read outside it.
+        let values = state.withLock { state in (state.items + state.arriving).map(\.value) }
+        return values.lazy.compactMap(Self.bus(in:)).contains { $0.reaches(bus) }
     }
 
     /// Runs the uninstall of an item this thread claimed: pre hook, contents of a nested
