@@ -285,7 +285,7 @@ import TestSupport
             // One private copy per loaded plugin: Counter's and the current Tally's.
             let images = try FileManager.default.contentsOfDirectory(atPath: h.state + "/images").sorted()
             #expect(images.count == 2, "\(images)")
-            #expect(images.contains { $0.hasPrefix("Tally-\(generation)-") }, "\(images)")
+            #expect(images.contains { $0.hasPrefix("Tally-\(generation).") }, "\(images)")
         }
         #expect(await h.stop() == 0)
     }
