@@ -225,10 +225,10 @@ public actor Daemon: DaemonControl {
     /// them. Throws `already_running` (naming the directory or socket and the other pid)
     /// when another daemon has either.
     func takeOwnership() throws(DaemonError) {
-        func alreadyRunning(_ what: String, _ pid: Int32?, lockFile: String) -> DaemonError {
+        func alreadyRunning(_ what: String, _ pid: Int32?, lockFile: String? = nil) -> DaemonError {
             // The pid in the lock file is the daemon that took it; a process it left behind
             // (one that inherited the lock) may hold it after it ended.
-            if let pid, kill(pid, 0) != 0, errno == ESRCH {
+            if let pid, let lockFile, kill(pid, 0) != 0, errno == ESRCH {
                 return DaemonError(code: "already_running",
                                    message: "\(what) is locked by a process that inherited the lock of modhostd (pid \(pid), which is no longer running); this one exits without loading any plugin. Fix: find that process with `fuser -v \(lockFile)` and stop it")
             }
@@ -276,7 +276,7 @@ public actor Daemon: DaemonControl {
         do {
             server = try service.makeServer(socketPath: socketPath)
         } catch .alreadyRunning {
-            throw alreadyRunning("the control socket \(socketPath) (a process accepts connections on it)", nil, lockFile: "")
+            throw alreadyRunning("the control socket \(socketPath) (a process accepts connections on it)", nil)
         } catch {
             throw DaemonError(code: "control_socket", message: "cannot open the control socket \(socketPath): \(error). Fix: stop the other modhostd or pass --socket")
         }

@@ -107,12 +107,9 @@ public final class CrashGuard: Sendable {
     /// `fatal.json`, opened by `openFatalRecord` for the fatal-signal recorder (which keeps
     /// the descriptor for the life of the process: it is never closed), and its room.
     private let fatal = Mutex((fd: Int32(-1), room: 0))
-    /// Record files the previous run left that could not be read, with what that costs:
-    /// moved aside by `recoverFromPreviousRun` (once this process owns the directory), and
-    /// said by its logging variant.
-    private let unreadable = Mutex<[(problem: Problem, consequence: String)]>([])
-    /// What `recoverFromPreviousRun` moved aside, said by its logging variant.
-    private let moved = Mutex<[String]>([])
+    /// `crashed.json` when it could not be read, with what that costs: moved aside and said
+    /// by `recoverFromPreviousRun` (once this process owns the directory).
+    private let unreadableCrashes = Mutex<(problem: Problem, consequence: String)?>(nil)
 
     /// The open in-flight file, whether it holds a record, and its length.
     ///
@@ -143,17 +140,17 @@ public final class CrashGuard: Sendable {
             throw PluginSetError(code: "state_directory", message: "cannot create the state directory \(directory): \(error.localizedDescription). Fix: create it or use another state directory")
         }
         var known: [String: Crash] = [:]
-        var problems: [(problem: Problem, consequence: String)] = []
+        var unreadable: (problem: Problem, consequence: String)?
         switch Self.readRecord(directory + "/crashed.json", as: [Crash].self) {
         case .success(let list?):
             for crash in list { known[crash.key] = crash }
         case .success(nil):
             break
         case .failure(let problem):
-            problems.append((problem, "the files it quarantined are loaded again (until one crashes the host again)"))
+            unreadable = (problem, "the files it quarantined are loaded again (until one crashes the host again)")
         }
         crashes = Mutex(known)
-        unreadable.withLock { $0 = problems }
+        unreadableCrashes.withLock { $0 = unreadable }
     }
 
     /// The record in the file at `path`: nil when there is none (no file, or only spaces:
@@ -195,40 +192,13 @@ public final class CrashGuard: Sendable {
 
     /// Reads what a crashed run left (the fatal-signal or exit record first: it names the
     /// code that failed; else the in-flight record), records it as a crash and returns it.
-    /// A record that cannot be read is moved aside, and said by the logging variant.
-    public func recoverFromPreviousRun() -> Crash? {
-        func read(_ path: String) -> Crash? {
-            switch Self.readRecord(path, as: Crash.self) {
-            case .success(let crash):
-                return crash
-            case .failure(let problem):
-                unreadable.withLock { $0.append((problem, "the crash it records, if any, is not pinned on a file")) }
-                return nil
-            }
-        }
-        let found = read(fatalPath) ?? read(inflightPath)
-        // Moved aside only now: this process owns the directory (a second daemon that will
-        // exit as already running has read them, but changes nothing).
-        let problems = unreadable.withLock { $0 }
-        moved.withLock { $0 += problems.map { "\($0.problem.movedAside()): \($0.consequence)" } }
-        unreadable.withLock { $0 = [] }
-        unlink(fatalPath)
-        unlink(inflightPath)
-        guard let crash = found else { return nil }
-        crashes.withLock { $0[crash.key] = crash }
-        persist()
-        return crash
-    }
+    /// A record that cannot be read is moved aside and logged (error level) on this guard's
+    /// logger.
+    public func recoverFromPreviousRun() -> Crash? { recover(logging: logger) }
 
-    /// `recoverFromPreviousRun()`, logging the crash found, and each record that could not
-    /// be read (error level), on `logger`.
+    /// `recoverFromPreviousRun()`, logging on `logger`, also the crash found (error level).
     package func recoverFromPreviousRun(logging logger: Logger) {
-        let crash = recoverFromPreviousRun()
-        for problem in moved.withLock({ $0 }) {
-            logger.error("\(problem). Fix: find what else writes in the state directory \(directory); only modhostd should")
-        }
-        moved.withLock { $0 = [] }
-        if let crash {
+        if let crash = recover(logging: logger) {
             // The file may hold another build by now (a replace under way when it died): what
             // is refused is that content, or that very file when it was not hashed yet.
             let refused = crash.hash.isEmpty ? "that file is refused until it changes"
@@ -325,6 +295,33 @@ public final class CrashGuard: Sendable {
         let crash = Crash(file: file, plugin: plugin, hash: hash, phase: "trial", time: UTCTimestamp.now(), cause: ending)
         crashes.withLock { $0[crash.key] = crash }
         persist()
+    }
+
+    /// `recoverFromPreviousRun()`, logging each record that could not be read on `logger`.
+    private func recover(logging logger: Logger) -> Crash? {
+        var unreadable: [(problem: Problem, consequence: String)] = []
+        if let crashes = unreadableCrashes.withLock({ state in defer { state = nil }; return state }) { unreadable.append(crashes) }
+        func read(_ path: String) -> Crash? {
+            switch Self.readRecord(path, as: Crash.self) {
+            case .success(let crash):
+                return crash
+            case .failure(let problem):
+                unreadable.append((problem, "the crash it records, if any, is not pinned on a file"))
+                return nil
+            }
+        }
+        let found = read(fatalPath) ?? read(inflightPath)
+        // Moved aside only now: this process owns the directory (a second daemon that will
+        // exit as already running has read them, but changes nothing).
+        for (problem, consequence) in unreadable {
+            logger.error("\(problem.movedAside()): \(consequence). Fix: find what else writes in the state directory \(directory); only modhostd should")
+        }
+        unlink(fatalPath)
+        unlink(inflightPath)
+        guard let crash = found else { return nil }
+        crashes.withLock { $0[crash.key] = crash }
+        persist()
+        return crash
     }
 
     /// Writes `crash` as the record the next start reads first (for an exit from plugin

@@ -30,7 +30,8 @@ import Synchronization
 /// - **Failures.** A refused file is logged once (at error level, naming the file, the
 ///   check and the fix), shown in `snapshot()` and not tried again until it changes
 ///   (unless its refusal depends on other files: a missing dependency, a name another file
-///   holds, which are tried again at every `reconcile`); it never stops the other files. A replacement that fails leaves the old version running.
+///   holds, which are tried again at every `reconcile`); it never stops the other files.
+///   A replacement that fails leaves the old version running.
 /// - **Logging.** One line per load, refusal, replacement and removal, on `logger`, with
 ///   `plugin`, `file` and `module` keys where they apply.
 ///

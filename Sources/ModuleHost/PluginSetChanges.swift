@@ -630,9 +630,14 @@ extension PluginSet {
         let parts = stem.split(separator: "-", omittingEmptySubsequences: false)
         guard parts.count >= 3, let hash = parts.last, let generation = parts.dropLast().last else { return false }
         return PluginName.problem(String(parts.dropLast(2).joined(separator: "-"))) == nil
-            && generation.split(separator: ".", omittingEmptySubsequences: false).count <= 2
-            && generation.split(separator: ".", omittingEmptySubsequences: false).allSatisfy { !$0.isEmpty && $0.allSatisfy { $0.isASCII && $0.isNumber } }
+            && Self.isGenerationText(generation)
             && hash.count == 16 && hash.allSatisfy { $0.isASCII && $0.isHexDigit }
+    }
+
+    /// `GENERATION.NAMEGENERATION` (or `GENERATION`): one or two runs of ASCII digits.
+    private static func isGenerationText(_ text: Substring) -> Bool {
+        let numbers = text.split(separator: ".", omittingEmptySubsequences: false)
+        return numbers.count <= 2 && numbers.allSatisfy { !$0.isEmpty && $0.allSatisfy { $0.isASCII && $0.isNumber } }
     }
 
     /// Hashes `contents` (the file at `path`) in bounded chunks.

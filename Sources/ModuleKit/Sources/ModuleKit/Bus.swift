@@ -323,11 +323,7 @@ public final class Bus: Sendable, CustomStringConvertible {
     public var count: Int { state.withLock { $0.items.count } }
 
     /// True when `bus` is this bus or is installed on it, directly or on a bus on it.
-    public func contains(bus: Bus) -> Bool {
-        if bus === self { return true }
-        let nested = state.withLock { state in state.items.compactMap { Self.bus(in: $0.value) } }
-        return nested.contains { $0.contains(bus: bus) }
-    }
+    public func contains(bus: Bus) -> Bool { reaches(bus, countingArriving: false) }
 
     // MARK: Internals
 
@@ -335,13 +331,14 @@ public final class Bus: Sendable, CustomStringConvertible {
     /// reservation: the check must see every bus install that passed it before.
     private static let nesting = Mutex<Void>(())
 
-    /// Whether `bus` is this bus, or is on it or being installed on it (its `preInstall`
-    /// running), directly or on a bus on it: installing this bus on `bus` would make a cycle.
-    private func reaches(_ bus: Bus) -> Bool {
+    /// Whether `bus` is this bus, or is on it, directly or on a bus on it; with
+    /// `countingArriving`, also a bus being installed (its `preInstall` running): then
+    /// installing this bus on `bus` would make a cycle.
+    private func reaches(_ bus: Bus, countingArriving: Bool = true) -> Bool {
         if bus === self { return true }
         // The values under the lock; a `SubBus`'s `bus` (its code) is read outside it.
-        let values = state.withLock { state in (state.items + state.arriving).map(\.value) }
-        return values.lazy.compactMap(Self.bus(in:)).contains { $0.reaches(bus) }
+        let values = state.withLock { state in (countingArriving ? state.items + state.arriving : state.items).map(\.value) }
+        return values.lazy.compactMap(Self.bus(in:)).contains { $0.reaches(bus, countingArriving: countingArriving) }
     }
 
     /// Runs the uninstall of an item this thread claimed: pre hook, contents of a nested
