@@ -168,6 +168,34 @@ struct HostInstanceTests {
         #expect(host.registeredModulesSnapshot == (await host.registeredModules()))
     }
 
+    // Adds one at a time (as a plugin set adds its plugins) keep the modules and the
+    // registered snapshot in (order, name) order, equal to what a full rebuild gives: also
+    // for equal orders, a disabled module, one that refuses to be created, and a name
+    // registered again once it is enabled.
+    @Test func modulesAddedOneByOneStayInOrderAndTheSnapshotMatchesTheRegisteredModules() async {
+        let recorder = Recorder()
+        let host = makeHost(settings: ["off": ModuleSettings(enabled: false), "late": ModuleSettings(order: -5)])
+        await host.start()
+        let orders = [7, 3, 3, 9, 0, 3, 7, -1, 5, 3]
+        for (index, order) in orders.enumerated() {
+            await host.add([probe("m\(index)", order: order, recorder: recorder)])
+            #expect(host.registeredModulesSnapshot == (await host.registeredModules()))
+        }
+        await host.add([probe("off", order: 4, recorder: recorder), probe("late", order: 100, recorder: recorder),
+                        ModuleFactory(name: "refuses", version: "1", defaultOrder: 2) { _, _ in nil }])
+        #expect(host.registeredModulesSnapshot == (await host.registeredModules()))
+        let expected = (orders.enumerated().map { ($0.element, "m\($0.offset)") } + [(-5, "late")])
+            .sorted { ($0.0, $0.1) < ($1.0, $1.1) }.map(\.1)
+        #expect(await host.moduleNames == expected)
+        #expect(host.registeredModulesSnapshot.filter { !$0.running }.map(\.name) == ["refuses", "off"])
+        await host.updateSettings(["late": ModuleSettings(order: -5)])
+        #expect(host.registeredModulesSnapshot.first { $0.name == "off" }?.running == true)
+        #expect(host.registeredModulesSnapshot == (await host.registeredModules()))
+        await host.add([probe("refuses", order: 1, recorder: recorder)])
+        #expect(host.registeredModulesSnapshot == (await host.registeredModules()))
+        #expect(host.registeredModulesSnapshot.first { $0.name == "refuses" }?.running == true)
+    }
+
     // "errors they report are logged with the module's name": the logger a module gets
     // carries its name and the instance's.
     @Test func aModuleLoggerCarriesTheModuleAndInstanceNames() {

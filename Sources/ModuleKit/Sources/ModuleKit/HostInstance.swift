@@ -189,8 +189,10 @@ public actor HostInstance {
             return
         }
         beginUpdate()
-        defer { endUpdate() }
         var toCreate: [ModuleFactory] = []
+        var registered: [ModuleFactory] = []
+        // Names registered before (disabled, or refused): their rows are replaced.
+        var replacedRows: Set<String> = []
         var names: Set<String> = []
         for factory in factories {
             if moduleManager.slot(named: factory.name) != nil || names.contains(factory.name) {
@@ -199,11 +201,15 @@ public actor HostInstance {
                 continue
             }
             names.insert(factory.name)
-            self.factories[factory.name] = factory
+            if self.factories.updateValue(factory, forKey: factory.name) != nil { replacedRows.insert(factory.name) }
+            registered.append(factory)
             if isEnabled(factory.name) { toCreate.append(factory) }
         }
         let created = createModules(toCreate)
         initializeAndStart(created, states: [:])
+        // Only these factories' rows change: the snapshot is amended, not rebuilt, so adding
+        // plugins one by one costs each add its own modules, not every module registered.
+        endUpdate(amendingRegistered: (registered, replacedRows))
     }
 
     /// Sends `.start` to every running module, in order. Call it once every module of the
@@ -748,11 +754,22 @@ public actor HostInstance {
     /// Ends an update; at depth zero, observers are evaluated. Only the operations that
     /// create modules (or end the instance) make the modules ready the first time: a
     /// removal or a settings change before any `add` must not emit a premature `[]`.
-    private func endUpdate(establishesReadiness: Bool = true) {
+    ///
+    /// `amendingRegistered`: the factories the update registered, and which of their names
+    /// were registered before, when it changed nothing else the registered snapshot shows
+    /// (an `add`); nil rebuilds the whole snapshot.
+    private func endUpdate(establishesReadiness: Bool = true,
+                           amendingRegistered: (factories: [ModuleFactory], replacing: Set<String>)? = nil) {
         moduleManager.updateDepth -= 1
         publishRunningNames()
         // The snapshot is for control planes: made after the observers ran, off their path.
-        defer { publishRegisteredModules() }
+        defer {
+            if let amendingRegistered {
+                amendRegisteredModules(amendingRegistered.factories, replacing: amendingRegistered.replacing)
+            } else {
+                publishRegisteredModules()
+            }
+        }
         guard moduleManager.updateDepth == 0 else { return }
         if establishesReadiness { moduleManager.hasBeenReady = true }
         moduleManager.notifyObservers()
@@ -761,6 +778,20 @@ public actor HostInstance {
     private func publishRegisteredModules() {
         let registered = registeredModules()
         registeredSnapshot.withLock { $0 = registered }
+    }
+
+    /// Puts the rows of `factories` into the registered snapshot, each at its place by
+    /// (order, name), after removing the rows of the names in `replacing`: the snapshot then
+    /// equals `registeredModules()` when nothing else changed since it was last published.
+    private func amendRegisteredModules(_ factories: [ModuleFactory], replacing: Set<String>) {
+        guard !factories.isEmpty else { return }
+        let rows = factories.map { status(of: $0, running: moduleManager.slot(named: $0.name) != nil) }
+        registeredSnapshot.withLock { snapshot in
+            if !replacing.isEmpty { snapshot.removeAll { replacing.contains($0.name) } }
+            for row in rows {
+                snapshot.insert(row, at: snapshot.partitionPoint { ($0.order, $0.name) < (row.order, row.name) })
+            }
+        }
     }
 
     /// Copies the running names to the thread-safe snapshot when they changed. Called
@@ -796,9 +827,8 @@ public actor HostInstance {
                 notifications: module.notifications, metrics: metrics)
             heldUntilStart[slot.serial] = Held()
             created.append(slot)
-            moduleManager.slots.append(slot)
+            moduleManager.insert(slot)
         }
-        moduleManager.sortSlots()
         publishRunningNames()
         return created
     }

@@ -330,6 +330,12 @@ public final class ModuleManager {
 
     func slot(named name: String) -> ModuleSlot? { slots.first { $0.name == name } }
 
+    /// Inserts `slot` among the sorted slots: after every slot ordered before it or equal to
+    /// it by (order, name), as appending it and sorting stably would place it.
+    func insert(_ slot: ModuleSlot) {
+        slots.insert(slot, at: slots.partitionPoint { ($0.order, $0.name) <= (slot.order, slot.name) })
+    }
+
     /// Sorts by (order, name); stable for equal keys.
     func sortSlots() {
         let sorted = slots.enumerated().sorted { lhs, rhs in
@@ -351,5 +357,18 @@ final class ObservationRecord {
         self.token = token
         self.deliver = deliver
         self.finish = finish
+    }
+}
+
+extension Array {
+    /// The index of the first element for which `precedes` is false, found by halving:
+    /// `precedes` must hold for a prefix of the array and for nothing after it.
+    func partitionPoint(_ precedes: (Element) -> Bool) -> Int {
+        var low = startIndex, high = endIndex
+        while low < high {
+            let middle = low + (high - low) / 2
+            if precedes(self[middle]) { low = middle + 1 } else { high = middle }
+        }
+        return low
     }
 }
