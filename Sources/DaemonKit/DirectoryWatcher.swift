@@ -70,9 +70,12 @@ public struct DirectoryChange: Hashable, Sendable, CustomStringConvertible {
 /// - Names for which `Configuration.isIgnored` is true (by default dotfiles, `*.tmp`, `*~`,
 ///   `*.part`; see `isIgnoredName(_:)`) and subdirectories are never reported, except
 ///   that renaming a file to an ignored name reports its old name `.removed`.
-/// - Bursts are coalesced: a batch is emitted once no event arrived for `settle`, or at the
-///   latest `maximumDelay` after the first event of the batch. Within a batch each path
-///   appears once with the kind of its last event; changes are ordered by their last event.
+/// - The first change after a quiet time (no batch emitted for `settle`) is emitted at once,
+///   with whatever arrived with it: a file renamed into a quiet directory is reported
+///   without waiting. Later changes of a burst are coalesced: a batch is emitted once no
+///   event arrived for `settle`, or at the latest `maximumDelay` after the first event of
+///   the batch. Within a batch each path appears once with the kind of its last event;
+///   changes are ordered by their last event.
 /// - `changes` is single-consumer, unbounded, and finishes after `stop()` (or deinit).
 /// - The inotify descriptor is read on a dedicated thread, never on the cooperative pool.
 ///
@@ -81,9 +84,10 @@ public struct DirectoryChange: Hashable, Sendable, CustomStringConvertible {
 public final class DirectoryWatcher: Sendable {
     /// Tuning for a watcher.
     public struct Configuration: Sendable {
-        /// Quiet time after the last event before a batch is emitted. Default 10 ms: the
-        /// events trusted here already mean "complete", so the window only has to merge a
-        /// burst (`cp *.so`, `rsync`), and it adds directly to drop-to-load latency.
+        /// Quiet time after the last event before a batch of a burst is emitted, and how
+        /// long after a batch the next change counts as a burst's. Default 10 ms: the events
+        /// trusted here already mean "complete", so the window only has to merge a burst
+        /// (`cp *.so`, `rsync`); the first change after a quiet time does not wait for it.
         public var settle: Duration
         /// Upper bound on how long an event waits in a batch while events keep coming.
         /// Default 250 ms. Never less than `settle`.
@@ -323,6 +327,8 @@ private final class WatcherCore: Sendable {
         var sequence = 0
         var firstEvent: ContinuousClock.Instant?
         var lastEvent: ContinuousClock.Instant?
+        /// When the last batch was taken; nil before the first.
+        var lastTaken: ContinuousClock.Instant?
 
         mutating func add(_ change: DirectoryChange, key: String) {
             let now = ContinuousClock.now
@@ -334,12 +340,14 @@ private final class WatcherCore: Sendable {
 
         func deadline(settle: Duration, maximumDelay: Duration) -> ContinuousClock.Instant? {
             guard let firstEvent, let lastEvent else { return nil }
+            // Quiet since the last batch (or none yet): the first change goes out at once.
+            if lastTaken.map({ firstEvent >= $0.advanced(by: settle) }) ?? true { return firstEvent }
             return min(lastEvent.advanced(by: settle), firstEvent.advanced(by: maximumDelay))
         }
 
         mutating func take() -> [DirectoryChange] {
             let batch = changes.values.sorted { $0.sequence < $1.sequence }.map(\.change)
-            self = Pending(sequence: sequence)
+            self = Pending(sequence: sequence, lastTaken: .now)
             return batch
         }
     }

@@ -132,6 +132,25 @@ struct DirectoryWatcherTests {
         await fixture.finish()
     }
 
+    /// A file renamed into a quiet directory is reported without waiting for the settle
+    /// window (here longer than the test waits); a change right after it is a burst's, and
+    /// waits for the window.
+    @Test func theFirstChangeAfterAQuietTimeIsReportedAtOnce() async throws {
+        let fixture = try Fixture(configuration: .init(settle: .seconds(60), maximumDelay: .seconds(120)))
+        let staged = fixture.dir.file(".plugin.so.tmp")
+        try writeFile(staged, "x")
+        let path = fixture.dir.file("plugin.so")
+        let started = ContinuousClock.now
+        #expect(rename(staged, path) == 0)
+        #expect(await fixture.waitFor { $0.contains(DirectoryChange(kind: .ready, path: path, directory: fixture.dir.path)) })
+        #expect(ContinuousClock.now - started < .seconds(30))
+        try writeFile(fixture.dir.file("second.so"), "x")
+        try await Task.sleep(for: .milliseconds(200))
+        #expect(!fixture.changes.contains { $0.name == "second.so" })
+        await fixture.finish()
+        #expect(fixture.changes.contains { $0.name == "second.so" }, "the burst's batch is emitted when the watcher stops")
+    }
+
     @Test func theLastEventForAPathWins() async throws {
         let fixture = try Fixture(configuration: .init(settle: .milliseconds(300), maximumDelay: .seconds(10)))
         let path = fixture.dir.file("short-lived.so")
