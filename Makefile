@@ -12,14 +12,14 @@ SWIFTFLAGS ?= $(if $(CI),-Xswiftc -warnings-as-errors,)
 
 PLUGINS := $(patsubst Plugins/%/Makefile,%,$(wildcard Plugins/*/Makefile))
 
-.PHONY: all help deps swift-build build sdk plugins test run bench release install deb clean fuzz fuzz-build fuzz-smoke abi-dump abi-check abi-baseline
+.PHONY: all help deps swift-build build sdk plugins test run bench peer-programs release install deb clean fuzz fuzz-build fuzz-smoke abi-dump abi-check abi-baseline
 all: plugins
 
 help:
 	@echo "make            build the SDK, modhostd, modhostctl and every plugin in Plugins/ into build/"
 	@echo "make run        build (debug), then run modhostd on build/plugins (Ctrl-C stops it)"
 	@echo "make test       build, then run every test"
-	@echo "make bench      build in release mode and write build/bench/results.json"
+	@echo "make bench      build in release mode and write build/bench/results.json (BENCH_ARGS=\"--only peer\": one group)"
 	@echo "make fuzz       run every libFuzzer target FUZZ_SECONDS (default 300) each; crash inputs in build/fuzz/crashes"
 	@echo "make abi-check  compare ModuleKit's binary interface with the committed baseline (run by make test)"
 	@echo "make abi-baseline  record the current ModuleKit ABI as the baseline (release step, docs/abi.md)"
@@ -29,6 +29,10 @@ help:
 
 # C libraries and tools from Debian packages: installed when missing and running as root,
 # otherwise the exact command is printed.
+# Optional: libpeas (GNOME's plugin engine), which make bench's peer rows compare modhostd
+# with. Installed the same way, but never required: without it those rows are skipped.
+BENCH_PEER_DEB := libpeas-dev
+BENCH_PEER_PC := libpeas-1.0
 deps:
 	@missing=""; \
 	pkg-config --exists libffi 2>/dev/null || missing="$$missing libffi-dev"; \
@@ -44,6 +48,16 @@ deps:
 	    echo "missing Debian packages:$$missing"; echo "run: sudo apt-get install -y$$missing"; exit 1; \
 	  fi; \
 	fi
+	@pkg-config --exists $(BENCH_PEER_PC) 2>/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "installing: $(BENCH_PEER_DEB) (optional: make bench's peer rows)"; \
+	    { DEBIAN_FRONTEND=noninteractive apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(BENCH_PEER_DEB); } \
+	      || echo "could not install $(BENCH_PEER_DEB): make bench skips its peer rows"; \
+	  else \
+	    echo "optional Debian package missing: $(BENCH_PEER_DEB) (without it make bench skips its peer rows)"; \
+	    echo "run: sudo apt-get install -y --no-install-recommends $(BENCH_PEER_DEB)"; \
+	  fi; \
+	}
 
 # `make test` also builds the test bundle here, in the same step, so that the
 # libModuleKit.so the tests load is the one the plugins were built against.
@@ -140,11 +154,34 @@ run: plugins
 	@echo "make run: a debug build (CONFIG=$(CONFIG)); make install and make deb install release builds"
 	$(BUILD)/bin/modhostd --plugins $(BUILD)/plugins --state-dir $(BUILD)/state --socket $(BUILD)/modhostd.sock
 
+# The peer rows' C programs (Tests/Peer), built against the release SDK: peer-timer and
+# peer-bare-host always, peer-peas-host when libpeas is installed.
+PEER_BIN := $(CURDIR)/build/release/bench
+PEER_CFLAGS := -O2 -Wall -Wextra -I$(CURDIR)/build/release/include
+
+$(PEER_BIN)/peer-timer: Tests/Peer/peer-timer.c
+	@mkdir -p $(@D)
+	cc $(PEER_CFLAGS) $< -o $@
+$(PEER_BIN)/peer-bare-host: Tests/Peer/peer-bare-host.c Tests/Peer/peer-host.h
+	@mkdir -p $(@D)
+	cc $(PEER_CFLAGS) $< -o $@ -ldl
+$(PEER_BIN)/peer-peas-host: Tests/Peer/peer-peas-host.c Tests/Peer/peer-host.h
+	@mkdir -p $(@D)
+	cc $(PEER_CFLAGS) $$(pkg-config --cflags $(BENCH_PEER_PC)) $< -o $@ $$(pkg-config --libs $(BENCH_PEER_PC))
+
+peer-programs: $(PEER_BIN)/peer-timer $(PEER_BIN)/peer-bare-host
+	@if pkg-config --exists $(BENCH_PEER_PC) 2>/dev/null; then $(MAKE) --no-print-directory $(PEER_BIN)/peer-peas-host; \
+	else echo "$(BENCH_PEER_DEB) is not installed: no peer-peas-host, make bench skips its peer rows"; fi
+
+# `make bench BENCH_ARGS="--only peer"` runs one group.
+BENCH_ARGS ?=
 bench:
 	$(MAKE) --no-print-directory CONFIG=release BUILD=$(CURDIR)/build/release plugins
+	$(MAKE) --no-print-directory peer-programs
 	$(SWIFT) build -c release --product modhost-bench
 	mkdir -p build/bench
-	$$($(SWIFT) build -c release --show-bin-path)/modhost-bench --sdk $(CURDIR)/build/release --out build/bench/results.json
+	$$($(SWIFT) build -c release --show-bin-path)/modhost-bench --sdk $(CURDIR)/build/release --out build/bench/results.json \
+	  --peer-programs $(PEER_BIN) --peer-sources $(CURDIR)/Tests/Peer $(BENCH_ARGS)
 
 # make install and make deb ship a release build, made in build/release (as make bench's).
 # PACKAGE_BUILD names a finished SDK layout to take the files from instead (the packaging

@@ -11,6 +11,15 @@ struct Bench {
     static func main() async {
         let arguments = Array(CommandLine.arguments.dropFirst())
         if arguments.first == "--echo" { EchoProcess.serve() }
+        if arguments.first == "--peer-dispatch", arguments.count == 4, let rounds = Int(arguments[3]) {
+            do {
+                print(try await PeerBenchmark.dispatchInProcess(directory: arguments[1], state: arguments[2], rounds: rounds))
+                exit(0)
+            } catch {
+                StandardError.write("\(error)\n")
+                exit(1)
+            }
+        }
         if arguments.first == "--child", arguments.count == 3 {
             do {
                 print(try LoadBenchmark.measure(arguments[1], arguments[2]))
@@ -25,7 +34,11 @@ struct Bench {
             return arguments[index + 1]
         }
         guard let sdk = option("--sdk"), let out = option("--out") else {
-            StandardError.write("usage: modhost-bench --sdk BUILD_DIR --out RESULTS.json [--only GROUP]\n")
+            StandardError.write("""
+                usage: modhost-bench --sdk BUILD_DIR --out RESULTS.json [--peer-programs DIR --peer-sources DIR] [--only GROUP]
+                groups: load events calls daemon replace isolation peer
+
+                """)
             exit(64)
         }
         let only = option("--only")
@@ -61,6 +74,14 @@ struct Bench {
         await group("isolation") {
             try LoadBenchmark(sdk: sdk, work: work + "/load").generate(count: 1110)
             return try await IsolationBenchmark(sdk: sdk, work: work + "/isolation", plugins: work + "/load/src").run()
+        }
+        await group("peer") {
+            let programs = option("--peer-programs"), sources = option("--peer-sources")
+            if let reason = PeerBenchmark.unavailable(programs: programs, sources: sources) {
+                print("peer rows skipped: \(reason)")
+                return []
+            }
+            return try await PeerBenchmark(sdk: sdk, work: work + "/peer", programs: programs!, sources: sources!).run()
         }
 
         do {

@@ -24,14 +24,21 @@ struct BenchRow: Encodable {
 
     var met: Bool { target.map { ratio <= $0 } ?? true }
 
-    static let header = String(format: "%-44@ %12@ %12@ %8@ %8@  %@", "name" as NSString, "value" as NSString,
-                               "baseline" as NSString, "ratio" as NSString, "target" as NSString, "met" as NSString)
+    /// Foundation on Linux ignores a width given to `%@`: text columns are padded here.
+    private static func column(_ text: String, _ width: Int, right: Bool = false) -> String {
+        let padding = String(repeating: " ", count: max(0, width - text.count))
+        return right ? padding + text : text + padding
+    }
+
+    static let header = column("name", 48) + column("value", 11, right: true) + column("baseline", 15, right: true)
+        + column("ratio", 13, right: true) + column("target", 9, right: true) + "  met"
 
     var line: String {
         let target = target.map { String(format: "%8.2f", $0) } ?? String(repeating: " ", count: 7) + "-"
         let met = self.target == nil ? "report" : met ? "yes" : "NO"
-        return String(format: "%-44@ %9.3f %@ %9.3f %@ %8.2f %@  %@", name as NSString, value, unit.padding(toLength: 2, withPad: " ", startingAt: 0) as NSString,
-                      baseline_value, unit.padding(toLength: 2, withPad: " ", startingAt: 0) as NSString, ratio, target as NSString, met as NSString)
+        let unit = Self.column(unit, 3)
+        return Self.column(name, 48) + String(format: " %10.3f %@ %10.3f %@ %8.2f %@  %@", value, unit as NSString, baseline_value,
+                                              unit as NSString, ratio, target as NSString, met as NSString)
     }
 }
 

@@ -2,10 +2,10 @@ import DaemonKit
 import Foundation
 import Glibc
 import Synchronization
-import TestSupport
 
 /// The daemon as operators see it, run as a real process (the release modhostd):
-/// drop-to-started and replace latency, start to READY=1, control round trips.
+/// drop-to-started and replace latency, control round trips. (Start to READY=1 is the peer
+/// group's, against libpeas.)
 struct DaemonBenchmark {
     let sdk: String
     let work: String
@@ -15,7 +15,6 @@ struct DaemonBenchmark {
     func run() async throws -> [BenchRow] {
         var rows: [BenchRow] = []
         rows += try await dropAndReplace()
-        rows += try await startToReady()
         rows += try await control()
         return rows
     }
@@ -67,36 +66,6 @@ struct DaemonBenchmark {
                      baselineDescription: "drop-to-started p50 of a new plugin in the same run (20 replaces: trial load, private copy, willUnload, handover, init, start)",
                      target: 3),
         ]
-    }
-
-    // MARK: start to READY=1
-
-    func startToReady() async throws -> [BenchRow] {
-        let root = try fresh("ready")
-        try FileManager.default.createDirectory(atPath: root + "/plugins", withIntermediateDirectories: true)
-        for index in 300..<400 {
-            let name = String(format: "libP%05d.so", index)
-            try FileManager.default.copyItem(atPath: plugins + "/" + name, toPath: root + "/plugins/" + name)
-        }
-        try shell("cat '\(root)'/plugins/*.so > /dev/null")
-        var ready: [Double] = [], bare: [Double] = []
-        for run in 0..<5 {
-            let listener = try NotifySocketListener(path: root + "/notify-\(run).sock")
-            let start = monotonicNanoseconds()
-            let daemon = try DaemonProcess(sdk: sdk, root: root, pluginDirectory: root + "/plugins", state: "state-\(run)",
-                                           environment: ["NOTIFY_SOCKET": listener.path])
-            guard await listener.next(containing: "READY=1") != nil else { throw failure("no READY=1:\n\(daemon.tail)") }
-            ready.append(Double(monotonicNanoseconds() - start) / 1e6)
-            daemon.stop()
-
-            let bareStart = monotonicNanoseconds()
-            try shell("'\(CommandLine.arguments[0])' --child load-baseline '\(root)/plugins' > /dev/null")
-            bare.append(Double(monotonicNanoseconds() - bareStart) / 1e6)
-        }
-        return [BenchRow(
-            name: "daemon.start_to_ready.n100", value: ready.min()!, unit: "ms", baseline: bare.min()!,
-            baselineDescription: "a process that starts and dlopens + dlsyms the same 100 plugins, then exits (best of 5 each)",
-            target: 3)]
     }
 
     // MARK: control socket

@@ -5,6 +5,9 @@ import Synchronization
 /// Event fan-out and observable re-evaluation on one `HostInstance`, each against a plain
 /// loop over the same module objects, run on the same actor in the same run.
 ///
+/// `internal.` rows: Swift modules registered in process, not loaded from plugins (the peer
+/// group times the plugins' path).
+///
 /// Every measurement runs on the host's context (functions with an `isolated HostInstance`
 /// parameter), so neither side pays for a hop onto the actor: the rows compare the host's
 /// dispatch with the direct protocol calls it stands for, like with like.
@@ -23,17 +26,17 @@ struct EventBenchmark {
 
         let sync = try await Self.syncFanout(host: events, modules: fanout, events: 20_000, repetitions: 7)
         rows.append(BenchRow(
-            name: "events.sync_fanout.per_module", value: sync.host, unit: "ns", baseline: sync.direct,
+            name: "internal.events.sync_fanout.per_module", value: sync.host, unit: "ns", baseline: sync.direct,
             baselineDescription: "direct module.handle(event, host:) on the same \(fanout) modules in a loop on the host's actor, median of 7",
             target: 3))
 
         let async = try await Self.asyncFanout(host: events, modules: fanout, events: 200, repetitions: 7)
         rows.append(BenchRow(
-            name: "events.async_fanout.per_module", value: async.host, unit: "ns", baseline: async.direct,
-            baselineDescription: "direct `await module.handle(event, host:)` on the same \(fanout) modules (handler returns at once), on the host's actor, median of 7; target 100: a per-handler deadline needs each handler in its own Task, which alone costs ~40 direct calls (see events.async_fanout.per_module_vs_task)",
+            name: "internal.events.async_fanout.per_module", value: async.host, unit: "ns", baseline: async.direct,
+            baselineDescription: "direct `await module.handle(event, host:)` on the same \(fanout) modules (handler returns at once), on the host's actor, median of 7; target 100: a per-handler deadline needs each handler in its own Task, which alone costs ~40 direct calls (see internal.events.async_fanout.per_module_vs_task)",
             target: 100))
         rows.append(BenchRow(
-            name: "events.async_fanout.per_module_vs_task", value: async.host, unit: "ns", baseline: async.task,
+            name: "internal.events.async_fanout.per_module_vs_task", value: async.host, unit: "ns", baseline: async.task,
             baselineDescription: "each handler awaited in its own Task on the host's actor (the least a per-handler deadline needs), same modules, median of 7; target 3: the handler task plus a timer and a race",
             target: 3))
         await events.shutdown()
@@ -43,7 +46,7 @@ struct EventBenchmark {
         await observing.add((0..<observed - 1).map { BenchModule.factory(index: $0, service: $0 % 2 == 0) })
         let observe = try await Self.observeReevaluation(host: observing, modules: observed, repetitions: 201)
         rows.append(BenchRow(
-            name: "modules.observe_reevaluation.n\(observed)", value: observe.host, unit: "us", baseline: observe.direct,
+            name: "internal.modules.observe_reevaluation.n\(observed)", value: observe.host, unit: "us", baseline: observe.direct,
             baselineDescription: "modules.compactMap { $0 as? any BenchService } over the same \(observed) modules on the host's actor, median of 201",
             target: 3))
         await observing.shutdown()
