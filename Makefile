@@ -70,6 +70,13 @@ build: sdk
 
 BIN = $(shell $(SWIFT) build -c $(CONFIG) --show-bin-path)
 
+# The trial loader is plain C and is built with cc, so that it links libc alone: SwiftPM
+# links every executable against the Swift runtime, which would cost each trial load (one
+# per plugin added while the daemon runs) the loading of libswiftCore and libstdc++. The
+# SwiftPM product of the same sources is for embedders (docs/embedding.md).
+TRIAL_CC = cc -O2 -g -Wall -Wextra -ISources/ModuleKit/Sources/CModuleHost/include -ISources/CSymbolOwnership/include \
+	Sources/modhost-trial/main.c Sources/CSymbolOwnership/symbol_ownership.c
+
 # Lay out what users run and what plugin authors build against, as `make install` does.
 # Files are copied only when they changed, so plugins rebuild only for a new SDK, and a
 # changed one is written beside its path and renamed over it: a modhostd running from
@@ -78,7 +85,8 @@ sdk: swift-build
 	@bin="$(BIN)"; set -e; \
 	mkdir -p $(BUILD)/bin $(BUILD)/lib/modulehost/swift $(BUILD)/include/modulehost $(BUILD)/share/modulehost $(BUILD)/lib/pkgconfig $(BUILD)/plugins; \
 	copy() { cmp -s "$$1" "$$2" || { cp -f "$$1" "$$2.tmp" && mv -f "$$2.tmp" "$$2"; }; }; \
-	for tool in modhostd modhostctl modhost-trial modhost-worker; do copy $$bin/$$tool $(BUILD)/bin/$$tool; done; \
+	for tool in modhostd modhostctl modhost-worker; do copy $$bin/$$tool $(BUILD)/bin/$$tool; done; \
+	$(TRIAL_CC) -o $(BUILD)/bin/modhost-trial.new && copy $(BUILD)/bin/modhost-trial.new $(BUILD)/bin/modhost-trial; rm -f $(BUILD)/bin/modhost-trial.new; \
 	copy $$bin/libModuleKit.so $(BUILD)/lib/libModuleKit.so; \
 	for f in $$bin/Modules/ModuleKit.swiftmodule $$bin/Modules/ModuleKit.swiftinterface $$bin/Modules/ModuleKit.swiftdoc; do copy $$f $(BUILD)/lib/modulehost/swift/$$(basename $$f); done; \
 	copy Sources/ModuleKit/Sources/CModuleHost/include/modulehost.h $(BUILD)/include/modulehost.h; \

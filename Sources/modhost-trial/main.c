@@ -47,11 +47,16 @@ static int refuse(const char *what, const char *detail) {
 }
 
 /* Kills every process left under this one (children, and orphans adopted as subreaper);
- * returns the first one's pid, or 0 when there was none. */
+ * returns the first one's pid, or 0 when there was none. Once the exited children are
+ * reaped, ECHILD means there is no child left: a descendant whose parent exited was
+ * reparented here before that parent could be reaped, so nothing is left anywhere below,
+ * and /proc need not be read (the common case, a plugin that starts no process). */
 static pid_t kill_descendants(void) {
     pid_t first = 0, self = getpid();
     for (int round = 0; round < 100; round++) {
-        while (waitpid(-1, NULL, WNOHANG) > 0) {}
+        pid_t reaped;
+        while ((reaped = waitpid(-1, NULL, WNOHANG)) > 0) {}
+        if (reaped < 0 && errno == ECHILD) break;
         int found = 0;
         DIR *proc = opendir("/proc");
         if (proc == NULL) return first;
