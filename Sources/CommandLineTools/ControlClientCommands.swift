@@ -1,6 +1,5 @@
 import ControlProtocol
 import DaemonKit
-import Foundation
 import ModuleKit
 import PluginFormat
 
@@ -275,11 +274,19 @@ extension ControlCommand {
         return "stuck \(seconds)s" + (row.stuckIn.map { " in \($0)" } ?? "")
     }
 
+    /// `seconds` (not negative) with one decimal, as printf's `%.1f` writes it: "12.5", "0.0".
+    static func oneDecimal(_ seconds: Double) -> String {
+        let tenths = (seconds * 10).rounded(.toNearestOrEven)
+        guard tenths.isFinite, tenths >= 0, tenths < 1e18 else { return "\(seconds)" }
+        let whole = Int(tenths)
+        return "\(whole / 10).\(whole % 10)"
+    }
+
     static func statusText(_ status: DaemonStatus) -> String {
         let directories = status.pluginDirectories.isEmpty ? "none" : status.pluginDirectories.joined(separator: ", ")
         return """
             pid:                 \(status.pid)
-            uptime:              \(String(format: "%.1f", status.uptimeSeconds)) s
+            uptime:              \(oneDecimal(status.uptimeSeconds)) s
             ready:               \(status.ready ? "yes" : "no")
             socket:              \(status.socketPath)
             state directory:     \(status.stateDirectory)
@@ -320,10 +327,13 @@ extension ControlCommand {
     /// Sends one request on a thread of its own (the client blocks) and reads the reply.
     private static func exchange(_ line: String, socketPath: String, timeout: Duration) async -> Outcome {
         await withCheckedContinuation { continuation in
-            let thread = Thread {
-                continuation.resume(returning: blockingExchange(line, socketPath: socketPath, timeout: timeout))
+            do throws(SystemError) {
+                try startThread(name: "ctl-exchange") {
+                    continuation.resume(returning: blockingExchange(line, socketPath: socketPath, timeout: timeout))
+                }
+            } catch {
+                continuation.resume(returning: .unreachable("cannot start a thread to talk to modhostd: \(error)"))
             }
-            thread.start()
         }
     }
 
@@ -385,7 +395,7 @@ extension ControlCommand {
     /// run as root or as this user: those whose socket this tool would trust (another
     /// user's daemon is not the one it looks for).
     static func runningDaemons() -> [Int32] {
-        guard let entries = try? FileManager.default.contentsOfDirectory(atPath: "/proc") else { return [] }
+        guard let entries = try? FileSystem.names(in: "/proc") else { return [] }
         let me = getpid(), user = geteuid()
         return entries.compactMap(Int32.init).filter { pid in
             var status = stat()

@@ -1,6 +1,5 @@
 import ControlProtocol
 import DaemonKit
-import Foundation
 import ModuleHost
 import ModuleKit
 import PluginFormat
@@ -206,8 +205,7 @@ public struct ControlCommand: Sendable {
         func split(_ operands: [String]) -> (directories: [String], files: [String]) {
             var directories: [String] = [], files: [String] = []
             for operand in operands {
-                var isDirectory: ObjCBool = false
-                if FileManager.default.fileExists(atPath: operand, isDirectory: &isDirectory), isDirectory.boolValue {
+                if FileSystem.isDirectory(operand) {
                     directories.append(operand)
                 } else {
                     files.append(operand)

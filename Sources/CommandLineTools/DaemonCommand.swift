@@ -1,7 +1,6 @@
 import ControlProtocol
 import DaemonKit
 import DaemonShell
-import Foundation
 import ModuleHost
 import ModuleKit
 import PluginFormat

@@ -1,5 +1,4 @@
 import DaemonKit
-import Foundation
 import ModuleKit
 import PluginFormat
 
@@ -58,9 +57,9 @@ struct PluginBuildFlags: Sendable {
     /// The SDK this `modhostctl` belongs to: the prefix its executable is installed under
     /// (`PREFIX/bin/modhostctl`), when that prefix holds the SDK library.
     static func defaultSDK() -> String? {
-        guard let executable = try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe") else { return nil }
+        guard let executable = FileSystem.executablePath else { return nil }
         let prefix = PathText.parent(of: PathText.parent(of: executable))
-        return FileManager.default.fileExists(atPath: prefix + "/lib/libModuleKit.so") ? prefix : nil
+        return FileSystem.exists(prefix + "/lib/libModuleKit.so") ? prefix : nil
     }
 }
 
@@ -91,7 +90,7 @@ extension ControlCommand {
             output.err("Error: no SDK next to this modhostctl (no lib/libModuleKit.so under its prefix). Fix: pass --prefix PREFIX, the directory ModuleHost is installed in")
             return nil
         }
-        guard FileManager.default.fileExists(atPath: sdk + "/include/modulehost.h") else {
+        guard FileSystem.exists(sdk + "/include/modulehost.h") else {
             output.err("Error: \(JSONValue.escapingControlCharacters(sdk)) holds no include/modulehost.h. Fix: pass --prefix, the prefix ModuleHost is installed in (or a checkout's build/)")
             return nil
         }

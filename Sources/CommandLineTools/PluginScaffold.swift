@@ -1,5 +1,4 @@
 import DaemonKit
-import Foundation
 import ModuleKit
 import PluginFormat
 
@@ -43,7 +42,7 @@ struct PluginScaffold: Sendable {
         guard let core = maps.split(separator: "\n").lazy.compactMap({ $0.split(separator: " ", omittingEmptySubsequences: true).last })
             .first(where: { $0.hasSuffix("/libswiftCore.so") }) else { return names }
         let directory = String(core.dropLast("/libswiftCore.so".count))
-        for entry in (try? FileManager.default.contentsOfDirectory(atPath: directory)) ?? [] {
+        for entry in (try? FileSystem.names(in: directory)) ?? [] {
             if entry.hasSuffix(".swiftmodule") { names.insert(String(entry.dropLast(".swiftmodule".count))) }
             if entry.hasPrefix("lib"), entry.hasSuffix(".so") { names.insert(String(entry.dropFirst(3).dropLast(3))) }
         }
@@ -147,13 +146,12 @@ extension ControlCommand {
         let scaffold = try PluginScaffold(name: operands[0], language: build.language, sdk: build.sdk)
         let directory = parsed.value("dir") ?? operands[0]
         let shownDirectory = JSONValue.escapingControlCharacters(directory)
-        let manager = FileManager.default
-        if let existing = try? manager.contentsOfDirectory(atPath: directory), !existing.isEmpty {
+        if let existing = try? FileSystem.names(in: directory), !existing.isEmpty {
             output.err("Error: \(shownDirectory) exists and is not empty; nothing was written. Fix: name a new directory with --dir")
             return .failure
         }
         do {
-            try manager.createDirectory(atPath: directory, withIntermediateDirectories: true)
+            try FileSystem.createDirectory(directory, parents: true)
             for file in scaffold.files {
                 // Written whole, then renamed: an interrupted run leaves no half file.
                 try AtomicFile.write(Array(file.text.utf8), to: directory + "/" + file.name, mode: 0o644)

@@ -1,5 +1,4 @@
 import DaemonKit
-import Foundation
 import ModuleHost
 import ModuleKit
 import PluginCall

@@ -204,7 +204,12 @@ public final class ControlServer: Sendable {
         core = try ServerCore(socketPath: socketPath, configuration: configuration,
                               rejectionReply: rejectionReply, immediate: immediate, handler: handler)
         let core = self.core
-        startThread(name: "dk-ctl-accept") { core.acceptLoop() }
+        do throws(SystemError) {
+            try startThread(name: "dk-ctl-accept") { core.acceptLoop() }
+        } catch {
+            core.closeListener()
+            throw .system(error)
+        }
     }
 
     /// The number of connections currently open (being served or idle).
@@ -416,6 +421,12 @@ private final class ServerCore: Sendable {
             }
             admit(fd)
         }
+        closeListener()
+    }
+
+    /// Closes the listening socket and removes its file (if it is still ours): the end of
+    /// `acceptLoop`, or of a server whose accepting thread could not start.
+    func closeListener() {
         modhost_fork_guard_keep(listenFD)
         closeDescriptor(listenFD)
         if let identity {
@@ -473,8 +484,15 @@ private final class ServerCore: Sendable {
             closeDescriptor(fd)
             return
         }
-        startThread(name: "dk-ctl-conn") { [self] in
-            serve(fd, peer, number: connection)
+        do throws(SystemError) {
+            try startThread(name: "dk-ctl-conn") { [self] in
+                serve(fd, peer, number: connection)
+                closeDescriptor(fd)
+                finished(connection: peer.pid)
+            }
+        } catch {
+            // No thread to serve it (a limit on threads was reached): the client sees its
+            // connection closed, as when it is refused.
             closeDescriptor(fd)
             finished(connection: peer.pid)
         }

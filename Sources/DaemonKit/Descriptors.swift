@@ -1,7 +1,6 @@
 #if canImport(Glibc)
 import Glibc
 #endif
-import Foundation
 
 // Small internal helpers shared by the watcher, the signal reader and the control socket.
 
@@ -10,9 +9,11 @@ import Foundation
 enum GNUCalls {
     typealias Pipe2 = @convention(c) (UnsafeMutablePointer<Int32>?, Int32) -> Int32
     typealias Accept4 = @convention(c) (Int32, UnsafeMutablePointer<sockaddr>?, UnsafeMutablePointer<socklen_t>?, Int32) -> Int32
+    typealias SetThreadName = @convention(c) (pthread_t, UnsafePointer<CChar>?) -> Int32
 
     static let pipe2: Pipe2 = resolve("pipe2")
     static let accept4: Accept4 = resolve("accept4")
+    static let pthreadSetName: SetThreadName = resolve("pthread_setname_np")
 
     private static func resolve<F>(_ name: String) -> F {
         guard let symbol = dlsym(nil, name) else { fatalError("glibc has no \(name)") }
@@ -74,13 +75,4 @@ func pollDescriptors(_ fds: inout [pollfd], timeout: Int32) throws(SystemError) 
         let error = SystemError.current("poll")
         if !error.isInterrupted { throw error }
     }
-}
-
-/// Starts a named, detached OS thread running `body`. DaemonKit's blocking loops (inotify,
-/// the signal pipe, the socket server) run on threads of their own so they never occupy
-/// Swift concurrency's cooperative pool.
-func startThread(name: String, _ body: @escaping @Sendable () -> Void) {
-    let thread = Thread(block: body)
-    thread.name = name
-    thread.start()
 }

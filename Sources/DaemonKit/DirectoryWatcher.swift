@@ -116,7 +116,12 @@ public final class DirectoryWatcher: Sendable {
         changes = stream
         core = try WatcherCore(configuration: configuration, continuation: continuation)
         let core = self.core
-        startThread(name: "dk-inotify") { core.run() }
+        do throws(SystemError) {
+            try startThread(name: "dk-inotify") { core.run() }
+        } catch {
+            core.close()
+            throw error
+        }
     }
 
     /// Creates a watcher and watches each of `directories`; throws (and watches nothing)
@@ -375,6 +380,12 @@ private final class WatcherCore: Sendable {
                 if !batch.isEmpty { continuation.yield(batch) }
             }
         }
+        close(lastBatch: pending.take())
+    }
+
+    /// Closes the inotify descriptor, yields `lastBatch` (unless empty) and finishes
+    /// `changes`: the end of `run`, or of a watcher whose reading thread could not start.
+    func close(lastBatch: [DirectoryChange] = []) {
         watches.withLock { watches in
             closeDescriptor(watches.fd)
             watches.fd = -1
@@ -382,8 +393,7 @@ private final class WatcherCore: Sendable {
             watches.descriptorByDirectory = [:]
             watches.waiting = [:]
         }
-        let batch = pending.take()
-        if !batch.isEmpty { continuation.yield(batch) }
+        if !lastBatch.isEmpty { continuation.yield(lastBatch) }
         continuation.finish()
     }
 

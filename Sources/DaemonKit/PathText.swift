@@ -1,5 +1,3 @@
-import Foundation
-
 /// A path's parent and last component, read as text, for paths of any shape from outside
 /// (the command line, the configuration): Foundation's `NSString.deletingLastPathComponent`
 /// and `lastPathComponent` trap on a one-character relative path such as `s` or `s/`
@@ -37,7 +35,7 @@ public enum PathText {
 
     /// `path` as an absolute path: unchanged when it is one, else joined to
     /// `workingDirectory` (by default this process's), without a leading `./`.
-    public static func absolute(_ path: String, in workingDirectory: String = FileManager.default.currentDirectoryPath) -> String {
+    public static func absolute(_ path: String, in workingDirectory: String = FileSystem.currentDirectory) -> String {
         if path.hasPrefix("/") { return path }
         var relative = Substring(path)
         while relative.hasPrefix("./") { relative = relative.dropFirst(2) }

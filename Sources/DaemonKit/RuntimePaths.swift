@@ -1,7 +1,6 @@
 #if canImport(Glibc)
 import Glibc
 #endif
-import Foundation
 
 /// The conventional locations of modhostd's socket, state and configuration, for root
 /// (a system service) and for an ordinary user (XDG Base Directory specification).
@@ -30,7 +29,7 @@ public struct RuntimePaths: Sendable, Hashable {
     /// Computes the defaults for `uid` in `environment`. Root wins over `XDG_*` variables,
     /// so a root shell and a systemd system service agree on the paths. When `HOME` is
     /// unset, the home directory comes from the password database, else `/tmp`.
-    public init(environment: [String: String] = ProcessInfo.processInfo.environment, uid: UInt32 = geteuid()) {
+    public init(environment: [String: String] = ProcessEnvironment.current, uid: UInt32 = geteuid()) {
         if uid == 0 {
             socketPath = "/run/modhostd/modhostd.sock"
             privateRuntimeDirectory = nil

@@ -1,7 +1,6 @@
 #if canImport(Glibc)
 import Glibc
 #endif
-import Foundation
 
 /// Sends `sd_notify` messages (`READY=1`, `RELOADING=1`, `STOPPING=1`, `STATUS=...`) to the
 /// service manager named by `$NOTIFY_SOCKET`.
@@ -18,7 +17,7 @@ public struct SystemdNotifier: Sendable, Equatable {
     public let socketPath: String?
 
     /// Reads `NOTIFY_SOCKET` from `environment` (default: this process's environment).
-    public init(environment: [String: String] = ProcessInfo.processInfo.environment) {
+    public init(environment: [String: String] = ProcessEnvironment.current) {
         self.init(socketPath: environment["NOTIFY_SOCKET"])
     }
 
@@ -74,7 +73,8 @@ public struct SystemdNotifier: Sendable, Equatable {
 
     private static func statusLine(_ status: String?) -> [String] {
         guard let status else { return [] }
-        let flat = status.replacingOccurrences(of: "\r\n", with: " ").replacingOccurrences(of: "\n", with: " ")
+        // "\r\n" is one Character; a lone "\r" is kept.
+        let flat = String(status.map { $0 == "\n" || $0 == "\r\n" ? " " : $0 })
         return ["STATUS=\(flat)"]
     }
 

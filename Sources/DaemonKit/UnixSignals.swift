@@ -258,15 +258,22 @@ private final class SignalDispatcher: Sendable {
         return previous
     }
 
-    /// Creates the pipe and starts the thread that reads it; returns the read end.
+    /// Creates the pipe and starts the thread that reads it; returns the read end. Throws
+    /// (with nothing left open) if either cannot be made.
     private static func startReader() throws(SystemError) -> Int32 {
         let (readEnd, writeEnd) = try GNUCalls.makePipe(nonBlocking: false)
         // The handler must never block: a full pipe drops the byte instead.
         let flags = fcntl(writeEnd, F_GETFL)
         _ = fcntl(writeEnd, F_SETFL, flags | O_NONBLOCK)
+        do throws(SystemError) {
+            try startThread(name: "dk-signals") { SignalDispatcher.shared.readLoop(readEnd) }
+        } catch {
+            closeDescriptor(readEnd)
+            closeDescriptor(writeEnd)
+            throw error
+        }
         signalPipeOwner.store(getpid(), ordering: .releasing)
         signalPipeWriteEnd.store(writeEnd, ordering: .releasing)
-        startThread(name: "dk-signals") { SignalDispatcher.shared.readLoop(readEnd) }
         return readEnd
     }
 

@@ -1,6 +1,5 @@
 import ControlProtocol
 import DaemonKit
-import Foundation
 import Glibc
 import ModuleHost
 import ModuleKit
@@ -266,7 +265,7 @@ public actor Daemon: DaemonControl {
                     throw DaemonError(code: "control_socket", message: "cannot use the control socket \(socketPath): \(error)")
                 }
             } else {
-                try? FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+                try? FileSystem.createDirectory(directory, parents: true)
             }
             // With this lock held, a socket file left at the path is a dead daemon's: the
             // control server may replace it without racing another starting daemon.
@@ -692,7 +691,7 @@ extension DaemonOptions {
     /// The configuration file a start or a reload reads now: `--config`'s (which must
     /// exist), else the default file when it exists; nil for none.
     public var configurationFileToRead: String? {
-        guard let path = configPath, configPathExplicit || FileManager.default.fileExists(atPath: path) else { return nil }
+        guard let path = configPath, configPathExplicit || FileSystem.exists(path) else { return nil }
         return path
     }
 }

@@ -1,6 +1,5 @@
 import ControlProtocol
 import DaemonKit
-import Foundation
 import ModuleHost
 import ModuleKit
 import PluginFormat

@@ -1,5 +1,5 @@
 import ControlProtocol
-import Foundation
+import Glibc
 import DaemonKit
 import ModuleHost
 import ModuleKit
@@ -238,15 +238,17 @@ final class ShutdownWatchdog: Sendable {
                     logger.warning("\(signal) received again during shutdown, exiting now")
                     ExitGuard.exit(ExitCode.failure.rawValue)
                 }
-                let thread = Thread {
-                    Thread.sleep(forTimeInterval: Double((budget + Self.grace).components.seconds)
-                        + Double((budget + Self.grace).components.attoseconds) / 1e18)
-                    logger.error("the shutdown budget of \(budget.secondsText) ran out and the shutdown could not go on: plugin code most likely holds the threads Swift concurrency runs on (a Swift module or task blocking its thread); exiting with modules still running: \(stillRunning().joined(separator: ", "))",
-                                 [("budget", budget.secondsText)])
-                    ExitGuard.exit(ExitCode.failure.rawValue)
+                let end = ContinuousClock.now + budget + Self.grace
+                do throws(SystemError) {
+                    try startThread(name: "shutdown-watch") {
+                        Self.sleep(until: end)
+                        logger.error("the shutdown budget of \(budget.secondsText) ran out and the shutdown could not go on: plugin code most likely holds the threads Swift concurrency runs on (a Swift module or task blocking its thread); exiting with modules still running: \(stillRunning().joined(separator: ", "))",
+                                     [("budget", budget.secondsText)])
+                        ExitGuard.exit(ExitCode.failure.rawValue)
+                    }
+                } catch {
+                    logger.warning("cannot watch for the end of the shutdown budget from a thread of its own: \(error)")
                 }
-                thread.name = "modhostd-shutdown-watch"
-                thread.start()
             }
         } catch {
             logger.warning("cannot watch for the end of the shutdown budget from a thread of its own: \(error)")
@@ -259,6 +261,15 @@ final class ShutdownWatchdog: Sendable {
 
     /// Stops watching (the process is exiting by itself).
     func cancel() { watch?.cancel() }
+
+    /// Blocks the calling thread (never a task's) until `end`.
+    private static func sleep(until end: ContinuousClock.Instant) {
+        while case let remaining = ContinuousClock.now.duration(to: end), remaining > .zero {
+            let (seconds, attoseconds) = remaining.components
+            var interval = timespec(tv_sec: Int(seconds), tv_nsec: Int(attoseconds / 1_000_000_000))
+            _ = nanosleep(&interval, nil)
+        }
+    }
 }
 
 /// Which listeners of a posted notification got it: a listener stuck in a callback when it

@@ -1,5 +1,4 @@
 import DaemonKit
-import Foundation
 import Glibc
 import ModuleKit
 import PluginFormat
@@ -141,10 +140,10 @@ public final class CrashGuard: Sendable {
     /// run is returned by `recovered` and remembered from then on.
     public init(directory: String) throws(PluginSetError) {
         self.directory = directory
-        do {
-            try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        do throws(SystemError) {
+            try FileSystem.createDirectory(directory, parents: true)
         } catch {
-            throw PluginSetError(code: "state_directory", message: "cannot create the state directory \(directory): \(error.localizedDescription). Fix: create it or use another state directory")
+            throw PluginSetError(code: "state_directory", message: "cannot create the state directory \(directory): \(error). Fix: create it or use another state directory")
         }
         var known: [String: Crash] = [:]
         var unreadable: (problem: Problem, consequence: String)?

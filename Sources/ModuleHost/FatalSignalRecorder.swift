@@ -1,6 +1,5 @@
 import DaemonKit
 import CDynamicLoader
-import Foundation
 import Glibc
 import ModuleKit
 import Synchronization

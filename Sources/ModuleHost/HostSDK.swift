@@ -45,13 +45,3 @@ func realPath(_ path: String) -> String? {
     defer { free(resolved) }
     return String(cString: resolved)
 }
-
-/// What the symlink at `path` points to (`readlink`), nil if it is not one.
-func symlinkTarget(_ path: String) -> String? {
-    var buffer = [UInt8](repeating: 0, count: Int(PATH_MAX))
-    let length = buffer.withUnsafeMutableBufferPointer { raw in
-        raw.withMemoryRebound(to: CChar.self) { readlink(path, $0.baseAddress!, $0.count) }
-    }
-    guard length >= 0 else { return nil }
-    return String(decoding: buffer[..<length], as: UTF8.self)
-}

@@ -1,7 +1,6 @@
 import CDynamicLoader
 import DaemonKit
 import Dispatch
-import Foundation
 import Glibc
 @_spi(ModuleHost) import ModuleKit
 import PluginCall
@@ -101,7 +100,7 @@ public struct IsolationPolicy: Sendable, Equatable {
 
     /// `modhost-worker` next to the running executable.
     public static var besideExecutable: String {
-        let executable = (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0]
+        let executable = FileSystem.executablePath ?? CommandLine.arguments[0]
         return PathText.parent(of: executable) + "/modhost-worker"
     }
 
@@ -975,7 +974,14 @@ final class WorkerConnection: Sendable {
         }
         let workerEnds = theirs
         let token = WorkerRecords.newToken()
-        let (code, pid) = SpawnThread.run { spawnProcess(executable, sockets: workerEnds, token: token) }
+        let spawned: (code: Int32, pid: pid_t)
+        do throws(SystemError) {
+            spawned = try SpawnThread.run { spawnProcess(executable, sockets: workerEnds, token: token) }
+        } catch {
+            closeAll()
+            throw TrialProcess.SpawnError(description: "\(error)")
+        }
+        let (code, pid) = spawned
         for fd in theirs { close(fd) }
         guard code == 0 else {
             for fd in ours { close(fd) }
@@ -1624,24 +1630,31 @@ enum SpawnThread {
 
     private static let queue = Mutex<[Job]>([])
     private static let wake = DispatchSemaphore(value: 0)
-    private static let started: Bool = {
-        let thread = Thread {
-            while true {
-                wake.wait()
-                while let job = queue.withLock({ $0.isEmpty ? nil : $0.removeFirst() }) {
-                    job.body()
-                    job.done.signal()
+    /// Whether the thread runs; it is started by the first `run`, or by a later one if
+    /// that could not start it.
+    private static let started = Mutex(false)
+
+    /// Starts the spawn thread unless it runs.
+    private static func start() throws(SystemError) {
+        try started.withLock { (started: inout Bool) throws(SystemError) in
+            guard !started else { return }
+            try startThread(name: "worker.spawn") {
+                while true {
+                    wake.wait()
+                    while let job = queue.withLock({ $0.isEmpty ? nil : $0.removeFirst() }) {
+                        job.body()
+                        job.done.signal()
+                    }
                 }
             }
+            started = true
         }
-        thread.name = "worker.spawn"
-        thread.start()
-        return true
-    }()
+    }
 
-    /// Runs `body` on the spawn thread and returns its result.
-    static func run<T: Sendable>(_ body: @escaping @Sendable () -> T) -> T {
-        _ = started
+    /// Runs `body` on the spawn thread and returns its result. Throws, without running
+    /// `body`, if the spawn thread is not running and cannot be started.
+    static func run<T: Sendable>(_ body: @escaping @Sendable () -> T) throws(SystemError) -> T {
+        try start()
         let result = Mutex<T?>(nil)
         let job = Job { let value = body(); result.withLock { $0 = value } }
         queue.withLock { $0.append(job) }

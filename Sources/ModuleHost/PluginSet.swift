@@ -1,5 +1,4 @@
 import DaemonKit
-import Foundation
 import Glibc
 import ModuleKit
 import PluginFormat
@@ -272,7 +271,7 @@ public actor PluginSet {
             if owner == ancestor { break }
             ancestor = owner
         }
-        try? FileManager.default.createDirectory(atPath: PathText.parent(of: directory), withIntermediateDirectories: true)
+        try? FileSystem.createDirectory(PathText.parent(of: directory), parents: true)
         let checked = [
             (directory, "the state directory \(directory)"),
             (directory + "/images", "the private copies' directory \(directory)/images in the state directory"),

@@ -1,6 +1,5 @@
 import DaemonKit
 import Dispatch
-import Foundation
 import Glibc
 import ModuleKit
 import PluginFormat
@@ -599,7 +598,7 @@ extension PluginSet {
     /// directory left: what it names `NAME-GENERATION.NAMEGENERATION-HASH.so` (`.so.tmp`). Called before
     /// the first scan loads anything.
     func deleteLeftoverImages() {
-        guard let names = try? FileManager.default.contentsOfDirectory(atPath: imagesDirectory) else { return }
+        guard let names = try? FileSystem.names(in: imagesDirectory) else { return }
         var deleted = 0
         for name in names where Self.isImageName(name) {
             let path = imagesDirectory + "/" + name

@@ -1,4 +1,5 @@
-import Foundation
+import DaemonKit
+import Glibc
 import ModuleKit
 import PluginCall
 import Synchronization
@@ -84,7 +85,7 @@ extension PluginSet {
     /// The files in `imagesDirectory` (the private copies plugins are loaded from) and their
     /// total size in bytes, as on disk now. Never waits for the set.
     public nonisolated func privateImages() -> (count: Int, bytes: Int64) {
-        guard let names = try? FileManager.default.contentsOfDirectory(atPath: imagesDirectory) else { return (0, 0) }
+        guard let names = try? FileSystem.names(in: imagesDirectory) else { return (0, 0) }
         var count = 0
         var bytes: Int64 = 0
         for name in names {

@@ -1,6 +1,6 @@
 import CDynamicLoader
+import DaemonKit
 import Dispatch
-import Foundation
 import Synchronization
 
 /// Where plugin code that the host cannot interrupt runs: one serial queue, its own thread
@@ -317,9 +317,12 @@ final class SyncRunner: Sendable {
     private let wakeUp = DispatchSemaphore(value: 0)
 
     private init() {
-        let thread = Thread { [self] in self.serve() }
-        thread.name = "modhostd.plugin-calls"
-        thread.start()
+        do throws(SystemError) {
+            try startThread(name: "plugin-calls") { [self] in self.serve() }
+        } catch {
+            // No thread: `offer` says false, and every job takes the queue path.
+            state.withLock { $0.busy = true }
+        }
     }
 
     /// Hands `job` to this thread unless it is running another job (false).

@@ -1,7 +1,6 @@
 import CDynamicLoader
 import Dispatch
 import DaemonKit
-import Foundation
 import Glibc
 import ModuleKit
 import Synchronization
@@ -45,7 +44,7 @@ public struct ProcessTrialLoader: TrialLoader {
 
     /// `modhost-trial` next to the running executable.
     public static var besideExecutable: String {
-        let executable = (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0]
+        let executable = FileSystem.executablePath ?? CommandLine.arguments[0]
         return PathText.parent(of: executable) + "/modhost-trial"
     }
 
@@ -55,7 +54,7 @@ public struct ProcessTrialLoader: TrialLoader {
         // names `libModuleKit.so` (the library has no SONAME, so a preloaded copy would not
         // match that name): the child finds it on its library path. A C plugin needs
         // nothing, and its trial starts in about a millisecond.
-        var environment = ProcessInfo.processInfo.environment
+        var environment = ProcessEnvironment.current
         // A crash is the verdict, said in one line (`crashed a trial load ... (signal 11)`):
         // not the Swift runtime's backtrace of the trial process, some 40 lines of the
         // daemon's log for each crash.
@@ -98,8 +97,9 @@ public struct ProcessTrialLoader: TrialLoader {
     /// The refusal a trial's reply "CAUSE: DETAIL" stands for, worded as the daemon's own
     /// loader words the same cause (`LoadFailure`'s builders), with the fix for that cause.
     static func refusal(_ reply: String, _ file: PluginFile) -> LoadFailure {
-        let (cause, detail) = reply.firstIndex(of: ":").map { (String(reply[..<$0]), String(reply[reply.index($0, offsetBy: 1)...]).trimmingCharacters(in: .whitespaces)) }
-            ?? (reply, "")
+        let (cause, detail) = reply.firstIndex(of: ":").map { colon -> (String, String) in
+            (String(reply[..<colon]), trimmed(reply[reply.index(after: colon)...]) { $0.isWhitespace && !$0.isNewline })
+        } ?? (reply, "")
         let shown = JSONValue.escapingControlCharacters(detail)
         switch cause {
         case "dlopen": return .dlopenFailed(file.path, message: shown)
@@ -223,7 +223,7 @@ enum TrialProcess {
         } else {
             ending = .signalled(status & 0x7f)
         }
-        return Result(ending: ending, reply: String(decoding: reply, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines))
+        return Result(ending: ending, reply: trimmed(Substring(decoding: reply, as: UTF8.self)) { $0.isWhitespace })
     }
 
     private static func spawn(_ executable: String, arguments: [String], environment: [String: String],
@@ -285,4 +285,10 @@ enum TrialProcess {
         }
         return Array(bytes.prefix(count))
     }
+}
+
+/// `text` without the characters at its start and end that `isTrimmed` is true of.
+private func trimmed(_ text: Substring, _ isTrimmed: (Character) -> Bool) -> String {
+    guard let first = text.firstIndex(where: { !isTrimmed($0) }), let last = text.lastIndex(where: { !isTrimmed($0) }) else { return "" }
+    return String(text[first...last])
 }

@@ -1,3 +1,4 @@
+import DaemonKit
 import Glibc
 import ModuleKit
 import PluginCall
@@ -66,7 +67,7 @@ public struct Validator: Sendable {
         } catch .cannotRead(_, ELOOP) {
             guard let target = realPath(path) else {
                 let loop = errno == ELOOP
-                let target = symlinkTarget(path).map { " (to \($0))" } ?? ""
+                let target = FileSystem.symlinkTarget(path).map { " (to \($0))" } ?? ""
                 throw fail(.location, "\(loop ? "symlinks lead in a loop, or through more than 40 links" : "symlink leads nowhere")\(target)",
                            "point the symlink at an existing plugin file or remove it")
             }

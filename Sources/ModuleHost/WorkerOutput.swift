@@ -1,5 +1,5 @@
 import CDynamicLoader
-import Foundation
+import DaemonKit
 import Glibc
 import ModuleKit
 
@@ -38,14 +38,24 @@ enum WorkerOutput {
     /// Starts the thread that logs what `streams` carry until each of them ends.
     static func forward(_ streams: [(fd: Int32, stream: String)]) {
         guard !streams.isEmpty else { return }
-        let thread = Thread {
-            var forwarder = Forwarder(streams)
-            forwarder.run()
+        do throws(SystemError) {
+            // Small: under an address-space limit each thread's stack counts.
+            try startThread(name: "worker.output", stackSize: 512 << 10) {
+                var forwarder = Forwarder(streams)
+                forwarder.run()
+            }
+        } catch {
+            // Nobody would read the pipes, and the plugin would block once one is full: its
+            // output goes to /dev/null instead, as when no pipe could be made.
+            let null = open("/dev/null", O_WRONLY | O_CLOEXEC)
+            if null >= 0 {
+                dup2(null, 1)
+                dup2(null, 2)
+                close(null)
+            }
+            for stream in streams { close(stream.fd) }
+            Logger(label: "modhost-worker").warning("the plugin's standard output and error are discarded: \(error)")
         }
-        thread.name = "worker.output"
-        // Small: under an address-space limit each thread's stack counts.
-        thread.stackSize = 512 << 10
-        thread.start()
     }
 
     /// The reading thread's state.

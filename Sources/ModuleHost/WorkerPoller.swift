@@ -1,5 +1,5 @@
 import CDynamicLoader
-import Foundation
+import DaemonKit
 import Glibc
 import ModuleKit
 import Synchronization
@@ -74,9 +74,11 @@ final class WorkerPoller: Sendable {
         }
         wakeRead = ends[0]
         wakeWrite = ends[1]
-        let thread = Thread { [self] in run() }
-        thread.name = "worker.poll"
-        thread.start()
+        do throws(SystemError) {
+            try startThread(name: "worker.poll") { [self] in run() }
+        } catch {
+            fatalError("modhostd cannot start the thread of its worker poller: \(error)")
+        }
     }
 
     /// Watches `connection`'s worker from now until it has been reaped: its control socket

@@ -1,6 +1,5 @@
 import CDynamicLoader
 import DaemonKit
-import Foundation
 import Dispatch
 import Glibc
 @_spi(ModuleHost) import ModuleKit
@@ -83,18 +82,21 @@ public enum WorkerProcess {
             channel.send(["op": "failed", "check": .string(error.check.rawValue), "problem": .string(error.problem), "fix": .string(error.fix)])
             endGroup()
         }
+        let (stream, continuation) = AsyncStream.makeStream(of: WorkerRequest.self)
+        // Started before `ready`: the daemon sends on these sockets only once it has it.
+        let ordered = WorkerChannel(fd: orderedDescriptor)
+        let calls = WorkerChannel(fd: callsDescriptor)
+        do throws(SystemError) {
+            try startThread(name: "worker.ordered") { service.serveOrdered(ordered, slowPath: continuation) }
+            try startThread(name: "worker.calls") { service.serveCalls(calls) }
+        } catch {
+            channel.send(["op": "failed", "check": "isolation", "problem": .string("the worker cannot start a thread: \(error)"),
+                          "fix": "raise the plugin's \"limits\" (\"processes\", \"addressSpaceBytes\") in modhostd's configuration"])
+            endGroup()
+        }
         channel.send(["op": "ready", "pid": .number(Double(getpid())),
                       "modules": .array(service.plugin.modules.map { ["name": .string($0.factory.name), "version": .string($0.factory.version)] })])
-        let (stream, continuation) = AsyncStream.makeStream(of: WorkerRequest.self)
         Task { await service.serve(stream) }
-        let ordered = WorkerChannel(fd: orderedDescriptor)
-        let orderedThread = Thread { service.serveOrdered(ordered, slowPath: continuation) }
-        orderedThread.name = "worker.ordered"
-        orderedThread.start()
-        let calls = WorkerChannel(fd: callsDescriptor)
-        let callsThread = Thread { service.serveCalls(calls) }
-        callsThread.name = "worker.calls"
-        callsThread.start()
         while true {
             do {
                 let message = try reader.next()

@@ -1,5 +1,4 @@
 import DaemonKit
-import Foundation
 import Glibc
 import ModuleKit
 import PluginFormat
@@ -66,7 +65,7 @@ final class WorkerRecords: Sendable {
     /// gone) recorded, saying so per plugin, and forgets those records. Call it before this
     /// process starts any worker.
     func endLeftovers() {
-        guard let names = try? FileManager.default.contentsOfDirectory(atPath: directory), !names.isEmpty else { return }
+        guard let names = try? FileSystem.names(in: directory), !names.isEmpty else { return }
         var tokens: [String: String] = [:]  // "VARIABLE=TOKEN" -> plugin
         for name in names {
             let path = directory + "/" + name
@@ -85,7 +84,7 @@ final class WorkerRecords: Sendable {
         }
         guard !tokens.isEmpty else { return }
         var killed: [String: Int] = [:]
-        for entry in (try? FileManager.default.contentsOfDirectory(atPath: "/proc")) ?? [] {
+        for entry in (try? FileSystem.names(in: "/proc")) ?? [] {
             guard let pid = pid_t(entry), pid > 1, pid != getpid(),
                   let environment = try? BoundedFile.read("/proc/\(pid)/environ", limit: 1 << 20)
             else { continue }

@@ -1,4 +1,3 @@
-import Foundation
 import ModuleKit
 
 /// A typed Swift value passed to or returned from a plugin function.
@@ -90,7 +89,7 @@ public enum CallValue: Sendable, Hashable, CustomStringConvertible {
         case .double(let v): return Self.jsonFloat(v)
         case .bool(let v): return .bool(v)
         case .string(let v): return .string(v)
-        case .bytes(let v): return .string(Data(v).base64EncodedString())
+        case .bytes(let v): return .string(Base64.encode(v))
         case .void: return .null
         }
     }
@@ -189,10 +188,10 @@ extension ValueType {
                 return .bytes(bytes)
             }
             if text.hasPrefix("base64:") {
-                guard let data = Data(base64Encoded: String(text.dropFirst(7))) else {
+                guard let bytes = Base64.decode(String(text.dropFirst(7))) else {
                     throw fail("after \"base64:\" expected base64 text")
                 }
-                return .bytes(Array(data))
+                return .bytes(bytes)
             }
             if text.hasPrefix("text:") { return .bytes(Array(text.utf8.dropFirst(5))) }
             return .bytes(Array(text.utf8))
@@ -242,8 +241,8 @@ extension ValueType {
         case (.str, .string(let text)):
             return try parse(text)
         case (.buf, .string(let text)):
-            guard let data = Data(base64Encoded: text) else { throw fail("expected base64 text") }
-            return .bytes(Array(data))
+            guard let bytes = Base64.decode(text) else { throw fail("expected base64 text") }
+            return .bytes(bytes)
         case (.buf, .array(let elements)):
             var bytes: [UInt8] = []
             bytes.reserveCapacity(elements.count)

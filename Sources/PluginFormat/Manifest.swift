@@ -1,4 +1,3 @@
-import Foundation
 @_spi(ModuleHost) import ModuleKit
 
 /// A plugin's manifest: what the host knows about a plugin file before running any of its

@@ -1,4 +1,4 @@
-internal import Foundation
+import Glibc
 import Synchronization
 
 /// A log level, ordered from the most to the least verbose.
@@ -121,6 +121,15 @@ public struct StandardErrorBackend: LogBackend {
 /// threads never interleave mid-line.
 public enum StandardError {
     public static func write(_ text: String) {
-        FileHandle.standardError.write(Data(text.utf8))
+        var text = text
+        text.withUTF8 { bytes in
+            var done = 0
+            while done < bytes.count {
+                let written = Glibc.write(2, bytes.baseAddress! + done, bytes.count - done)
+                if written < 0 && errno == EINTR { continue }
+                guard written > 0 else { return }  // standard error is closed or broken: the line is lost
+                done += written
+            }
+        }
     }
 }

@@ -1,5 +1,5 @@
 @_exported import CModuleHost
-internal import Foundation
+import Glibc
 import Synchronization
 
 /// Carries a Swift module type through the C descriptor (`modhost_module.swift_type`).
