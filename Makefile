@@ -162,8 +162,8 @@ run: plugins
 	@echo "make run: a debug build (CONFIG=$(CONFIG)); make install and make deb install release builds"
 	$(BUILD)/bin/modhostd --plugins $(BUILD)/plugins --state-dir $(BUILD)/state --socket $(BUILD)/modhostd.sock
 
-# The peer rows' C programs (Tests/Peer), built against the release SDK: peer-timer and
-# peer-bare-host always, peer-peas-host when libpeas is installed.
+# The peer rows' C programs (Tests/Peer), built against the release SDK: peer-timer,
+# peer-bare-host and peer-contained-loop always, peer-peas-host when libpeas is installed.
 PEER_BIN := $(CURDIR)/build/release/bench
 PEER_CFLAGS := -O2 -Wall -Wextra -I$(CURDIR)/build/release/include
 
@@ -173,11 +173,14 @@ $(PEER_BIN)/peer-timer: Tests/Peer/peer-timer.c
 $(PEER_BIN)/peer-bare-host: Tests/Peer/peer-bare-host.c Tests/Peer/peer-host.h
 	@mkdir -p $(@D)
 	cc $(PEER_CFLAGS) $< -o $@ -ldl
+$(PEER_BIN)/peer-contained-loop: Tests/Peer/peer-contained-loop.c Tests/Peer/peer-host.h
+	@mkdir -p $(@D)
+	cc $(PEER_CFLAGS) $< -o $@ -lpthread
 $(PEER_BIN)/peer-peas-host: Tests/Peer/peer-peas-host.c Tests/Peer/peer-host.h
 	@mkdir -p $(@D)
 	cc $(PEER_CFLAGS) $$(pkg-config --cflags $(BENCH_PEER_PC)) $< -o $@ $$(pkg-config --libs $(BENCH_PEER_PC))
 
-peer-programs: $(PEER_BIN)/peer-timer $(PEER_BIN)/peer-bare-host
+peer-programs: $(PEER_BIN)/peer-timer $(PEER_BIN)/peer-bare-host $(PEER_BIN)/peer-contained-loop
 	@if pkg-config --exists $(BENCH_PEER_PC) 2>/dev/null; then $(MAKE) --no-print-directory $(PEER_BIN)/peer-peas-host; \
 	else echo "$(BENCH_PEER_DEB) is not installed: no peer-peas-host, make bench skips its peer rows"; fi
 

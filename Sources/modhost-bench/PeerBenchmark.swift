@@ -34,7 +34,7 @@ struct PeerBenchmark {
         guard (try? shell("pkg-config --exists libpeas-1.0")) != nil else {
             return "libpeas-1.0 is not installed (pkg-config finds no libpeas-1.0): run make deps as root, or apt-get install --no-install-recommends libpeas-dev"
         }
-        for program in ["peer-timer", "peer-peas-host", "peer-bare-host"] where access(programs + "/" + program, X_OK) != 0 {
+        for program in ["peer-timer", "peer-peas-host", "peer-bare-host", "peer-contained-loop"] where access(programs + "/" + program, X_OK) != 0 {
             return "\(programs)/\(program) is missing: make bench builds it"
         }
         for template in ["modhost-plugin.c", "peas-plugin.c", "peer-plugin.h"] where access(sources + "/" + template, R_OK) != 0 {
@@ -239,6 +239,15 @@ struct PeerBenchmark {
                 bare.append(try number(run([programs + "/peer-bare-host", "--dispatch", loopRounds, modhostSet])))
             }
             if size == 100 { peasAt100 = median(peas) }
+            // The floor of a contained dispatch: the hand-over to a thread the caller can
+            // leave behind, once per module (as C modules are called now) or once per event.
+            let contained = programs + "/peer-contained-loop"
+            let perEvent = median(try (0..<5).map { _ in try number(run([contained, String(size), loopRounds, "per-event", "sleep"])) })
+            let perCall = median(try (0..<5).map { _ in try number(run([contained, String(size), hostRounds, "per-call", "sleep"])) })
+            rows.append(BenchRow(
+                name: "peer.dispatch.contained_floor.n\(size)", value: perEvent, unit: "ns", baseline: median(peas),
+                baselineDescription: "peer-peas-host --dispatch as in peer.dispatch.c_module.n\(size); value: peer-contained-loop, the least a host does to keep a handler that never returns from costing more than its module: the \(size) handlers called on another thread, the fan-out handed over once per event and waited for in futex waits (no spinning), per module; handed over once per module instead: \(format(perCall)) ns (report only)",
+                target: nil))
             rows.append(BenchRow(
                 name: "peer.dispatch.c_module.n\(size)", value: median(modhost), unit: "ns", baseline: median(peas),
                 baselineDescription: "peer-peas-host --dispatch: \(loopRounds) peas_extension_set_foreach calls of update_state on \(size) extensions, per extension per call; value: \(hostRounds) host.send(.custom(\"tick\")) on the host's context to \(size) C modules of the same plugins loaded by a PluginSet in a fresh process, per module; median of 5 alternating processes each; a direct handle_event loop over the same modules (peer-bare-host): \(format(median(bare))) ns",
