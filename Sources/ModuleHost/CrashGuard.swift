@@ -112,19 +112,12 @@ public final class CrashGuard: Sendable {
 
     /// The open in-flight file, whether it holds a record, and its length.
     ///
-    /// The file is never truncated while the host runs: a record is written over the
-    /// previous contents, padded with spaces to the file's length, and cleared by writing
-    /// spaces over it. A file of spaces holds no record. Its room is mapped shared
-    /// (`mapping`), so a record is a copy into memory, not a system call: what is written
-    /// there is in the file for whoever reads it after this process ends, however it ends
-    /// (only a crash of the machine itself can lose it, as with a write). A record longer
-    /// than the room is written with `pwrite`, which grows the file.
+    /// The file is never truncated while the host runs (on ext4 a truncation costs ten
+    /// times a write): a record is written over the previous contents, padded with spaces
+    /// to the file's length, and cleared by writing spaces over it. A file of spaces holds
+    /// no record.
     private struct InFlight {
         var fd: Int32 = -1
-        /// The address of the file's first `mappedLength` bytes, mapped shared; 0 when the
-        /// mapping failed (records are then written with `pwrite`).
-        var mapping: UInt = 0
-        var mappedLength = 0
         var holdsRecord = false
         var length = 0
         var current: Crash?
@@ -230,8 +223,8 @@ public final class CrashGuard: Sendable {
 
     /// Records on disk that the host is about to work on `file` (`plugin`'s code, or the
     /// file's bytes) in `phase`. Call `end()` when that is over; only a process death
-    /// leaves the record behind. One copy into the file's mapped room here (no system call),
-    /// one in `end`; a `begin` without `end` in between replaces the record with that one copy.
+    /// leaves the record behind. One write on a file kept open here, one in `end`; a
+    /// `begin` without `end` in between replaces the record with that one write.
     public func begin(file: String, plugin: String, hash: String, phase: String, identity: String? = nil) {
         let crash = Crash(file: file, plugin: plugin, hash: hash, phase: phase, time: UTCTimestamp.now(), identity: identity)
         var fields: [String: JSONValue] = ["file": .string(file), "plugin": .string(plugin), "hash": .string(hash),
@@ -242,7 +235,7 @@ public final class CrashGuard: Sendable {
         inflight.withLock { state in
             guard !state.exiting else { return }
             if state.fd < 0 {
-                state.fd = open(inflightPath, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0o600)
+                state.fd = open(inflightPath, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0o600)
                 guard state.fd >= 0 else {
                     let problem = SystemError.current("open").message
                     if !state.openFailureLogged {
@@ -252,16 +245,11 @@ public final class CrashGuard: Sendable {
                     state.openFailureLogged = true
                     return
                 }
-                let room = reserveRoom(state.fd, inflightPath)
-                // The room only: the pages past the end of the file are not the file's.
-                if room > 0, let address = mmap(nil, room, PROT_READ | PROT_WRITE, MAP_SHARED, state.fd, 0), address != MAP_FAILED {
-                    state.mapping = UInt(bitPattern: address)
-                    state.mappedLength = room
-                }
+                reserveRoom(state.fd, inflightPath)
             }
             // Over a longer previous record, the rest is blanked in the same write.
             if bytes.count < state.length { bytes += repeatElement(UInt8(ascii: " "), count: state.length - bytes.count) }
-            Self.write(bytes, &state)
+            _ = bytes.withUnsafeBytes { pwrite(state.fd, $0.baseAddress, $0.count, 0) }
             state.length = bytes.count
             state.holdsRecord = true
             state.current = crash
@@ -283,24 +271,11 @@ public final class CrashGuard: Sendable {
 
     private static func clear(_ state: inout InFlight) {
         if state.holdsRecord {
-            if state.length <= state.mappedLength, let mapping = UnsafeMutableRawPointer(bitPattern: state.mapping) {
-                mapping.initializeMemory(as: UInt8.self, repeating: UInt8(ascii: " "), count: state.length)
-            } else {
-                write([UInt8](repeating: UInt8(ascii: " "), count: state.length), &state)
-            }
+            let blank = [UInt8](repeating: UInt8(ascii: " "), count: state.length)
+            _ = blank.withUnsafeBytes { pwrite(state.fd, $0.baseAddress, $0.count, 0) }
         }
         state.holdsRecord = false
         state.current = nil
-    }
-
-    /// Writes `bytes` at the start of the in-flight file: into its mapped room when they
-    /// fit, else with `pwrite`.
-    private static func write(_ bytes: [UInt8], _ state: inout InFlight) {
-        if bytes.count <= state.mappedLength, let mapping = UnsafeMutableRawPointer(bitPattern: state.mapping) {
-            bytes.withUnsafeBytes { mapping.copyMemory(from: $0.baseAddress!, byteCount: $0.count) }
-        } else {
-            _ = bytes.withUnsafeBytes { pwrite(state.fd, $0.baseAddress, $0.count, 0) }
-        }
     }
 
     /// The host is ending itself (a shutdown, also one whose budget ran out with plugin code
