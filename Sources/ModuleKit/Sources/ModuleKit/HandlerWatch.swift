@@ -176,8 +176,14 @@ final class HandlerWatch: Sendable {
         // Read before the lock: the instance may be setting it.
         let event = watched ? eventName.withLock { $0 } : ""
         let module = watched ? metrics.module(atIndex: Int(mark & 0xFF_FFFF) - 1) : nil
+        // Reports are made under the lock, so that a callback that returns right after it
+        // is found overdue (`returned`, which takes the lock) is said to be late only after
+        // it was said to be overdue.
         let active = looks.withLock { looks -> Bool in
-            defer { looks.serial = serial }
+            defer {
+                looks.serial = serial
+                for report in reports { self.report(report) }
+            }
             if let overdue = looks.overdue, overdue.mark != mark, overdue.mark != outermost {
                 // Returned, and `leave` had not seen it overdue yet. (One that calls a nested
                 // callback is still the outermost: two levels of nesting below an overdue
@@ -213,6 +219,5 @@ final class HandlerWatch: Sendable {
             // that did arm it runs a timer of its own, and this one ends.)
             schedule(lastLook: false)
         }
-        for report in reports { self.report(report) }
     }
 }
