@@ -8,7 +8,9 @@ import Synchronization
 ///
 /// Every C function of one module instance (`create`, `handle_event` or `receive`, `destroy`) runs on
 /// the module's own `PluginWorker`, one at a time and in order, never on the host
-/// instance's actor nor on a Swift concurrency thread. The host waits for each call up to
+/// instance's actor nor on a Swift concurrency thread: a custom event or a notification
+/// sent to every module is made on a lane of the `CModuleRelay`, in the worker's place,
+/// together with the C modules beside it. The host waits for each call up to
 /// its `eventDeadline`: a call still running then leaves the module *stuck* (logged,
 /// shown by `modhostctl list`), and the host goes on. A stuck module is given no more
 /// custom events or notifications until the call returns; the host's own lifecycle events
@@ -20,7 +22,7 @@ import Synchronization
 /// notifications are never delivered: a C module sees them only from the host itself. Nor
 /// is an event or notification whose name breaks the name grammar (`PluginName`): a NUL
 /// would cut it short in C (`"deinit\0x"` read as `"deinit"`).
-final class CModule: Module {
+final class CModule: RelayedModule {
     let descriptor: ModuleDescriptor
     /// The C instance and its services, touched only by jobs on `worker`.
     private let instance: CModuleInstance
@@ -35,6 +37,9 @@ final class CModule: Module {
     let moduleName: String
     let notifications: Set<String>
     var info: ModuleInfo { ModuleInfo(name: moduleName, version: descriptor.version, metadata: ["language": "c"]) }
+    /// Delivers custom events and notifications sent to every module to this module and
+    /// the C modules beside it in one hand-over.
+    var relay: any ModuleRelay { workers.relay }
     /// Delivers this module's custom events and notifications from a thread that may block.
     let delivery: Delivery
 
@@ -141,11 +146,7 @@ final class CModule: Module {
         return false
     }
 
-    private func overran(_ name: String) {
-        metrics.recordDeadlineOverrun()
-        log.error("C module did not return from \(name) within \(deadline.secondsText); it is stuck and gets no more events until it returns",
-                  [("event", name), ("deadline", deadline.secondsText)])
-    }
+    private func overran(_ name: String) { delivery.overran(name) }
 
     /// Custom events and notifications for one C module, given from a thread that may block
     /// for as long as the module's code runs: an isolated plugin's ordered thread in its
@@ -216,11 +217,35 @@ final class CModule: Module {
                 if !lifecycle { lastAdmitted.set(name) }
             }
             if let stuck = worker.stuck {
-                log.warning("C module is stuck in \(stuck.what) for \(stuck.elapsed.secondsText); \(name) not delivered",
-                            [("event", name), ("stuck_in", stuck.what)])
+                refused(name, stuckIn: stuck)
                 return false
             }
             return true
+        }
+
+        /// Says that event `name` was not delivered because the module is stuck in `stuck`
+        /// (or still busy with it, when its caller gave up waiting for its turn).
+        func refused(_ name: String, stuckIn stuck: PluginWorker.Stuck?) {
+            metrics.recordError(.notDelivered)
+            guard let stuck else {
+                log.warning("C module is busy; \(name) not delivered", [("event", name)])
+                return
+            }
+            log.warning("C module is stuck in \(stuck.what) for \(stuck.elapsed.secondsText); \(name) not delivered",
+                        [("event", name), ("stuck_in", stuck.what)])
+        }
+
+        /// Says that the module's call of `name` was still running at the deadline.
+        func overran(_ name: String) {
+            metrics.recordDeadlineOverrun()
+            log.error("C module did not return from \(name) within \(deadline.secondsText); it is stuck and gets no more events until it returns",
+                      [("event", name), ("deadline", deadline.secondsText)])
+        }
+
+        /// Calls the module with the event's name and payload as C strings, on the calling
+        /// thread: only for the thread that holds the module's worker (`PluginWorker.claim`).
+        func call(_ kind: CEventKind, _ name: UnsafePointer<CChar>, _ payload: UnsafePointer<CChar>?) {
+            instance.deliver(kind, name, payload)
         }
     }
 
@@ -281,11 +306,16 @@ private final class CModuleInstance: Sendable {
 
     /// Calls `receive` with `kind` when the plugin set it (ABI 1.1), else `handle_event`.
     func deliver(_ kind: CEventKind, _ name: String, _ payload: JSONValue?) {
+        Self.withCStrings(name, payload) { deliver(kind, $0, $1) }
+    }
+
+    /// `deliver` with the name and the payload's JSON text (NULL for none) as C strings.
+    func deliver(_ kind: CEventKind, _ name: UnsafePointer<CChar>, _ payload: UnsafePointer<CChar>?) {
         guard let pointer = UnsafeMutableRawPointer(bitPattern: address.load(ordering: .acquiring)) else { return }
         if let receive = descriptor.receive {
-            Self.withCStrings(name, payload) { receive(pointer, kind.value, $0, $1) }
+            receive(pointer, kind.value, name, payload)
         } else if let handle = descriptor.handleEvent {
-            Self.withCStrings(name, payload) { handle(pointer, $0, $1) }
+            handle(pointer, name, payload)
         }
     }
 

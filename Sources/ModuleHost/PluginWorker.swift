@@ -13,6 +13,12 @@ import Synchronization
 /// running past it makes the worker *stuck* (`stuck`), which callers use to give it no
 /// more work until it returns. A C call cannot be preempted: the thread stays where the
 /// plugin left it, the caller does not.
+///
+/// A relay's lane (`CModuleRelay`) may also run a call on its own thread in the worker's
+/// place (`claim`, `release`): only while no job of the queue runs or waits, and a job of
+/// the queue that starts meanwhile waits for it to be released, so the worker still runs
+/// one job at a time, in order. A claim is two atomic operations when nothing else runs,
+/// with no lock: it is taken once per module per event.
 package final class PluginWorker: Sendable {
     /// What the worker is for, e.g. "module hang" or "plugin Spin" (log lines).
     let label: String
@@ -37,7 +43,21 @@ package final class PluginWorker: Sendable {
         /// Jobs `submit` queued that have not started yet, by number: what the worker
         /// still has to do once the job running now (if any) returns.
         var queued: [UInt64: String] = [:]
+        /// A job of the queue waits for a lane's call to be released (`claimReleased`).
+        var queueWaits = false
+        /// A lane waits for the queue's jobs to be over (`queueIdle`).
+        var laneWaits = false
+        /// What the lane's call that overran runs, and since when its caller saw it run.
+        var laneWhat = ""
+        var laneSince = ContinuousClock.Instant.now
     }
+    /// The lane's call running now: 0 for none, else its token shifted left by one, with
+    /// the low bit set once its caller said that it overran (`abandon(lane:)`).
+    private let laneClaim = Atomic<UInt64>(0)
+    /// Jobs of the queue given to it and not over yet (a lane claims only at 0).
+    private let queueJobs = Atomic<Int>(0)
+    private let claimReleased = DispatchSemaphore(value: 0)
+    private let queueIdle = DispatchSemaphore(value: 0)
 
     struct Running: Sendable {
         var job: UInt64
@@ -70,13 +90,21 @@ package final class PluginWorker: Sendable {
     package var stuck: Stuck? {
         state.withLock { state in
             // Asked before every event: the clock is read only when a job runs or was given up on.
-            guard state.current != nil || !state.abandoned.isEmpty else { return nil }
-            let now = ContinuousClock.now
-            if let running = state.current, running.overran || now - running.since > running.deadline {
-                return Stuck(what: running.what, elapsed: now - running.since)
-            }
-            return state.abandoned.min { $0.key < $1.key }.map { Stuck(what: $0.value.what, elapsed: now - $0.value.since) }
+            guard state.current != nil || !state.abandoned.isEmpty || laneClaim.load(ordering: .relaxed) != 0 else { return nil }
+            return stuck(state)
         }
+    }
+
+    private func stuck(_ state: State) -> Stuck? {
+        let now = ContinuousClock.now
+        if let running = state.current, running.overran || now - running.since > running.deadline {
+            return Stuck(what: running.what, elapsed: now - running.since)
+        }
+        // A lane's call is stuck once its caller says so, the caller keeping its deadline.
+        if laneClaim.load(ordering: .acquiring) & 1 != 0 {
+            return Stuck(what: state.laneWhat, elapsed: now - state.laneSince)
+        }
+        return state.abandoned.min { $0.key < $1.key }.map { Stuck(what: $0.value.what, elapsed: now - $0.value.since) }
     }
 
     /// The job running now, whether or not it is past its deadline, else the next job
@@ -85,6 +113,9 @@ package final class PluginWorker: Sendable {
     package var busy: Stuck? {
         state.withLock { state in
             if let running = state.current { return Stuck(what: running.what, elapsed: ContinuousClock.now - running.since) }
+            let lane = laneClaim.load(ordering: .acquiring)
+            if lane & 1 != 0 { return Stuck(what: state.laneWhat, elapsed: ContinuousClock.now - state.laneSince) }
+            if lane != 0 { return Stuck(what: "an event", elapsed: .zero) }
             return state.queued.min { $0.key < $1.key }.map { Stuck(what: $0.value, elapsed: .zero) }
         }
     }
@@ -99,11 +130,12 @@ package final class PluginWorker: Sendable {
             last += 1
             let id = last
             state.withLock { $0.queued[id] = what }
+            queueJobs.wrappingAdd(1, ordering: .sequentiallyConsistent)
             // Enqueued under the lock, so queue order is number order.
             queue.async { [self] in
                 started(id, what, deadline)
                 job()
-                self.state.withLock { $0.current = nil }
+                self.finishedJob()
                 finished?()
             }
             return id
@@ -114,7 +146,13 @@ package final class PluginWorker: Sendable {
     /// plugin's SIGABRT reach it: `modhost_crash_recorder_allow_abort`).
     private func started(_ id: UInt64, _ what: String, _ deadline: Duration) {
         modhost_crash_recorder_allow_abort()
-        state.withLock { state in
+        // Counted in `queueJobs` before it was queued: a lane claims no call from now on,
+        // and this job waits for the call a lane claimed before.
+        while state.withLock({ state -> Bool in
+            if laneClaim.load(ordering: .sequentiallyConsistent) != 0 {
+                state.queueWaits = true
+                return true
+            }
             state.lastStarted = max(state.lastStarted, id)
             // Each is usually empty (no job waits, none was given up on): looked into only
             // then, as each removal hashes the number first.
@@ -122,6 +160,90 @@ package final class PluginWorker: Sendable {
             if !state.queued.isEmpty { state.queued[id] = nil }
             let overran = !state.abandoned.isEmpty && state.abandoned.removeValue(forKey: id) != nil
             state.current = Running(job: id, what: what, since: .now, deadline: deadline, overran: overran)
+            return false
+        }) {
+            claimReleased.wait()
+        }
+    }
+
+    /// A job of the queue is over: the worker runs none now, and a lane waiting for that
+    /// (`claim`) tries again.
+    private func finishedJob() {
+        let laneWaits = state.withLock { state -> Bool in
+            state.current = nil
+            queueJobs.wrappingSubtract(1, ordering: .sequentiallyConsistent)
+            defer { state.laneWaits = false }
+            return state.laneWaits
+        }
+        if laneWaits { queueIdle.signal() }
+    }
+
+    /// What became of a lane's `claim`.
+    enum Claim {
+        /// The lane runs the call now, in the worker's place, and then calls `release`.
+        case claimed
+        /// The worker is stuck (`stuck`): the call is not made.
+        case stuck(Stuck)
+        /// Another lane's call runs (not stuck): the call is not made.
+        case busy
+        /// The batch's caller gave the rest of the batch to another lane meanwhile: this
+        /// lane stops.
+        case superseded
+    }
+
+    /// Lets the calling thread, a relay's lane, make a call in the worker's place, known
+    /// by `token` (not 0, below 2^63), once no job of the queue runs or waits. It waits for
+    /// them while `isCurrent` (read under the worker's lock) says the lane still owns its
+    /// batch.
+    func claim(token: UInt64, isCurrent: () -> Bool) -> Claim {
+        // Each side announces itself before it looks at the other (sequentially consistent):
+        // a job of the queue counts itself and then looks for a claim, the lane claims and
+        // then looks for jobs, so at least one of them sees the other.
+        let claimed = token << 1
+        if queueJobs.load(ordering: .sequentiallyConsistent) == 0,
+           laneClaim.compareExchange(expected: 0, desired: claimed, ordering: .sequentiallyConsistent).exchanged {
+            if queueJobs.load(ordering: .sequentiallyConsistent) == 0 { return .claimed }
+            release()
+        }
+        while true {
+            let claim = state.withLock { state -> Claim? in
+                guard isCurrent() else { return .superseded }
+                if let stuck = stuck(state) { return .stuck(stuck) }
+                if laneClaim.load(ordering: .sequentiallyConsistent) != 0 { return .busy }
+                // Claimed as above; a job that counted itself meanwhile looks for a claim
+                // under this lock, so after the claim is taken back.
+                if queueJobs.load(ordering: .sequentiallyConsistent) == 0,
+                   laneClaim.compareExchange(expected: 0, desired: claimed, ordering: .sequentiallyConsistent).exchanged {
+                    if queueJobs.load(ordering: .sequentiallyConsistent) == 0 { return .claimed }
+                    laneClaim.store(0, ordering: .sequentiallyConsistent)
+                }
+                state.laneWaits = true
+                return nil
+            }
+            if let claim { return claim }
+            queueIdle.wait()
+        }
+    }
+
+    /// Ends the call `claim` gave the lane: a job of the queue waiting for it starts.
+    func release() {
+        laneClaim.store(0, ordering: .sequentiallyConsistent)
+        guard queueJobs.load(ordering: .sequentiallyConsistent) != 0 else { return }
+        let queueWaits = state.withLock { state -> Bool in
+            defer { state.queueWaits = false }
+            return state.queueWaits
+        }
+        if queueWaits { claimReleased.signal() }
+    }
+
+    /// Records that the lane's call `token`, named `what` and seen running since `since`,
+    /// overran its deadline: the worker is stuck until it returns. False when it returned
+    /// already.
+    func abandon(lane token: UInt64, what: String, since: ContinuousClock.Instant) -> Bool {
+        state.withLock { state in
+            state.laneWhat = what
+            state.laneSince = since
+            return laneClaim.compareExchange(expected: token << 1, desired: token << 1 | 1, ordering: .sequentiallyConsistent).exchanged
         }
     }
 
@@ -135,16 +257,20 @@ package final class PluginWorker: Sendable {
             return last
         }
         state.withLock { _ = $0.notStarted.insert(id) }
+        queueJobs.wrappingAdd(1, ordering: .sequentiallyConsistent)
         let offered = SyncRunner.shared.offer { [self] in
             queue.sync {
                 started(id, what, deadline)
                 job()
-                state.withLock { $0.current = nil }
+                finishedJob()
             }
             finished()
         }
         if offered { return id }
-        state.withLock { _ = $0.notStarted.remove(id) }
+        state.withLock { state in
+            state.notStarted.remove(id)
+            queueJobs.wrappingSubtract(1, ordering: .sequentiallyConsistent)
+        }
         return nil
     }
 
@@ -189,10 +315,11 @@ package final class PluginWorker: Sendable {
             last += 1
             return last
         }
+        queueJobs.wrappingAdd(1, ordering: .sequentiallyConsistent)
         queue.sync {
             started(id, what, deadline)
             job()
-            state.withLock { $0.current = nil }
+            finishedJob()
         }
     }
 
@@ -214,10 +341,9 @@ package final class PluginWorker: Sendable {
         /// True once the job has finished, false when `deadline` passed first.
         func wait(upTo deadline: Duration) -> Bool {
             let start = ContinuousClock.now
-            let watchUntil = start + min(deadline, SyncRunner.watchFor)
-            repeat {
-                if finished.load(ordering: .acquiring) { return true }
-            } while ContinuousClock.now < watchUntil
+            if SyncRunner.watch(until: start + min(deadline, SyncRunner.watchFor), for: { finished.load(ordering: .acquiring) }) {
+                return true
+            }
             let left = deadline - (ContinuousClock.now - start)
             return wakeUp.wait(timeout: .now() + max(left, .zero).dispatchInterval) == .success
         }
@@ -289,23 +415,34 @@ package final class PluginWorker: Sendable {
     }
 }
 
-/// One thread of its own that runs the jobs callers wait for (`PluginWorker.run`: a C
-/// module's create, lifecycle events and events) on their worker's queue, one job at a
-/// time, while it is free.
+/// A thread of its own that runs the jobs handed to it, one at a time. `shared` runs the
+/// jobs callers wait for (`PluginWorker.run`: a C module's create and lifecycle events) on
+/// their worker's queue while it is free; a relay's lanes (`CModuleRelay`) are runners of
+/// their own.
 ///
 /// A job `run` hands to a worker's queue wakes a pool thread, and its caller is woken in
 /// turn: on a virtual machine each wake-up costs tens of microseconds, more than most C
 /// callbacks take. This thread watches for its next job for `watchFor` after each one
 /// before it sleeps, so the callbacks of a burst (a startup's create, init and start of
-/// every module, an event delivered to every module) run without waking a thread. The
-/// queue still serialises each module's calls (`DispatchQueue.sync` runs the job on this
-/// thread once the queue is idle). A job that never returns keeps this thread; later jobs
-/// take the queue path meanwhile (`offer` says false while it is busy).
+/// every module, events sent one after another) run without waking a thread. The queue
+/// still serialises each module's calls (`DispatchQueue.sync` runs the job on this thread
+/// once the queue is idle). A job that never returns keeps this thread; later jobs take
+/// the queue path meanwhile (`offer` says false while it is busy).
 final class SyncRunner: Sendable {
-    static let shared = SyncRunner()
+    static let shared = SyncRunner(name: "plugin-calls") ?? SyncRunner()
     /// How long this thread, and a caller in `run`, watch for what they wait for before
     /// they sleep.
     static let watchFor = Duration.microseconds(50)
+
+    /// Whether `happened` came true before `until` (at most a few dozen checks later),
+    /// checked on this processor without sleeping: the clock is read once every 32 checks,
+    /// as a read costs more than a check.
+    static func watch(until: ContinuousClock.Instant, for happened: () -> Bool) -> Bool {
+        repeat {
+            for _ in 0..<32 where happened() { return true }
+        } while ContinuousClock.now < until
+        return happened()
+    }
 
     private struct State {
         var job: (@Sendable () -> Void)?
@@ -316,13 +453,18 @@ final class SyncRunner: Sendable {
     private let offered = Atomic<Bool>(false)
     private let wakeUp = DispatchSemaphore(value: 0)
 
-    private init() {
+    /// A runner on a new thread named `name`; nil when no thread can be had.
+    init?(name: String) {
         do throws(SystemError) {
-            try startThread(name: "plugin-calls") { [self] in self.serve() }
+            try startThread(name: name) { [self] in self.serve() }
         } catch {
-            // No thread: `offer` says false, and every job takes the queue path.
-            state.withLock { $0.busy = true }
+            return nil
         }
+    }
+
+    /// A runner with no thread: `offer` says false, and every job takes the queue path.
+    private init() {
+        state.withLock { $0.busy = true }
     }
 
     /// Hands `job` to this thread unless it is running another job (false).
@@ -340,10 +482,22 @@ final class SyncRunner: Sendable {
         return true
     }
 
+    /// Hands `job` to this thread, which runs it once the job it runs now, if any, has
+    /// returned: for a caller that owns the thread (a lane of `CModuleRelay`), never while
+    /// another may hand it a job.
+    func hand(_ job: @escaping @Sendable () -> Void) {
+        let asleep = state.withLock { state -> Bool in
+            state.job = job
+            defer { state.asleep = false }
+            return state.asleep
+        }
+        offered.store(true, ordering: .releasing)
+        if asleep { wakeUp.signal() }
+    }
+
     private func serve() {
         while true {
-            let watchUntil = ContinuousClock.now + Self.watchFor
-            while !offered.load(ordering: .acquiring) && ContinuousClock.now < watchUntil {}
+            _ = Self.watch(until: ContinuousClock.now + Self.watchFor) { offered.load(ordering: .acquiring) }
             let job = state.withLock { state -> (@Sendable () -> Void)? in
                 guard let job = state.job else {
                     state.asleep = true
@@ -382,6 +536,9 @@ public final class PluginWorkers: Sendable {
         var lastIsolated = 0
     }
     private let state = Mutex(State())
+
+    /// Delivers events sent to every module to the runs of C modules among them.
+    let relay = CModuleRelay()
 
     public init() {}
 

@@ -31,6 +31,92 @@ import Testing
         let ran = Mutex<[Int]>([])
         let running = Atomic<Int>(0)
         let overlapped = Atomic<Bool>(false)
+        /// Callers that are done, for a lane that runs until they are.
+        let callersDone = Atomic<Int>(0)
+    }
+
+    /// A lane's calls (`claim`, `release`) and the queue's jobs, from synchronous and
+    /// asynchronous callers at once, never run at the same time, and every queued job runs.
+    @Test func aLaneAndTheQueueNeverRunAJobAtOnce() async {
+        let worker = PluginWorker(label: "lane")
+        let seen = Seen()
+        // A lane of its own thread, as the relay's are, claiming until the other callers are done.
+        let lane = Task.detached {
+            await withCheckedContinuation { (done: CheckedContinuation<Int, Never>) in
+                DispatchQueue.global().async {
+                    var token: UInt64 = 0
+                    while seen.callersDone.load(ordering: .acquiring) < 2 || token < 20_000 {
+                        token += 1
+                        switch worker.claim(token: token, isCurrent: { true }) {
+                        case .claimed:
+                            Self.runAlone(seen, "lane")
+                            worker.release()
+                        case .stuck, .busy, .superseded:
+                            Issue.record("claim \(token) was refused")
+                        }
+                    }
+                    done.resume(returning: Int(token))
+                }
+            }
+        }
+        await withTaskGroup(of: Void.self) { group in
+            group.addTask {
+                for _ in 0..<1000 { _ = worker.run("sync", deadline: .seconds(30)) { Self.runAlone(seen, "sync") } }
+                seen.callersDone.add(1, ordering: .releasing)
+            }
+            group.addTask {
+                for _ in 0..<1000 { await worker.run("async", deadline: .seconds(30)) { Self.runAlone(seen, "async") } }
+                seen.callersDone.add(1, ordering: .releasing)
+            }
+        }
+        let claims = await lane.value
+        let overlapped = seen.overlapped.load(ordering: .sequentiallyConsistent)
+        let ran = seen.ran.withLock { ran in Dictionary(grouping: ran) { $0 }.mapValues(\.count) }
+        #expect(!overlapped)
+        #expect(ran == [0: claims, 1: 1000, 2: 1000])
+        #expect(worker.busy == nil)
+    }
+
+    /// Notes a job of `kind` ("lane", "sync", "async") in `seen.ran` as 0, 1 or 2, and
+    /// whether another ran meanwhile.
+    @Sendable static func runAlone(_ seen: Seen, _ kind: String) {
+        if seen.running.add(1, ordering: .sequentiallyConsistent).newValue > 1 {
+            seen.overlapped.store(true, ordering: .sequentiallyConsistent)
+        }
+        for _ in 0..<50 { _ = seen.running.load(ordering: .relaxed) }
+        seen.ran.withLock { $0.append(["lane", "sync", "async"].firstIndex(of: kind) ?? -1) }
+        seen.running.subtract(1, ordering: .sequentiallyConsistent)
+    }
+
+    /// A lane's call its caller gave up on makes the worker stuck until it returns; a job
+    /// queued meanwhile runs after it.
+    @Test func aLaneCallGivenUpOnIsStuckUntilItReturns() async {
+        let worker = PluginWorker(label: "lane-stuck")
+        let release = DispatchSemaphore(value: 0)
+        let claimed = DispatchSemaphore(value: 0)
+        let order = Mutex<[String]>([])
+        DispatchQueue.global().async {
+            guard case .claimed = worker.claim(token: 7, isCurrent: { true }) else { return }
+            claimed.signal()
+            release.wait()
+            order.withLock { $0.append("lane") }
+            worker.release()
+        }
+        claimed.wait()
+        #expect(worker.stuck == nil)
+        #expect(!worker.abandon(lane: 8, what: "tick", since: .now))
+        #expect(worker.abandon(lane: 7, what: "tick", since: .now))
+        #expect(worker.stuck?.what == "tick")
+        if case .stuck(let stuck) = worker.claim(token: 9, isCurrent: { true }) {
+            #expect(stuck.what == "tick")
+        } else {
+            Issue.record("a second claim was not refused as stuck")
+        }
+        worker.submit("deinit", deadline: .seconds(30)) { order.withLock { $0.append("deinit") } }
+        release.signal()
+        _ = await worker.run("last", deadline: .seconds(30)) { 0 }
+        #expect(order.withLock { $0 } == ["lane", "deinit"])
+        #expect(worker.stuck == nil)
     }
 
     /// Jobs run one at a time, in submission order, whichever threads submit them.

@@ -156,6 +156,56 @@ import TestSupport
         #expect(h.daemon.text.contains("hang"))
     }
 
+    /// An event sent to every module reaches the C modules after one that never returns from
+    /// it, once the deadline has passed; the next event skips the stuck one at once, and the
+    /// others get it in order.
+    @Test func anEventToEveryModuleReachesTheModulesAfterOneThatNeverReturns() async throws {
+        let scratch = TemporaryDirectory("stuck-fanout")
+        // In module order: first, hang, last, later.
+        let hanging = try Self.plugin("Hang", modules: ["hang"], hangOn: ["block"], in: scratch.path)
+        let calm = try Self.plugin("Calm", modules: ["first", "later", "last"], hangOn: [], in: scratch.path)
+        let h = try Harness([], files: [hanging, calm], arguments: ["--event-deadline", "0.5", "--shutdown-budget", "3"])
+        #expect(await h.waitFor("control socket ready"), "\(h.daemon.text)")
+
+        // The log lines of the modules given `event`, in the order they were logged.
+        func given(_ event: String) -> [String] {
+            h.daemon.text.split(separator: "\n").filter { $0.contains("event \(event) (alive)") }.compactMap { line in
+                line.split(separator: " ").first { $0.hasPrefix("module=") }.map { String($0.dropFirst("module=".count)) }
+            }
+        }
+        func waitUntil(_ condition: () -> Bool) async -> Bool {
+            for _ in 0..<1500 {
+                if condition() { return true }
+                try? await Task.sleep(for: .milliseconds(20))
+            }
+            return condition()
+        }
+
+        let clock = ContinuousClock()
+        let started = clock.now
+        let blocked = try h.ctl("send", "block")
+        #expect(blocked.status == 1, "\(blocked.standardOutput)")
+        #expect(blocked.standardError.contains("module hang did not finish event block within the event deadline of 0.5 s"),
+                "\(blocked.standardError)")
+        #expect(clock.now - started >= .milliseconds(500))
+        #expect(await waitUntil { given("block") == ["first", "hang", "last", "later"] }, "\(h.daemon.text)")
+        #expect(h.daemon.text.contains("C module did not return from block within 0.5 s"), "\(h.daemon.text)")
+        let rows = Self.rows(try Self.timedList(h.socket).reply)
+        #expect(rows["hang"]?["state"] as? String == "stuck")
+        #expect(rows["hang"]?["stuckIn"] as? String == "block")
+        #expect(rows["later"]?["state"] as? String == "running")
+
+        // The stuck module is passed over without waiting; the others get the event in order.
+        let again = clock.now
+        let next = try h.ctl("send", "next")
+        #expect(next.status == 0, "\(next.standardError)")
+        #expect(clock.now - again < .milliseconds(500), "the send waited for the stuck module")
+        #expect(await waitUntil { given("next") == ["first", "last", "later"] }, "\(h.daemon.text)")
+        #expect(h.daemon.text.contains("C module is stuck in block for "), "\(h.daemon.text)")
+
+        _ = await Self.terminate(h)
+    }
+
     /// `post` says which listeners did not get the notification (stuck in another callback)
     /// and which did not finish it (now stuck), naming every one, instead of counting them
     /// among the listeners reached or naming only the first.

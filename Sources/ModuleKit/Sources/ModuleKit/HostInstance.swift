@@ -492,13 +492,20 @@ public actor HostInstance {
         let generation = moduleManager.generation
         if heldUntilStart.isEmpty {
             // Every running module has started (none holds events): hand the event to each
-            // from the cached list. A module a handler removes meanwhile is skipped; one it
-            // adds is not in the list.
+            // from the cached list, a run of modules with one relay to the relay at once. A
+            // module a handler removes meanwhile is skipped; one it adds is not in the list.
             let running = moduleManager.dispatchList
-            for index in running.modules.indices
-            where moduleManager.generation == generation || moduleManager.index(ofSerial: running.serials[index]) != nil {
-                handOver(event, to: running.modules[index], running.metrics[index])
-                delivered += 1
+            for run in moduleManager.relayRuns {
+                if let relay = run.relay, moduleManager.generation == generation,
+                   relayed(event, by: relay, to: running.modules[run.range], running.metrics[run.range]) {
+                    delivered += run.range.count
+                    continue
+                }
+                for index in run.range
+                where moduleManager.generation == generation || moduleManager.index(ofSerial: running.serials[index]) != nil {
+                    handOver(event, to: running.modules[index], running.metrics[index])
+                    delivered += 1
+                }
             }
         } else {
             for slot in moduleManager.slots where isRunning(slot, unchangedSince: generation) {
@@ -946,6 +953,18 @@ public actor HostInstance {
         let started = clock.now
         module.handle(event, host: self)
         metrics.handlerTime.record(clock.now - started)
+    }
+
+    /// Has `relay` deliver a synchronous event to a run of its modules; false when it left
+    /// the event to each module's own handler. The relay keeps the deadline of each of its
+    /// calls: the watch does not report the run.
+    private func relayed(_ event: ModuleEvent, by relay: any ModuleRelay, to modules: ArraySlice<any Module>,
+                         _ metrics: ArraySlice<ModuleMetrics>) -> Bool {
+        let outer = handlers.current
+        handlers.mark(metrics[metrics.startIndex], outer: outer)
+        handlers.exemptCurrent()
+        defer { handlers.leave(restoring: outer) }
+        return relay.deliver(event, to: modules, host: self)
     }
 
     /// Gives the watch `name` for the callbacks marked next; returns the name to give back

@@ -118,10 +118,12 @@ public final class ModuleMetrics: Sendable {
         latestPlugin.withLock { if $0 != plugin { $0 = plugin } }
     }
 
-    /// Counts one delivery and returns the count before it. Only the host instance's
-    /// context calls it (the single writer), so no read-modify-write is needed.
-    @inline(__always)
-    func countDelivery() -> UInt64 {
+    /// Counts one delivery and returns the count before it: a delivery whose count is a
+    /// multiple of `synchronousSampling` is timed. Only the host instance's context calls it,
+    /// or a relay (`ModuleRelay`) while that context waits for it: one writer at a time, so
+    /// no read-modify-write is needed.
+    @_spi(ModuleHost) @inline(__always)
+    public func countDelivery() -> UInt64 {
         let count = delivered.load(ordering: .relaxed)
         delivered.store(count &+ 1, ordering: .relaxed)
         return count

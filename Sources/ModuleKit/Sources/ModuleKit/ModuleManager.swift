@@ -35,6 +35,7 @@ public final class ModuleManager {
     var slots: [ModuleSlot] = [] {
         didSet {
             cache = nil
+            runsCache = nil
             generation &+= 1
         }
     }
@@ -57,6 +58,25 @@ public final class ModuleManager {
         let derived = derived
         return (derived.modules, derived.serials, derived.metrics)
     }
+
+    /// The running modules cut into runs, in order (cached, built when a fan-out first
+    /// asks after a change): each run of consecutive modules with the same relay
+    /// (`RelayedModule`) with that relay, and each run of other modules without one.
+    var relayRuns: [(range: Range<Int>, relay: (any ModuleRelay)?)] {
+        if let runsCache { return runsCache }
+        var runs: [(range: Range<Int>, relay: (any ModuleRelay)?)] = []
+        for (index, module) in derived.modules.enumerated() {
+            let relay = (module as? any RelayedModule)?.relay
+            if let last = runs.last, last.relay === relay {
+                runs[runs.count - 1].range = last.range.lowerBound..<(index + 1)
+            } else {
+                runs.append((index..<(index + 1), relay))
+            }
+        }
+        runsCache = runs
+        return runs
+    }
+    private var runsCache: [(range: Range<Int>, relay: (any ModuleRelay)?)]?
 
     /// The running modules in order (cached).
     var orderedModules: [any Module] { derived.modules }
