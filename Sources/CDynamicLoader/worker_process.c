@@ -103,18 +103,27 @@ int modhost_worker_set_limit(int which, uint64_t value) {
     return setrlimit(resources[which], &limit);
 }
 
-int modhost_worker_memory_copy(const char *path, const char *name) {
-    int source = open(path, O_RDONLY | O_CLOEXEC);
-    if (source < 0) return -1;
+int modhost_memory_file(const char *name) {
     unsigned flags = MFD_CLOEXEC | MFD_ALLOW_SEALING;
 #ifdef MFD_EXEC
     /* Executable on purpose (it is mapped as code), and saying so keeps kernels that warn
      * about memory files without MFD_EXEC or MFD_NOEXEC_SEAL quiet; older ones refuse it. */
-    int copy = memfd_create(name, flags | MFD_EXEC);
-    if (copy < 0 && errno == EINVAL) copy = memfd_create(name, flags);
+    int file = memfd_create(name, flags | MFD_EXEC);
+    if (file < 0 && errno == EINVAL) file = memfd_create(name, flags);
+    return file;
 #else
-    int copy = memfd_create(name, flags);
+    return memfd_create(name, flags);
 #endif
+}
+
+int modhost_seal_memory_file(int file) {
+    return fcntl(file, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL);
+}
+
+int modhost_worker_memory_copy(const char *path, const char *name) {
+    int source = open(path, O_RDONLY | O_CLOEXEC);
+    if (source < 0) return -1;
+    int copy = modhost_memory_file(name);
     if (copy < 0) {
         int error = errno;
         close(source);
@@ -134,7 +143,7 @@ int modhost_worker_memory_copy(const char *path, const char *name) {
         }
     }
     close(source);
-    if (fcntl(copy, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) != 0) {
+    if (modhost_seal_memory_file(copy) != 0) {
         int error = errno;
         close(copy);
         errno = error;

@@ -76,3 +76,21 @@ func pollDescriptors(_ fds: inout [pollfd], timeout: Int32) throws(SystemError) 
         if !error.isInterrupted { throw error }
     }
 }
+
+/// Raises the soft limit on open descriptors to the hard limit, at most `ceiling`: a
+/// daemon that holds one descriptor per plugin image asks for the room the system grants
+/// it (systemd's default soft limit of 1024 is kept low for programs that still use
+/// `select`; the hard limit is the system's grant). The soft limit in force afterwards.
+@discardableResult
+public func raiseDescriptorLimit(to ceiling: UInt64 = 65_536) -> UInt64 {
+    var limit = rlimit()
+    let resource = __rlimit_resource_t(RLIMIT_NOFILE.rawValue)
+    guard getrlimit(resource, &limit) == 0 else { return 0 }
+    let wanted = min(limit.rlim_max, rlim_t(ceiling))
+    if wanted > limit.rlim_cur {
+        var raised = limit
+        raised.rlim_cur = wanted
+        if setrlimit(resource, &raised) == 0 { return UInt64(wanted) }
+    }
+    return UInt64(limit.rlim_cur)
+}

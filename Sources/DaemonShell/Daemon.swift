@@ -95,6 +95,8 @@ public actor Daemon: DaemonControl {
         self.stateDirectory = stateDirectory
         self.crashGuard = crashGuard
         socketPath = options.socketPath ?? paths.socketPath
+        // One descriptor per image mapped from memory (`PluginSet`): room for them.
+        raiseDescriptorLimit()
         let host = HostInstance(
             name: "modhostd", settings: configuration.modules,
             eventDeadline: configuration.eventDeadline, logger: Logger(label: "modhostd"))

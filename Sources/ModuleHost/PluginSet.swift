@@ -10,7 +10,8 @@ import Synchronization
 /// one to follow a plugin directory of its own.
 ///
 /// What it owns: scanning the directories (`reconcile`), adding, replacing and removing
-/// plugins, the private copies they are loaded from (in `imagesDirectory`, one name per
+/// plugins, the private copies they are loaded from (sealed memory files for the plugins
+/// mapped in this process, files in `imagesDirectory` for isolated ones; one name per
 /// generation so that glibc never returns an old image for a new version), the trial
 /// loads, the crash guard's records around every step that runs plugin code, enabling and
 /// disabling modules, and a snapshot of all of it (`snapshot()`).
@@ -36,9 +37,11 @@ import Synchronization
 ///
 /// No plugin image is unloaded (a process has one Swift runtime, which keeps a Swift
 /// image's types; C images are linked `-z nodelete` and may still run a stuck callback), so
-/// a removed or replaced version stays mapped: `snapshot()` counts them. Its private copy is
-/// deleted: `imagesDirectory` holds one file per loaded plugin, and the first `reconcile`
-/// deletes the copies an earlier run left there (so give each set a directory of its own).
+/// a removed or replaced version stays mapped: `snapshot()` counts them. Its memory file
+/// stays open (one descriptor per version for as long as the process runs, so that no
+/// later image gets its path); its copy on disk is deleted: `imagesDirectory` holds one
+/// file per loaded isolated plugin, and the first `reconcile` deletes the copies an earlier
+/// run left there (so give each set a directory of its own).
 ///
 /// The process binds a plugin's dependencies by SONAME: two sets in one process must not
 /// load plugins of the same name at the same time. One set made after another was shut
@@ -114,10 +117,28 @@ public actor PluginSet {
     /// worker, a process of its own, and keeps its original name, so it can be replaced
     /// without limit.
     static let namesMapped = Mutex<[String: Int]>([:])
-    /// Records that the image of `plugin` with name generation `generation` is mapped here.
-    func mapped(_ plugin: String, nameGeneration generation: Int) {
+    /// Records that the image of `plugin` with name generation `generation` is mapped here,
+    /// from `image`.
+    func mapped(_ plugin: String, nameGeneration generation: Int, image: PluginFile) {
         Self.namesMapped.withLock { $0[plugin] = max($0[plugin] ?? 0, generation) }
+        if memoryImages[image.resolvedPath] != nil { openedMemoryImages.insert(image.resolvedPath) }
     }
+    /// The images made as memory files, by path (`/proc/PID/fd/N`), with their descriptors.
+    var memoryImages: [String: Int32] = [:]
+    /// Of them, those this process has opened: their descriptors stay open for as long as
+    /// it runs, so that no later image gets their paths.
+    var openedMemoryImages: Set<String> = []
+    /// The memory images held, and those of them opened here (the rest are refused ones
+    /// not closed yet: none, once a change is over).
+    package var memoryImagesHeld: (held: Set<String>, opened: Set<String>) { (Set(memoryImages.keys), openedMemoryImages) }
+    /// How many images may be memory files: half the descriptors the process may open (the
+    /// soft RLIMIT_NOFILE, which modhostd raises), the other half left to everything else.
+    /// Past it, images are copies on disk.
+    let memoryImageBudget: Int = {
+        var limit = rlimit()
+        guard getrlimit(__rlimit_resource_t(RLIMIT_NOFILE.rawValue), &limit) == 0 else { return 0 }
+        return Int(clamping: limit.rlim_cur / 2)
+    }()
     /// The most name generations of one plugin this process can tell apart (lowered by tests).
     var nameGenerationLimit = DynamicStringPatch.maximumGeneration
     func setNameGenerationLimit(_ limit: Int) { nameGenerationLimit = min(limit, DynamicStringPatch.maximumGeneration) }
@@ -158,7 +179,7 @@ public actor PluginSet {
     ///
     /// - `host`: where the modules run; created with `settings`.
     /// - `directories`: the plugin directories (`setDirectories` changes them).
-    /// - `imagesDirectory`: where the private copies are written. It must exist and be
+    /// - `imagesDirectory`: where the private copies on disk are written. It must exist and be
     ///   private to this process's user (`modhostd` checks its state directory's `images`
     ///   with `RuntimePaths.checkPrivateDirectory`): whoever can write there can replace code
     ///   this process loads.

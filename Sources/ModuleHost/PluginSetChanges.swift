@@ -1,3 +1,4 @@
+import CDynamicLoader
 import DaemonKit
 import Dispatch
 import Glibc
@@ -294,7 +295,7 @@ extension PluginSet {
             let names = try nameGeneration(of: file.name, path: file.path, inThisProcess: !isolated)
             // The trial runs apart (a child process): only the copy is this process's own work.
             image = try crashGuard.during(file: file.path, plugin: file.name, hash: hash, phase: "copy") { () throws(LoadFailure) in
-                try privateImage(of: file, version: version, generation: generation, nameGeneration: names, hash: hash)
+                try privateImage(of: file, version: version, generation: generation, nameGeneration: names, hash: hash, inMemory: !isolated)
             }
         } catch {
             refuse(error, identity, &none)
@@ -317,7 +318,7 @@ extension PluginSet {
             } else {
                 crashGuard.begin(file: file.path, plugin: file.name, hash: hash, phase: "entry")
                 defer { crashGuard.end() }
-                mapped(file.name, nameGeneration: image.nameGeneration)
+                mapped(file.name, nameGeneration: image.nameGeneration, image: image.file)
                 loaded = try PluginLoader(validator: validator, registry: registry, workers: workers, metrics: metrics).open(image.file)
                 FatalSignalRecorder.track(loaded!, file: file.path, hash: hash, guard: crashGuard)
             }
@@ -491,7 +492,7 @@ extension PluginSet {
                 if next != record.soname { renames[record.soname] = next }
                 let image = try crashGuard.during(file: record.source, plugin: name, hash: name == file.name ? hash : record.hash, phase: "copy") { () throws(LoadFailure) in
                     try privateImage(of: source, version: version, generation: generation, nameGeneration: nameGeneration,
-                                     hash: name == file.name ? hash : record.hash, renames: renames)
+                                     hash: name == file.name ? hash : record.hash, renames: renames, inMemory: inThisProcess)
                 }
                 images[name] = image
                 try checkIsolation(of: source)
@@ -521,7 +522,7 @@ extension PluginSet {
                 }
                 crashGuard.begin(file: file.path, plugin: file.name, hash: hash, phase: "entry")
                 defer { crashGuard.end() }
-                mapped(name, nameGeneration: images[name]!.nameGeneration)
+                mapped(name, nameGeneration: images[name]!.nameGeneration, image: image)
                 let opened = try PluginLoader(validator: validator, registry: registry, workers: workers, metrics: metrics).open(image)
                 FatalSignalRecorder.track(opened, file: records[name]?.source ?? file.path, hash: name == file.name ? hash : records[name]?.hash ?? hash,
                                           guard: crashGuard)
@@ -581,12 +582,21 @@ extension PluginSet {
         try await trialLoader.trialLoad(file, preloading: preloads)
     }
 
-    /// Deletes the private copy `image` was loaded (or refused) from. What is mapped stays
-    /// mapped: the crash guard names a plugin by its file in the plugin directory and its
-    /// content hash, never by its copy. Each loaded plugin keeps its current copy: a
+    /// Deletes the private copy `image` was loaded (or refused) from, or closes its memory
+    /// file when no image was opened from it here. What is mapped stays mapped: the crash
+    /// guard names a plugin by its file in the plugin directory and its content hash, never
+    /// by its copy. Each loaded plugin keeps its current copy: a
     /// dependent's trial load preloads it, and a replacement of what it depends on reloads
     /// it from there under its next generation's name.
     func deleteImage(_ image: PluginFile) {
+        if let fd = memoryImages[image.resolvedPath] {
+            // An image this process opened keeps its descriptor, and so its path: glibc
+            // would take a new image opened by the same path for the old one.
+            guard !openedMemoryImages.contains(image.resolvedPath) else { return }
+            memoryImages[image.resolvedPath] = nil
+            close(fd)
+            return
+        }
         guard image.resolvedPath.hasPrefix(imagesDirectory + "/") else { return }
         if unlink(image.resolvedPath) != 0 && errno != ENOENT {
             logger.warning("cannot delete the private copy \(image.resolvedPath): \(String(cString: strerror(errno)))",
@@ -649,15 +659,18 @@ extension PluginSet {
         }
     }
 
-    /// Copies a plugin into the state directory under a path no other version uses (glibc
-    /// returns the old image for a path it has loaded, and a file overwritten in place
-    /// crashes the code mapped from it). From generation 2 on, its SONAME and its NEEDED
-    /// entries for replaced plugins are renamed (`renames`) so dependents bind to the new
-    /// version. The copy is made in bounded chunks from `file`'s image, which must still be
-    /// `version` (the file validation read and hashed; nil: any), then the renamed strings
-    /// are written at their offsets in the copy.
+    /// Copies a plugin under a path no other version uses (glibc returns the old image for a
+    /// path it has loaded, and a file overwritten in place crashes the code mapped from it).
+    /// An image this process maps (`inMemory`) is a sealed memory file, named by the path
+    /// `/proc/PID/fd/N` (no inode to allocate on disk, and nothing to delete), while
+    /// `memoryImageBudget` allows; any other is a file in the state directory's images
+    /// directory. From generation 2 on, its SONAME and its NEEDED entries for replaced
+    /// plugins are renamed (`renames`) so dependents bind to the new version. The copy is
+    /// made in bounded chunks from `file`'s image, which must still be `version` (the file
+    /// validation read and hashed; nil: any), then the renamed strings are written at their
+    /// offsets in the copy.
     func privateImage(of file: PluginFile, version: FileIdentity?, generation: Int, nameGeneration: Int, hash: String,
-                      renames extra: [String: String] = [:]) throws(LoadFailure) -> PrivateImage {
+                      renames extra: [String: String] = [:], inMemory: Bool = false) throws(LoadFailure) -> PrivateImage {
         func fail(_ problem: String) -> LoadFailure {
             LoadFailure(file: file.path, check: .fileType, problem: problem, fix: "check the file is still there and readable")
         }
@@ -716,22 +729,45 @@ extension PluginSet {
         // have one path (glibc returns an image already loaded from a path without reading
         // the file again: a set made on the same state directory after another was shut
         // down would get that one's images).
-        let target = imagesDirectory + "/\(file.name)-\(generation).\(nameGeneration)-\(hash).so"
+        let name = "\(file.name)-\(generation).\(nameGeneration)-\(hash).so"
+        /// Writes the copy to `fd`: the errors of reading and of writing, if any.
+        func write(to fd: Int32) -> (read: ELFError?, write: Int32?) {
+            var writeError: Int32?
+            do {
+                try source.forEachChunk { chunk in
+                    if writeError == nil, !writeAll(fd, chunk, at: nil) { writeError = errno }
+                }
+            } catch {
+                return (error, writeError)
+            }
+            for patch in patches where writeError == nil {
+                if !patch.bytes.withUnsafeBytes({ writeAll(fd, $0, at: patch.fileOffset) }) { writeError = errno }
+            }
+            return (nil, writeError)
+        }
+        if inMemory, memoryImages.count < memoryImageBudget {
+            let fd = modhost_memory_file(name)
+            if fd >= 0 {
+                let (readError, writeError) = write(to: fd)
+                if readError == nil, writeError == nil, modhost_seal_memory_file(fd) == 0 {
+                    let path = "/proc/\(getpid())/fd/\(fd)"
+                    memoryImages[path] = fd
+                    let copy = PluginFile(path: file.path, resolvedPath: path, manifest: file.manifest, dynamic: file.dynamic, warnings: [])
+                    return PrivateImage(file: copy, generation: generation, nameGeneration: nameGeneration, soname: soname,
+                                        originalSoname: original, size: Int64(source.size))
+                }
+                close(fd)
+                if let readError { throw fail("cannot read the file to make a private copy: \(readError)") }
+            }
+            // No memory file (a kernel without them, out of memory): a copy on disk.
+        }
+        let target = imagesDirectory + "/" + name
         let temporary = target + ".tmp"
         let fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644)
         guard fd >= 0 else { throw cannotWrite(temporary, errno) }
-        var writeError: Int32?
-        var readError: ELFError?
-        do {
-            try source.forEachChunk { chunk in
-                if writeError == nil, !writeAll(fd, chunk, at: nil) { writeError = errno }
-            }
-        } catch {
-            readError = error
-        }
-        for patch in patches where writeError == nil && readError == nil {
-            if !patch.bytes.withUnsafeBytes({ writeAll(fd, $0, at: patch.fileOffset) }) { writeError = errno }
-        }
+        let written = write(to: fd)
+        let readError = written.read
+        var writeError = written.write
         let closeError: Int32? = close(fd) == 0 ? nil : errno
         // A full disk may show only when the file is closed (delayed allocation).
         if writeError == nil, readError == nil { writeError = closeError }

@@ -370,10 +370,12 @@ import TestSupport
     }
 
     /// Outside attack: with the state directory's disk full, a plugin was refused by the
-    /// check "file type", with the fix "check the directory is writable".
+    /// check "file type", with the fix "check the directory is writable". A plugin in
+    /// process is loaded from a copy in memory and needs no room on disk; an isolated one's
+    /// copy is a file its worker opens, refused with the fix.
     @Test(.enabled(if: canMountTmpfs, "mounting a tmpfs needs root"), .timeLimit(.minutes(3)))
     func aFullStateDiskRefusesThePrivateCopyAndSaysHowToRecover() async throws {
-        let setup = try Setup()
+        let setup = try Setup(config: #"{"plugins": {"Counter": {"isolation": "process"}}}"#)
         let state = setup.scratch.directory("state")
         #expect(try run("/bin/mount", ["-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs", state]).status == 0)
         defer { _ = try? run("/bin/umount", ["-l", state]) }
@@ -385,6 +387,11 @@ import TestSupport
         #expect(lastError.contains("private copy check failed: cannot write \(state)/images/Counter-1.1-"), "\(String(describing: row))")
         #expect(lastError.contains("No space left on device"), "\(lastError)")
         #expect(lastError.contains("Fix: free space in \(state)/images, then reload (modhostctl reload)"), "\(lastError)")
+        // In process, with the disk still full, it loads.
+        try setup.scratch.write("modhostd.json", text: "{}")
+        #expect(try setup.ctl("reload").status == 0)
+        #expect(try setup.row(ofFile: "Counter")?["state"] as? String == "running")
+        try setup.scratch.write("modhostd.json", text: #"{"plugins": {"Counter": {"isolation": "process"}}}"#)
         unlink(state + "/filler")
         #expect(try setup.ctl("reload").status == 0)
         #expect(try setup.row(ofFile: "Counter")?["state"] as? String == "running")

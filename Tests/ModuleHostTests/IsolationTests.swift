@@ -820,9 +820,11 @@ struct IsolationTests {
 
     /// A Swift plugin that imports another plugin's Swift module runs isolated: its worker
     /// maps the plugin it depends on (Greeting, the example) first, so the import resolves
-    /// and Greeting's code runs in the worker, from an event and from a call by name.
-    @Test func aSwiftPluginWithADependencyRunsIsolated() async throws {
-        let f = try Fixture()
+    /// and Greeting's code runs in the worker, from an event and from a call by name. So it
+    /// does when Greeting runs in process, loaded from a copy in this process's memory.
+    @Test(arguments: [Isolation.process, .inProcess])
+    func aSwiftPluginWithADependencyRunsIsolated(greeting: Isolation) async throws {
+        let f = try Fixture(plugins: ["Greeting": PluginIsolationSettings(isolation: greeting)])
         let source = """
             import Glibc
             import Greeting
@@ -869,6 +871,10 @@ struct IsolationTests {
         let isolated = try #require(await f.set.plugin(named: "Vowels")?.isolated)
         #expect(try await isolated.call("vowels_times_ten", texts: ["isolation"]) == .int32(50))
         #expect(await f.worker("Vowels")?.crashes == 0)
+        guard greeting == .process else {
+            await f.set.shutdown()
+            return
+        }
 
         // Replacing the dependency restarts the dependent against it, as often as wanted:
         // neither image is mapped in this process, so neither uses up a name (limit lowered to 2).

@@ -129,6 +129,18 @@ struct PluginSetTests {
             ((try? FileManager.default.contentsOfDirectory(atPath: images)) ?? []).map { images + "/" + $0 }.sorted()
         }
 
+        /// Whether the set keeps no private copy but those its plugins run from or ran from:
+        /// the in-process plugins' images are memory files (none on disk), each opened here
+        /// (a refused one is closed; a retired one stays mapped, as its code does), and
+        /// the images directory holds the isolated plugins' current copies only.
+        func keepsOnlyTheImagesItRuns() async -> Bool {
+            let current = await currentImages()
+            let memory = await set.memoryImagesHeld
+            let onDisk = Set(imageFiles())
+            return memory.held == memory.opened && current.allSatisfy { memory.held.contains($0) || onDisk.contains($0) }
+                && onDisk.isSubset(of: current)
+        }
+
         /// The private copies the loaded plugins run from, sorted.
         func currentImages() async -> [String] {
             var paths: [String] = []
@@ -250,10 +262,10 @@ struct PluginSetTests {
             #expect(dependent?.version == "1.0")
             #expect(await f.knock("psrepp", "knock-p\(generation)") == "psrepp knock-p\(generation) tag=p\(generation) provider=-")
             #expect(await f.knock("psrepd", "knock-d\(generation)") == "psrepd knock-d\(generation) tag=d1 provider=p\(generation)")
-            // The retired generations' copies are gone: one file per loaded plugin, its own.
-            let images = f.imageFiles()
-            #expect(images.count == 2)
-            #expect(await f.currentImages() == images)
+            // Each runs from an image of its own, in memory: nothing on disk.
+            #expect(Set(await f.currentImages()).count == 2)
+            #expect(f.imageFiles().isEmpty)
+            #expect(await f.keepsOnlyTheImagesItRuns())
         }
         #expect(await f.set.snapshot().retiredGenerations == 6)
         await f.set.shutdown()
@@ -290,8 +302,8 @@ struct PluginSetTests {
         #expect(await f.set.reconcile() == PluginChanges(added: ["PsRemP", "PsRemD"]))
         #expect(await f.knock("psremd", "knock") == "psremd knock tag=d1 provider=p2")
         #expect(await f.set.snapshot().files.isEmpty)
-        #expect(await f.currentImages() == f.imageFiles())
-        #expect(f.imageFiles().count == 2)
+        #expect(await f.keepsOnlyTheImagesItRuns())
+        #expect(Set(await f.currentImages()).count == 2)
         await f.set.shutdown()
     }
 
@@ -334,16 +346,16 @@ struct PluginSetTests {
         #expect(await f.knock("psbad", "knock") == "psbad knock tag=v1 provider=-")
         // Not tried again until it changes; the refused version's copy is gone.
         #expect(await f.set.reconcile() == PluginChanges())
-        #expect(f.imageFiles().count == 1)
-        #expect(await f.currentImages() == f.imageFiles())
+        #expect(await f.currentImages().count == 1)
+        #expect(await f.keepsOnlyTheImagesItRuns())
 
         try f.install(try f.build("PsBad", version: "3.0", tag: "v3"), as: "PsBad")
         #expect(await f.set.reconcile() == PluginChanges(replaced: ["PsBad"]))
         #expect(await f.plugin("PsBad")?.version == "3.0")
         #expect(await f.plugin("PsBad")?.lastError == nil)
         #expect(await f.knock("psbad", "knock3") == "psbad knock3 tag=v3 provider=-")
-        #expect(f.imageFiles().count == 1)
-        #expect(await f.currentImages() == f.imageFiles())
+        #expect(await f.currentImages().count == 1)
+        #expect(await f.keepsOnlyTheImagesItRuns())
         await f.set.shutdown()
     }
 
@@ -363,7 +375,7 @@ struct PluginSetTests {
         #expect(await f.plugin("PsRenA")?.lastError?.check == .descriptor)
         #expect(await f.plugin("PsRenB") == nil)
         #expect(await f.knock("psrena", "knock") == "psrena knock tag=a1 provider=-")
-        #expect(await f.currentImages() == f.imageFiles())
+        #expect(await f.keepsOnlyTheImagesItRuns())
 
         // A working build of the other plugin takes the file over: the old one goes.
         try f.install(try f.build("PsRenB", tag: "b2"), as: "PsRen")
@@ -372,8 +384,15 @@ struct PluginSetTests {
         #expect(await f.plugin("PsRenB")?.file == path)
         #expect(await f.waitFor("psrena destroy tag=a1 provider=-"))
         #expect(await f.knock("psrenb", "knock") == "psrenb knock tag=b2 provider=-")
-        #expect(await f.currentImages() == f.imageFiles())
+        #expect(await f.keepsOnlyTheImagesItRuns())
         await f.set.shutdown()
+    }
+
+    /// The name of the memory file at `path` (`/proc/PID/fd/N`), as `memfd_create` was given it.
+    static func memoryImageName(_ path: String) -> String? {
+        guard path.hasPrefix("/proc/\(getpid())/fd/"), let target = try? FileManager.default.destinationOfSymbolicLink(atPath: path),
+              target.hasPrefix("/memfd:") else { return nil }
+        return String(target.dropFirst("/memfd:".count))
     }
 
     /// A trial loader that refuses version 2.0 and records what it was asked.
@@ -405,15 +424,16 @@ struct PluginSetTests {
         #expect(await f.set.reconcile() == PluginChanges(added: ["PsTryD"]))
         let dependentTrial = try #require(trial.trials.withLock { $0.last })
         #expect(dependentTrial.file == f.path(of: "PsTryD"))
-        #expect(dependentTrial.image.hasPrefix(f.images + "/"))  // the private copy is what is tried
+        // The private copy is what is tried, with the provider's: memory files this process holds.
+        #expect(Self.memoryImageName(dependentTrial.image)?.hasPrefix("PsTryD-1.") == true, "\(dependentTrial.image)")
         #expect(dependentTrial.preloading.count == 1)
-        #expect(dependentTrial.preloading.first?.hasPrefix(f.images + "/PsTryP-1.") == true)
+        #expect(dependentTrial.preloading.first.flatMap(Self.memoryImageName)?.hasPrefix("PsTryP-1.") == true)
 
         try f.install(try f.build("PsTryP", version: "2.0", tag: "p2"), as: "PsTryP")
         #expect(await f.set.reconcile() == PluginChanges(refused: [f.path(of: "PsTryP")]))
         #expect(await f.plugin("PsTryP")?.version == "1.0")
         #expect(await f.plugin("PsTryP")?.lastError?.problem == "the test's trial loader refuses 2.0")
-        #expect(await f.currentImages() == f.imageFiles())  // the refused copy is gone
+        #expect(await f.keepsOnlyTheImagesItRuns())  // the refused copy is gone
         #expect(await f.knock("pstryd", "knock") == "pstryd knock tag=d1 provider=p1")
 
         // A replacement tries the new provider, then its dependent with the new provider first.
@@ -437,6 +457,7 @@ struct PluginSetTests {
         #expect(refused.failure.check == .crashGuard)
         #expect(refused.failure.problem.contains("crashed a trial load in a child process"))
         #expect(f.imageFiles().isEmpty)
+        #expect(await f.keepsOnlyTheImagesItRuns())
         await f.set.shutdown()
     }
 
@@ -564,9 +585,8 @@ struct PluginSetTests {
         #expect(FileManager.default.createFile(atPath: f.images + "/notes.txt", contents: Data()))
         try f.install(try f.build("PsOld", tag: "o1"), as: "PsOld")
         #expect(await f.set.reconcile(trial: false) == PluginChanges(added: ["PsOld"]))
-        let current = await f.currentImages()
-        #expect(current.count == 1)
-        #expect(f.imageFiles() == (current + [f.images + "/notes.txt"]).sorted())
+        #expect(await f.currentImages().count == 1)
+        #expect(f.imageFiles() == [f.images + "/notes.txt"])
         await f.set.shutdown()
     }
 

@@ -42,6 +42,14 @@ int modhost_worker_socketpair(int fds[2]);
  * limit is one second more, so that SIGXCPU comes first. */
 int modhost_worker_set_limit(int which, uint64_t value);
 
+/* A new memory file named `name` (memfd_create, close-on-exec, sealable, executable
+ * where the kernel asks to be told): the descriptor, or -1 with errno. */
+int modhost_memory_file(const char *name);
+
+/* Seals memory file `file` against any change of its size or bytes (F_ADD_SEALS): 0, or
+ * -1 with errno. */
+int modhost_seal_memory_file(int file);
+
 /* A sealed, read-only copy of file `path` in a new memory file named `name`
  * (memfd_create, close-on-exec): the descriptor, or -1 with errno. A worker that takes
  * another user copies the daemon's private images (in a directory only the daemon's user
