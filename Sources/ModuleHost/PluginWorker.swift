@@ -422,16 +422,18 @@ package final class PluginWorker: Sendable {
 ///
 /// A job `run` hands to a worker's queue wakes a pool thread, and its caller is woken in
 /// turn: on a virtual machine each wake-up costs tens of microseconds, more than most C
-/// callbacks take. This thread watches for its next job for `watchFor` after each one
-/// before it sleeps, so the callbacks of a burst (a startup's create, init and start of
-/// every module, events sent one after another) run without waking a thread. The queue
-/// still serialises each module's calls (`DispatchQueue.sync` runs the job on this thread
-/// once the queue is idle). A job that never returns keeps this thread; later jobs take
-/// the queue path meanwhile (`offer` says false while it is busy).
+/// callbacks take. A caller watches for its job's end for `watchFor` before it sleeps, and
+/// a lane watches for its next batch as long after each one, so that events sent one after
+/// another run without waking a thread. `shared` sleeps as soon as it is idle: its jobs
+/// come one per module, with other work between them (a start's copies and checks), and a
+/// thread watching meanwhile would only take a processor from that work. The queue still
+/// serialises each module's calls (`DispatchQueue.sync` runs the job on this thread once
+/// the queue is idle). A job that never returns keeps this thread; later jobs take the
+/// queue path meanwhile (`offer` says false while it is busy).
 final class SyncRunner: Sendable {
-    static let shared = SyncRunner(name: "plugin-calls") ?? SyncRunner()
-    /// How long this thread, and a caller in `run`, watch for what they wait for before
-    /// they sleep.
+    static let shared = SyncRunner(name: "plugin-calls", watching: .zero) ?? SyncRunner()
+    /// How long a caller in `run` or a relay's batch, and a lane, watch for what they wait
+    /// for before they sleep.
     static let watchFor = Duration.microseconds(50)
 
     /// Whether `happened` came true before `until` (at most a few dozen checks later),
@@ -452,9 +454,13 @@ final class SyncRunner: Sendable {
     private let state = Mutex(State())
     private let offered = Atomic<Bool>(false)
     private let wakeUp = DispatchSemaphore(value: 0)
+    /// How long the thread watches for its next job after each one before it sleeps.
+    private let watching: Duration
 
-    /// A runner on a new thread named `name`; nil when no thread can be had.
-    init?(name: String) {
+    /// A runner on a new thread named `name` that watches for its next job for `watching`
+    /// after each one; nil when no thread can be had.
+    init?(name: String, watching: Duration = watchFor) {
+        self.watching = watching
         do throws(SystemError) {
             try startThread(name: name) { [self] in self.serve() }
         } catch {
@@ -464,6 +470,7 @@ final class SyncRunner: Sendable {
 
     /// A runner with no thread: `offer` says false, and every job takes the queue path.
     private init() {
+        watching = .zero
         state.withLock { $0.busy = true }
     }
 
@@ -497,7 +504,7 @@ final class SyncRunner: Sendable {
 
     private func serve() {
         while true {
-            _ = Self.watch(until: ContinuousClock.now + Self.watchFor) { offered.load(ordering: .acquiring) }
+            if watching > .zero { _ = Self.watch(until: ContinuousClock.now + watching) { offered.load(ordering: .acquiring) } }
             let job = state.withLock { state -> (@Sendable () -> Void)? in
                 guard let job = state.job else {
                     state.asleep = true
