@@ -258,14 +258,13 @@ package final class PluginWorker: Sendable {
         }
         state.withLock { _ = $0.notStarted.insert(id) }
         queueJobs.wrappingAdd(1, ordering: .sequentiallyConsistent)
-        let offered = SyncRunner.shared.offer { [self] in
+        let offered = SyncRunner.shared.offer({ [self] in
             queue.sync {
                 started(id, what, deadline)
                 job()
                 finishedJob()
             }
-            finished()
-        }
+        }, then: finished)
         if offered { return id }
         state.withLock { state in
             state.notStarted.remove(id)
@@ -448,6 +447,8 @@ final class SyncRunner: Sendable {
 
     private struct State {
         var job: (@Sendable () -> Void)?
+        /// Run once the thread is free again, after `job`.
+        var then: (@Sendable () -> Void)?
         var busy = false
         var asleep = false
     }
@@ -474,12 +475,15 @@ final class SyncRunner: Sendable {
         state.withLock { $0.busy = true }
     }
 
-    /// Hands `job` to this thread unless it is running another job (false).
-    func offer(_ job: @escaping @Sendable () -> Void) -> Bool {
+    /// Hands `job` to this thread unless it is running another job (false). `then` runs on
+    /// the thread after `job`, once the thread takes new jobs again: a caller it wakes can
+    /// offer its next job at once.
+    func offer(_ job: @escaping @Sendable () -> Void, then: (@Sendable () -> Void)? = nil) -> Bool {
         let asleep = state.withLock { state -> Bool? in
             guard !state.busy else { return nil }
             state.busy = true
             state.job = job
+            state.then = then
             defer { state.asleep = false }
             return state.asleep
         }
@@ -505,21 +509,22 @@ final class SyncRunner: Sendable {
     private func serve() {
         while true {
             if watching > .zero { _ = Self.watch(until: ContinuousClock.now + watching) { offered.load(ordering: .acquiring) } }
-            let job = state.withLock { state -> (@Sendable () -> Void)? in
+            let taken = state.withLock { state -> (job: @Sendable () -> Void, then: (@Sendable () -> Void)?)? in
                 guard let job = state.job else {
                     state.asleep = true
                     return nil
                 }
-                state.job = nil
-                return job
+                defer { (state.job, state.then) = (nil, nil) }
+                return (job, state.then)
             }
-            guard let job else {
+            guard let taken else {
                 wakeUp.wait()
                 continue
             }
             offered.store(false, ordering: .relaxed)
-            job()
+            taken.job()
             state.withLock { $0.busy = false }
+            taken.then?()
         }
     }
 }
