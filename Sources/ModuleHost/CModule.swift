@@ -8,9 +8,9 @@ import Synchronization
 ///
 /// Every C function of one module instance (`create`, `handle_event` or `receive`, `destroy`) runs on
 /// the module's own `PluginWorker`, one at a time and in order, never on the host
-/// instance's actor nor on a Swift concurrency thread: a custom event or a notification
-/// sent to every module is made on a lane of the `CModuleRelay`, in the worker's place,
-/// together with the C modules beside it. The host waits for each call up to
+/// instance's actor nor on a Swift concurrency thread: a custom event sent to every module,
+/// or a notification posted, is made on a lane of the `CModuleRelay`, in the worker's
+/// place, together with the C modules beside it. The host waits for each call up to
 /// its `eventDeadline`: a call still running then leaves the module *stuck* (logged,
 /// shown by `modhostctl list`), and the host goes on. A stuck module is given no more
 /// custom events or notifications until the call returns; the host's own lifecycle events
@@ -37,8 +37,8 @@ final class CModule: RelayedModule {
     let moduleName: String
     let notifications: Set<String>
     var info: ModuleInfo { ModuleInfo(name: moduleName, version: descriptor.version, metadata: ["language": "c"]) }
-    /// Delivers custom events and notifications sent to every module to this module and
-    /// the C modules beside it in one hand-over.
+    /// Delivers custom events sent to every module, and notifications posted, to this
+    /// module and the C modules beside it in one hand-over.
     var relay: any ModuleRelay { workers.relay }
     /// Delivers this module's custom events and notifications from a thread that may block.
     let delivery: Delivery

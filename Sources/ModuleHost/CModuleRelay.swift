@@ -5,9 +5,10 @@ import Glibc
 import PluginFormat
 import Synchronization
 
-/// Delivers a custom event or a notification sent to every module to each run of
-/// consecutive C modules in one hand-over: one thread, a *lane*, calls the modules of the
-/// run one after the other, while the host's context waits for the whole run.
+/// Delivers a custom event sent to every module, or a notification posted, to each run of
+/// consecutive C modules (of them, the listeners) in one hand-over: one thread, a *lane*,
+/// calls the modules of the run one after the other, while the host's context waits for
+/// the whole run.
 ///
 /// The guarantees of `CModule` hold: each module's calls run one at a time and in order
 /// (the lane runs a call in its module's `PluginWorker`'s place, `PluginWorker.claim`), a

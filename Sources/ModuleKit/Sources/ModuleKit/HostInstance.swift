@@ -560,10 +560,30 @@ public actor HostInstance {
         let slots = moduleManager.slots
         let generation = moduleManager.generation
         var delivered = 0
-        for slot in slots where slot.notifications.contains(name) {
-            guard isRunning(slot, unchangedSince: generation) else { continue }
-            deliver(event, to: slot)
-            delivered += 1
+        guard heldUntilStart.isEmpty else {
+            for slot in slots where slot.notifications.contains(name) {
+                guard isRunning(slot, unchangedSince: generation) else { continue }
+                deliver(event, to: slot)
+                delivered += 1
+            }
+            countEvent(name, deliveries: delivered)
+            return
+        }
+        // Every running module has started: the listeners of a run of modules with one
+        // relay are handed to the relay at once.
+        let running = moduleManager.dispatchList
+        for run in moduleManager.relayRuns {
+            let listeners = run.range.filter { slots[$0].notifications.contains(name) }
+            if let relay = run.relay, !listeners.isEmpty, moduleManager.generation == generation,
+               relayed(event, by: relay, to: ArraySlice(listeners.map { running.modules[$0] }),
+                       ArraySlice(listeners.map { running.metrics[$0] })) {
+                delivered += listeners.count
+                continue
+            }
+            for index in listeners where isRunning(slots[index], unchangedSince: generation) {
+                deliver(event, to: slots[index])
+                delivered += 1
+            }
         }
         countEvent(name, deliveries: delivered)
     }

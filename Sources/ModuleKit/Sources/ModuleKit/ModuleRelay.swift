@@ -14,9 +14,10 @@ public protocol ModuleRelay: AnyObject, Sendable {
     func deliver(_ event: ModuleEvent, to modules: ArraySlice<any Module>, host: isolated HostInstance) -> Bool
 }
 
-/// A module whose custom events and notifications, sent to every module, its relay
-/// delivers: the host hands each run of consecutive modules with the same relay to it in
-/// one call. Every other event still reaches the module's `handle(_:host:)`.
+/// A module whose custom events sent to every module, and notifications posted, its relay
+/// delivers: the host hands each run of consecutive modules with the same relay (of them,
+/// the listeners of a notification) to it in one call. Every other event still reaches
+/// the module's `handle(_:host:)`.
 @_spi(ModuleHost)
 public protocol RelayedModule: Module {
     /// The same object for every module it serves, for as long as the module lives.
