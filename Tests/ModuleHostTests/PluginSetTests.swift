@@ -577,6 +577,43 @@ struct PluginSetTests {
         await f.set.shutdown()
     }
 
+    /// Events sent to every module from many tasks at once, synchronous ones (handed to the
+    /// C modules in one hand-over per run) among awaited ones (each on its module's worker),
+    /// each reach every module once, and every module sees the synchronous ones in one order.
+    @Test func eventsToEveryModuleFromManyTasksReachEachModuleOnceInOneOrder() async throws {
+        let f = try Fixture()
+        let plugins = ["PsFanA", "PsFanB", "PsFanC"]
+        for plugin in plugins { try f.install(try f.build(plugin, tag: "t"), as: plugin) }
+        #expect(await f.set.reconcile(trial: false) == PluginChanges(added: plugins))
+        await f.set.start()
+        await withTaskGroup(of: Void.self) { group in
+            for task in 0..<4 {
+                group.addTask {
+                    for round in 0..<25 {
+                        await f.host.send(ModuleEvent.custom(name: "s\(task)x\(round)", payload: .null))
+                        if round % 5 == 0 { await f.host.send(AsyncModuleEvent.custom(name: "a\(task)x\(round)", payload: .null)) }
+                    }
+                }
+            }
+        }
+        let lines = f.lines()
+        var seen: [String: [String]] = [:]
+        for line in lines {
+            let words = line.split(separator: " ").map(String.init)
+            // The events of this test only: "s" (sent) or "a" (awaited), task "x" round.
+            guard words.count >= 2, words[1].hasPrefix("s") || words[1].hasPrefix("a"), words[1].contains("x") else { continue }
+            seen[words[0], default: []].append(words[1])
+        }
+        let modules = plugins.map(Fixture.module)
+        for module in modules {
+            #expect(seen[module]?.filter { $0.hasPrefix("s") }.count == 100, "\(module)")
+            #expect(Set(seen[module] ?? []).count == 120, "\(module)")
+        }
+        let orders = modules.map { seen[$0]?.filter { $0.hasPrefix("s") } ?? [] }
+        #expect(orders.allSatisfy { $0 == orders[0] })
+        await f.set.shutdown()
+    }
+
     @Test func theFirstScanDeletesTheCopiesAnEarlierRunLeft() async throws {
         let f = try Fixture()
         let leftovers = ["PsOld-3-0123456789abcdef.so", "PsOld-4-0123456789abcdef.so.tmp", "PsOld-5.7-0123456789abcdef.so"]
