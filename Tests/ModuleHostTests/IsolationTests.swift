@@ -818,13 +818,10 @@ struct IsolationTests {
         return (field("Uid").first ?? -1, field("Gid").first ?? -1, field("Groups"))
     }
 
-    /// A Swift plugin that imports another plugin's Swift module runs isolated: its worker
-    /// maps the plugin it depends on (Greeting, the example) first, so the import resolves
-    /// and Greeting's code runs in the worker, from an event and from a call by name. So it
-    /// does when Greeting runs in process, loaded from a copy in this process's memory.
-    @Test(arguments: [Isolation.process, .inProcess])
-    func aSwiftPluginWithADependencyRunsIsolated(greeting: Isolation) async throws {
-        let f = try Fixture(plugins: ["Greeting": PluginIsolationSettings(isolation: greeting)])
+    /// Vowels, a Swift plugin that imports Greeting's module (the example), built with
+    /// plugin.mk: its module counts vowels with Greeting's code, and it exports
+    /// `vowels_times_ten`.
+    static func vowelsPlugin() throws -> String {
         let source = """
             import Glibc
             import Greeting
@@ -855,9 +852,17 @@ struct IsolationTests {
             {"name": "Vowels", "version": "1.0.0", "dependencies": ["Greeting"], "modules": ["vowels"],
              "exports": [{"name": "vowels_times_ten", "signature": "i32(str)"}]}
             """
-        let vowels = try Self.buildWithPluginMakefile(
+        return try Self.buildWithPluginMakefile(
             "Vowels", variant: "1", files: ["Vowels.swift": source, "plugin.json": manifest],
             make: "MODULES_DIR = \(BuildProducts.directory)/plugin-modules\nLDLIBS = -L \(BuildProducts.pluginDirectory)\n")
+    }
+
+    /// A Swift plugin that imports another plugin's Swift module runs isolated: its worker
+    /// maps the plugin it depends on (Greeting, the example) first, so the import resolves
+    /// and Greeting's code runs in the worker, from an event and from a call by name.
+    @Test func aSwiftPluginWithADependencyRunsIsolated() async throws {
+        let f = try Fixture()
+        let vowels = try Self.vowelsPlugin()
         try FileManager.default.copyItem(atPath: vowels, toPath: f.plugins + "/libVowels.so")
         try FileManager.default.copyItem(atPath: BuildProducts.plugin("Greeting"), toPath: f.plugins + "/libGreeting.so")
         await f.set.updateSettings(["vowels": ModuleSettings(configuration: ["events": .string(f.events)])])
@@ -871,10 +876,6 @@ struct IsolationTests {
         let isolated = try #require(await f.set.plugin(named: "Vowels")?.isolated)
         #expect(try await isolated.call("vowels_times_ten", texts: ["isolation"]) == .int32(50))
         #expect(await f.worker("Vowels")?.crashes == 0)
-        guard greeting == .process else {
-            await f.set.shutdown()
-            return
-        }
 
         // Replacing the dependency restarts the dependent against it, as often as wanted:
         // neither image is mapped in this process, so neither uses up a name (limit lowered to 2).
@@ -1404,6 +1405,21 @@ private final class PongListener: Module {
 @Suite(.serialized)
 struct IsolatedDaemonTests {
     typealias Harness = DaemonLifecycleTests.Harness
+
+    /// An isolated plugin that depends on a plugin the daemon runs in process (loaded from
+    /// a memory file, not a file on disk) maps that plugin's image in its worker too: its
+    /// import resolves and the provider's code runs there.
+    @Test func anIsolatedPluginMapsTheMemoryImageOfAProviderInProcess() async throws {
+        let vowels = try IsolationTests.vowelsPlugin()
+        let h = try Harness(["Greeting"], files: [vowels], config: #"{"plugins": {"Vowels": {"isolation": "process"}}}"#)
+        #expect(await h.waitFor("control socket ready"), "\(h.daemon.text)")
+        let rows = try h.modules()
+        #expect(rows["greeting"]?["isolation"] as? String == "in-process")
+        #expect(rows["vowels"]?["isolation"] as? String == "process", "\(h.daemon.text)")
+        let call = try h.ctl("call", "Vowels", "vowels_times_ten", "isolation")
+        #expect(call.standardOutput == "50\n", "\(call.standardError) \(h.daemon.text)")
+        #expect(await h.stop() == 0)
+    }
 
     @Test(arguments: IsolationTests.Language.allCases)
     func aCrashingIsolatedPluginIsRestartedWhileTheDaemonAnswers(language: IsolationTests.Language) async throws {
