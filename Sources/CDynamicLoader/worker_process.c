@@ -116,6 +116,8 @@ int modhost_memory_file(const char *name) {
 #endif
 }
 
+int modhost_process_is_dumpable(void) { return prctl(PR_GET_DUMPABLE, 0, 0, 0, 0) == 1; }
+
 int modhost_seal_memory_file(int file) {
     return fcntl(file, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL);
 }

@@ -224,7 +224,7 @@ final class CModule: RelayedModule {
         }
 
         /// Says that event `name` was not delivered because the module is stuck in `stuck`
-        /// (or still busy with it, when its caller gave up waiting for its turn).
+        /// (nil: busy with another lane's call, or no thread could be had for its turn).
         func refused(_ name: String, stuckIn stuck: PluginWorker.Stuck?) {
             metrics.recordError(.notDelivered)
             guard let stuck else {
@@ -233,6 +233,14 @@ final class CModule: RelayedModule {
             }
             log.warning("C module is stuck in \(stuck.what) for \(stuck.elapsed.secondsText); \(name) not delivered",
                         [("event", name), ("stuck_in", stuck.what)])
+        }
+
+        /// Says that event `name` was not delivered because its turn did not come within the
+        /// event deadline (the calls ahead of it took it, or no thread ran it in time).
+        func notReached(_ name: String) {
+            metrics.recordError(.notDelivered)
+            log.warning("C module did not get \(name): its turn did not come within the event deadline of \(deadline.secondsText)",
+                        [("event", name), ("deadline", deadline.secondsText)])
         }
 
         /// Says that the module's call of `name` was still running at the deadline.

@@ -78,6 +78,8 @@ final class CModuleRelay: ModuleRelay {
         let count = batch.entries.count
         // Most calls return within microseconds: watched for a short while before sleeping.
         _ = SyncRunner.watch(until: batch.start + min(deadline, SyncRunner.watchFor)) { batch.finished.isSet }
+        // The entry the lane was last seen to have taken (-1: none seen yet) and since when:
+        // from the batch's start for the first, from the hand-over to a new lane after one.
         var seen = (next: -1, at: batch.start)
         while true {
             let progress = batch.progress.load(ordering: .acquiring)
@@ -86,11 +88,13 @@ final class CModuleRelay: ModuleRelay {
                 return
             }
             let now = ContinuousClock.now
-            if Int(progress.next) != seen.next { seen = (Int(progress.next), seen.next < 0 ? batch.start : now) }
+            if Int(progress.next) != seen.next { seen = (Int(progress.next), seen.next < 0 ? seen.at : now) }
             if now - seen.at >= deadline, progress.next > 0 {
                 // The call of entry next - 1 is still running, unless the lane is between two.
                 let superseded = Batch.Progress(epoch: epoch &+ 1, next: progress.next)
-                guard batch.progress.compareExchange(expected: progress, desired: superseded, ordering: .acquiringAndReleasing).exchanged
+                // Sequentially consistent, as the lane's claim and its look at the epoch after
+                // it (`PluginWorker.claim`): either the lane sees this, or `abandon` its claim.
+                guard batch.progress.compareExchange(expected: progress, desired: superseded, ordering: .sequentiallyConsistent).exchanged
                 else { continue }
                 epoch &+= 1
                 let index = Int(progress.next) - 1
@@ -109,8 +113,10 @@ final class CModuleRelay: ModuleRelay {
                 seen = (-1, now)
                 continue
             }
+            // Past the deadline with no entry taken yet (the lane has not run): look again
+            // an eighth of the deadline later, not at once.
             let left = deadline - (now - seen.at)
-            _ = batch.wakeUp.wait(timeout: .now() + min(left, deadline / 8).dispatchInterval)
+            _ = batch.wakeUp.wait(timeout: .now() + (left > .zero ? min(left, deadline / 8) : deadline / 8).dispatchInterval)
         }
     }
 
@@ -199,11 +205,11 @@ private final class Batch: Sendable {
 
     /// Calls one module unless it is stuck; false when another lane owns the batch now.
     private func call(_ delivery: CModule.Delivery, index: Int, epoch: UInt32) -> Bool {
-        let claim = delivery.worker.claim(token: token(index)) { progress.load(ordering: .relaxed).epoch == epoch }
+        let claim = delivery.worker.claim(token: token(index)) { progress.load(ordering: .sequentiallyConsistent).epoch == epoch }
         switch claim {
         case .superseded:
             // Its caller gave up on this call before it could start.
-            delivery.refused(name, stuckIn: delivery.worker.busy)
+            delivery.notReached(name)
             return false
         case .stuck(let stuck):
             delivery.refused(name, stuckIn: stuck)

@@ -1,3 +1,4 @@
+import CDynamicLoader
 import DaemonKit
 import Glibc
 import ModuleKit
@@ -132,9 +133,11 @@ public actor PluginSet {
     /// not closed yet: none, once a change is over).
     package var memoryImagesHeld: (held: Set<String>, opened: Set<String>) { (Set(memoryImages.keys), openedMemoryImages) }
     /// How many images may be memory files: half the descriptors the process may open (the
-    /// soft RLIMIT_NOFILE, which modhostd raises), the other half left to everything else.
-    /// Past it, images are copies on disk.
+    /// soft RLIMIT_NOFILE, which modhostd raises), the other half left to everything else;
+    /// none when the process is not dumpable, as trial loads and workers, other processes,
+    /// open them by `/proc/PID/fd/N`. Past it, images are copies on disk.
     let memoryImageBudget: Int = {
+        guard modhost_process_is_dumpable() == 1 else { return 0 }
         var limit = rlimit()
         guard getrlimit(__rlimit_resource_t(RLIMIT_NOFILE.rawValue), &limit) == 0 else { return 0 }
         return Int(clamping: limit.rlim_cur / 2)

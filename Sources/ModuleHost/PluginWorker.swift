@@ -45,8 +45,8 @@ package final class PluginWorker: Sendable {
         var queued: [UInt64: String] = [:]
         /// A job of the queue waits for a lane's call to be released (`claimReleased`).
         var queueWaits = false
-        /// A lane waits for the queue's jobs to be over (`queueIdle`).
-        var laneWaits = false
+        /// Lanes waiting for the queue's jobs to be over (`queueIdle`), each woken once.
+        var laneWaits = 0
         /// What the lane's call that overran runs, and since when its caller saw it run.
         var laneWhat = ""
         var laneSince = ContinuousClock.Instant.now
@@ -169,13 +169,13 @@ package final class PluginWorker: Sendable {
     /// A job of the queue is over: the worker runs none now, and a lane waiting for that
     /// (`claim`) tries again.
     private func finishedJob() {
-        let laneWaits = state.withLock { state -> Bool in
+        let laneWaits = state.withLock { state -> Int in
             state.current = nil
             queueJobs.wrappingSubtract(1, ordering: .sequentiallyConsistent)
-            defer { state.laneWaits = false }
+            defer { state.laneWaits = 0 }
             return state.laneWaits
         }
-        if laneWaits { queueIdle.signal() }
+        for _ in 0..<laneWaits { queueIdle.signal() }
     }
 
     /// What became of a lane's `claim`.
@@ -192,17 +192,23 @@ package final class PluginWorker: Sendable {
     }
 
     /// Lets the calling thread, a relay's lane, make a call in the worker's place, known
-    /// by `token` (not 0, below 2^63), once no job of the queue runs or waits. It waits for
-    /// them while `isCurrent` (read under the worker's lock) says the lane still owns its
-    /// batch.
+    /// by `token` (not 0, below 2^63), once no job of the queue runs or waits, while
+    /// `isCurrent` says the lane still owns its batch. It waits for the queue's jobs while
+    /// `isCurrent` (read under the worker's lock) holds.
     func claim(token: UInt64, isCurrent: () -> Bool) -> Claim {
         // Each side announces itself before it looks at the other (sequentially consistent):
         // a job of the queue counts itself and then looks for a claim, the lane claims and
-        // then looks for jobs, so at least one of them sees the other.
+        // then looks for jobs, so at least one of them sees the other. Likewise the lane's
+        // caller gives the batch to another lane and then marks the claim overrun
+        // (`abandon`), the lane claims and then looks whether it still owns the batch.
         let claimed = token << 1
         if queueJobs.load(ordering: .sequentiallyConsistent) == 0,
            laneClaim.compareExchange(expected: 0, desired: claimed, ordering: .sequentiallyConsistent).exchanged {
-            if queueJobs.load(ordering: .sequentiallyConsistent) == 0 { return .claimed }
+            if queueJobs.load(ordering: .sequentiallyConsistent) == 0 {
+                if isCurrent() { return .claimed }
+                release()
+                return .superseded
+            }
             release()
         }
         while true {
@@ -214,10 +220,11 @@ package final class PluginWorker: Sendable {
                 // under this lock, so after the claim is taken back.
                 if queueJobs.load(ordering: .sequentiallyConsistent) == 0,
                    laneClaim.compareExchange(expected: 0, desired: claimed, ordering: .sequentiallyConsistent).exchanged {
+                    // `isCurrent` was read under this lock, which `abandon` takes too.
                     if queueJobs.load(ordering: .sequentiallyConsistent) == 0 { return .claimed }
                     laneClaim.store(0, ordering: .sequentiallyConsistent)
                 }
-                state.laneWaits = true
+                state.laneWaits += 1
                 return nil
             }
             if let claim { return claim }
@@ -241,9 +248,13 @@ package final class PluginWorker: Sendable {
     /// already.
     func abandon(lane token: UInt64, what: String, since: ContinuousClock.Instant) -> Bool {
         state.withLock { state in
+            // Under the lock that `stuck` reads them with: the bit and what it stands for
+            // are seen together.
+            guard laneClaim.compareExchange(expected: token << 1, desired: token << 1 | 1, ordering: .sequentiallyConsistent).exchanged
+            else { return false }
             state.laneWhat = what
             state.laneSince = since
-            return laneClaim.compareExchange(expected: token << 1, desired: token << 1 | 1, ordering: .sequentiallyConsistent).exchanged
+            return true
         }
     }
 

@@ -88,6 +88,34 @@ import Testing
         seen.running.subtract(1, ordering: .sequentiallyConsistent)
     }
 
+    /// Every lane waiting for the worker's queue goes on once the queue is idle, however
+    /// many wait (two batches' lanes may reach one module while its queue runs a job).
+    @Test func everyLaneWaitingForTheQueueGoesOnOnceItIsIdle() async {
+        let worker = PluginWorker(label: "lanes-wait")
+        let release = DispatchSemaphore(value: 0)
+        let done = DispatchSemaphore(value: 0)
+        let seen = Seen()
+        worker.submit("slow", deadline: .seconds(30)) { release.wait() }
+        for token in [UInt64(1), 2] {
+            DispatchQueue.global().async {
+                if case .claimed = worker.claim(token: token, isCurrent: { true }) {
+                    Self.runAlone(seen, "lane")
+                    worker.release()
+                }
+                done.signal()
+            }
+        }
+        // Both lanes find the queue busy and wait (a lane that comes later finds it idle).
+        try? await Task.sleep(for: .milliseconds(200))
+        release.signal()
+        let first = done.wait(timeout: .now() + 10) == .success
+        let second = done.wait(timeout: .now() + 10) == .success
+        let overlapped = seen.overlapped.load(ordering: .sequentiallyConsistent)
+        #expect(first && second, "a lane never went on")
+        #expect(!overlapped)
+        #expect(seen.ran.withLock { $0 } == [0, 0])
+    }
+
     /// A lane's call its caller gave up on makes the worker stuck until it returns; a job
     /// queued meanwhile runs after it.
     @Test func aLaneCallGivenUpOnIsStuckUntilItReturns() async {

@@ -190,6 +190,15 @@ import TestSupport
         #expect(clock.now - started >= .milliseconds(500))
         #expect(await waitUntil { given("block") == ["first", "hang", "last", "later"] }, "\(h.daemon.text)")
         #expect(h.daemon.text.contains("C module did not return from block within 0.5 s"), "\(h.daemon.text)")
+        // Only hang overran: one line says so, naming it.
+        let overran = h.daemon.text.split(separator: "\n").filter { $0.contains("did not return from block") }
+        #expect(overran.count == 1 && overran.allSatisfy { $0.contains("module=hang") }, "\(overran)")
+        // One thread is left to hang's call and one called the modules after it: no more.
+        let tasks = "/proc/\(h.daemon.pid)/task"
+        let lanes = try FileManager.default.contentsOfDirectory(atPath: tasks).filter {
+            (try? String(contentsOfFile: "\(tasks)/\($0)/comm", encoding: .utf8))?.hasPrefix("plugin-lane") == true
+        }
+        #expect(lanes.count <= 2, "\(lanes.count) lane threads")
         let rows = Self.rows(try Self.timedList(h.socket).reply)
         #expect(rows["hang"]?["state"] as? String == "stuck")
         #expect(rows["hang"]?["stuckIn"] as? String == "block")

@@ -46,6 +46,10 @@ int modhost_worker_set_limit(int which, uint64_t value);
  * where the kernel asks to be told): the descriptor, or -1 with errno. */
 int modhost_memory_file(const char *name);
 
+/* 1 when this process is dumpable (PR_GET_DUMPABLE): only then may other processes of its
+ * user open its descriptors by /proc/PID/fd/N. */
+int modhost_process_is_dumpable(void);
+
 /* Seals memory file `file` against any change of its size or bytes (F_ADD_SEALS): 0, or
  * -1 with errno. */
 int modhost_seal_memory_file(int file);
