@@ -1463,11 +1463,13 @@ final class WorkerConnection: Sendable {
         }
         let stoppedQuietly = status & 0x7f == SIGKILL && reason == nil
         if let reason { ending += ": \(reason)" }
+        // Said (and counted) before whoever waits for the end is told: a daemon that exits
+        // once its workers have ended must not exit before it has said how one ended.
+        plugin.ended(self, ending, stoppedQuietly: stoppedQuietly)
         finished.complete(.reply(WorkerMessage(keys: ["ending"], values: [.string(ending)])))
         // The reader, and a caller reading an ordered reply, stop (a process the plugin
         // forked may still hold the other ends).
         shutDown()
-        plugin.ended(self, ending, stoppedQuietly: stoppedQuietly)
     }
 
     private func shutDown() {
