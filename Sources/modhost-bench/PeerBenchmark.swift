@@ -1,4 +1,5 @@
 import Foundation
+import DaemonKit
 import Glibc
 import ModuleHost
 import ModuleKit
@@ -50,6 +51,7 @@ struct PeerBenchmark {
         var rows = try startToReady()
         rows += try await dispatch()
         rows += try await hot()
+        rows.append(try await idleWorker())
         return rows
     }
 
@@ -215,6 +217,46 @@ struct PeerBenchmark {
             baselineDescription: "peak RSS (VmHWM) of peer-peas-host at READY=1 with 1000 plugins; value: modhostd's, medians of the start-to-ready runs (report only; the bare C loop: \(format(peakMiB(bare, 1000))) MiB)",
             target: nil))
         return rows
+    }
+
+    // MARK: an idle isolated worker
+
+    /// The resident memory of the worker of one C plugin run isolated, idle once its module
+    /// has started; libpeas has no workers, so the target is absolute (10 MiB).
+    func idleWorker() async throws -> BenchRow {
+        let root = try freshDirectory(work + "/worker")
+        let plugins = root + "/plugins"
+        try FileManager.default.createDirectory(atPath: plugins, withIntermediateDirectories: true)
+        chmod(plugins, 0o755)
+        let file = System.modhost.files(0)[0]
+        try FileManager.default.copyItem(atPath: "\(work)/src/modhost/\(file)", toPath: plugins + "/" + file)
+        let isolated = root + "/modhostd.json"
+        try #"{"plugins": {"Peer00000": {"isolation": "process"}}}"#.write(toFile: isolated, atomically: true, encoding: .utf8)
+        let daemon = try DaemonProcess(sdk: sdk, root: root, pluginDirectory: plugins, arguments: ["--config", isolated])
+        defer { daemon.stop() }
+        guard await daemon.waitForLine(containing: "control socket ready", after: 0) != nil else { throw failure("modhostd did not start:\n\(daemon.tail)") }
+        // The worker: the daemon's child that runs modhost-worker (any of its threads may
+        // have started it, so every process is looked at for its parent).
+        func worker() -> Int32? {
+            let processes = (try? FileManager.default.contentsOfDirectory(atPath: "/proc"))?.compactMap { Int32($0) } ?? []
+            return processes.first { pid in
+                guard let status = try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8) else { return false }
+                let lines = status.split(separator: "\n")
+                return lines.contains("PPid:\t\(daemon.pid)") && lines.contains { $0.hasPrefix("Name:\tmodhost-worker") }
+            }
+        }
+        var samples: [Double] = []
+        for _ in 0..<5 {
+            try await Task.sleep(for: .milliseconds(200))
+            guard let worker = worker(), let bytes = ProcessMemory.residentBytes(pid: worker) else { continue }
+            samples.append(Double(bytes) / 1_048_576)
+        }
+        guard !samples.isEmpty else { throw failure("no worker of Peer00000 was found:\n\(daemon.tail)") }
+        let value = median(samples)
+        return BenchRow(
+            name: "peer.rss.worker_idle", value: value, unit: "MiB", baseline: 10,
+            baselineDescription: "the target, 10 MiB; value: VmRSS of the modhost-worker running the generated C plugin Peer00000 isolated, idle after its start, median of 5 readings 200 ms apart (\(value <= 10 ? "met" : "NOT met"))",
+            target: nil)
     }
 
     // MARK: dispatch
