@@ -163,16 +163,20 @@ run: plugins
 	$(BUILD)/bin/modhostd --plugins $(BUILD)/plugins --state-dir $(BUILD)/state --socket $(BUILD)/modhostd.sock
 
 # The peer rows' C programs (Tests/Peer), built against the release SDK: peer-timer,
-# peer-bare-host and peer-contained-loop always, peer-peas-host when libpeas is installed.
+# peer-bare-host, peer-floor-host and peer-contained-loop always, peer-peas-host when
+# libpeas is installed.
 PEER_BIN := $(CURDIR)/build/release/bench
 PEER_CFLAGS := -O2 -Wall -Wextra -I$(CURDIR)/build/release/include
 
 $(PEER_BIN)/peer-timer: Tests/Peer/peer-timer.c
 	@mkdir -p $(@D)
 	cc $(PEER_CFLAGS) $< -o $@
-$(PEER_BIN)/peer-bare-host: Tests/Peer/peer-bare-host.c Tests/Peer/peer-host.h
+$(PEER_BIN)/peer-bare-host: Tests/Peer/peer-bare-host.c Tests/Peer/peer-host.h Tests/Peer/peer-modhost.h
 	@mkdir -p $(@D)
 	cc $(PEER_CFLAGS) $< -o $@ -ldl
+$(PEER_BIN)/peer-floor-host: Tests/Peer/peer-floor-host.c Tests/Peer/peer-host.h Tests/Peer/peer-modhost.h Sources/CDynamicLoader/crash_recorder.c
+	@mkdir -p $(@D)
+	cc $(PEER_CFLAGS) -ISources/CDynamicLoader/include $< Sources/CDynamicLoader/crash_recorder.c -o $@ -ldl -lpthread
 $(PEER_BIN)/peer-contained-loop: Tests/Peer/peer-contained-loop.c Tests/Peer/peer-host.h
 	@mkdir -p $(@D)
 	cc $(PEER_CFLAGS) $< -o $@ -lpthread
@@ -180,7 +184,7 @@ $(PEER_BIN)/peer-peas-host: Tests/Peer/peer-peas-host.c Tests/Peer/peer-host.h
 	@mkdir -p $(@D)
 	cc $(PEER_CFLAGS) $$(pkg-config --cflags $(BENCH_PEER_PC)) $< -o $@ $$(pkg-config --libs $(BENCH_PEER_PC))
 
-peer-programs: $(PEER_BIN)/peer-timer $(PEER_BIN)/peer-bare-host $(PEER_BIN)/peer-contained-loop
+peer-programs: $(PEER_BIN)/peer-timer $(PEER_BIN)/peer-bare-host $(PEER_BIN)/peer-floor-host $(PEER_BIN)/peer-contained-loop
 	@if pkg-config --exists $(BENCH_PEER_PC) 2>/dev/null; then $(MAKE) --no-print-directory $(PEER_BIN)/peer-peas-host; \
 	else echo "$(BENCH_PEER_DEB) is not installed: no peer-peas-host, make bench skips its peer rows"; fi
 

@@ -10,8 +10,9 @@ import TestSupport
 /// (count the events they get; at start and stop, send their own clock reading when asked).
 ///
 /// The peers are the C programs of Tests/Peer, which `make bench` builds into `programs`:
-/// `peer-timer` (fork to READY=1, CPU time and peak RSS then), `peer-peas-host` and
-/// `peer-bare-host`. The plugins are compiled from the templates there (`sources`) into
+/// `peer-timer` (fork to READY=1, CPU time and peak RSS then), `peer-peas-host`,
+/// `peer-bare-host` and `peer-floor-host` (the work a start must do to keep modhostd's
+/// promises, in C). The plugins are compiled from the templates there (`sources`) into
 /// work/src. Rows compare modhostd (the release build) or ModuleHost in process with
 /// peer-peas-host; the bare loop's figures are given in the words and in report rows.
 struct PeerBenchmark {
@@ -35,7 +36,7 @@ struct PeerBenchmark {
         guard (try? shell("pkg-config --exists libpeas-1.0")) != nil else {
             return "libpeas-1.0 is not installed (pkg-config finds no libpeas-1.0): run make deps as root, or apt-get install --no-install-recommends libpeas-dev"
         }
-        for program in ["peer-timer", "peer-peas-host", "peer-bare-host", "peer-contained-loop"] where access(programs + "/" + program, X_OK) != 0 {
+        for program in ["peer-timer", "peer-peas-host", "peer-bare-host", "peer-floor-host", "peer-contained-loop"] where access(programs + "/" + program, X_OK) != 0 {
             return "\(programs)/\(program) is missing: make bench builds it"
         }
         for template in ["modhost-plugin.c", "peas-plugin.c", "peer-plugin.h"] where access(sources + "/" + template, R_OK) != 0 {
@@ -151,7 +152,7 @@ struct PeerBenchmark {
     }
 
     func startToReady() throws -> [BenchRow] {
-        var modhost: [Int: [Ready]] = [:], peas: [Int: [Ready]] = [:], bare: [Int: [Ready]] = [:]
+        var modhost: [Int: [Ready]] = [:], peas: [Int: [Ready]] = [:], bare: [Int: [Ready]] = [:], floor: [Int: [Ready]] = [:]
         for size in sizes {
             let modhostSet = try set(.modhost, size), peasSet = try set(.peas, size)
             try shell("find '\(modhostSet)' '\(peasSet)' -type f -exec cat {} + > /dev/null")  // page cache warm
@@ -167,14 +168,18 @@ struct PeerBenchmark {
                                         "--state-dir", directory, "--socket", directory + ".sock", "--log-level", "warning"])
             }
             let peasHost = [programs + "/peer-peas-host", peasSet], bareHost = [programs + "/peer-bare-host", modhostSet]
+            let floorState = try freshDirectory(work + "/ready/floor")
+            let floorHost = [programs + "/peer-floor-host", floorState, modhostSet]
             // One untimed run of each warms their own files too.
             _ = try modhostd()
             _ = try timeToReady(peasHost)
             _ = try timeToReady(bareHost)
+            _ = try timeToReady(floorHost)
             for _ in 0..<(size >= 1000 ? 5 : 7) {
                 modhost[size, default: []].append(try modhostd())
                 peas[size, default: []].append(try timeToReady(peasHost))
                 bare[size, default: []].append(try timeToReady(bareHost))
+                floor[size, default: []].append(try timeToReady(floorHost))
             }
         }
 
@@ -194,6 +199,12 @@ struct PeerBenchmark {
             rows.append(BenchRow(
                 name: "peer.start_to_ready_vs_bare.n\(size)", value: wall(modhost, size), unit: "ms", baseline: wall(bare, size),
                 baselineDescription: "peer-bare-host on the same \(size) ModuleHost plugin files (dlopen RTLD_NOW, dlsym, entry, create, init, start, in one process, no checks), \(how) \(modhost[size]!.count) alternating runs (report only)",
+                target: nil))
+        }
+        for size in sizes {
+            rows.append(BenchRow(
+                name: "peer.start_to_ready_vs_floor.n\(size)", value: wall(modhost, size), unit: "ms", baseline: wall(floor, size),
+                baselineDescription: "peer-floor-host on the same \(size) ModuleHost plugin files: the work a start must do to keep modhostd's promises, in C (no symlink followed, owner and mode, the whole file read once and hashed, ELF headers and the entry and ownership checks on .dynsym, a sealed memory image dlopened, the crash recorder told, the in-flight record written around each phase, plugin code on a second thread with a deadline: one hand-over per plugin, one for all inits, one for all starts), \(how) \(modhost[size]!.count) alternating runs (report only)",
                 target: nil))
         }
         let perPlugin1000 = (wall(modhost, 1000) - wall(modhost, 0)) / 1000 * 1000

@@ -16,37 +16,12 @@
 #include <signal.h>
 #include <stdbool.h>
 
-#include <modulehost.h>
-
 #include "peer-host.h"
-
-typedef struct {
-    const modhost_module *module;
-    void *instance;
-} running_module;
-
-static running_module *modules;
-static size_t module_count;
-
-static void host_log(int32_t level, const char *message) {
-    if (level >= MODHOST_LOG_WARNING) fprintf(stderr, "peer-bare-host: %s\n", message);
-}
-static void host_post_notification(const char *name, const char *payload_json) { (void)name, (void)payload_json; }
-static bool host_has_module(const char *name) { (void)name; return false; }
-
-static const modhost_host_api host_api = {
-    .struct_size = sizeof(modhost_host_api), .abi_minor = MODHOST_ABI_MINOR,
-    .log = host_log, .post_notification = host_post_notification, .has_module = host_has_module,
-};
+#include "peer-modhost.h"
 
 static int is_plugin(const struct dirent *entry) {
     size_t length = strlen(entry->d_name);
     return entry->d_name[0] != '.' && length > 3 && strcmp(entry->d_name + length - 3, ".so") == 0;
-}
-
-/* One event to every module, in order. */
-static void send_to_all(const char *event) {
-    for (size_t index = 0; index < module_count; index++) modules[index].module->handle_event(modules[index].instance, event, NULL);
 }
 
 static void start_plugins(const char *directory) {
@@ -69,13 +44,13 @@ static void start_plugins(const char *directory) {
         modules = realloc(modules, (module_count + plugin->module_count) * sizeof *modules);
         for (uint32_t m = 0; m < plugin->module_count; m++) {
             const modhost_module *module = &plugin->modules[m];
-            modules[module_count++] = (running_module){module, module->create(&host_api, "{}")};
+            modules[module_count++] = (running_module){module, module->create(&peer_host_api, "{}")};
         }
         free(names[index]);
     }
     free(names);
-    send_to_all("init");
-    send_to_all("start");
+    peer_send_to_all("init");
+    peer_send_to_all("start");
 }
 
 int main(int argc, char **argv) {
@@ -94,7 +69,7 @@ int main(int argc, char **argv) {
             return 1;
         }
         uint64_t start = peer_now_ns();
-        for (long round = 0; round < rounds; round++) send_to_all("tick");
+        for (long round = 0; round < rounds; round++) peer_send_to_all("tick");
         printf("%.3f\n", (double)(peer_now_ns() - start) / (double)rounds / (double)module_count);
         return 0;
     }
