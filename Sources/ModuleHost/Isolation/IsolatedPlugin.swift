@@ -1,0 +1,668 @@
+import CDynamicLoader
+import DaemonKit
+import Dispatch
+import Glibc
+@_spi(ModuleHost) import ModuleKit
+import PluginCall
+import PluginFormat
+import Synchronization
+
+/// One plugin running in a `modhost-worker` process, supervised: the daemon side of
+/// docs/isolation.md. Its modules are `IsolatedModule`s in the daemon's host instance; each
+/// forwards what it is given over the worker's socket.
+///
+/// Supervision: a worker that crashes, exits or does not answer within the event deadline
+/// (it is then killed) is logged with the plugin's name and its signal or exit status; its
+/// modules are `crashed` (they get nothing) until a new worker runs them again, created,
+/// initialized and started with the configuration they had. The first restart is at once,
+/// the next after 0.1 s, 0.2 s, ... (doubling); `burst` crashes within `window` quarantine
+/// the plugin. A worker's whole process group is killed when it ends.
+public final class IsolatedPlugin: Sendable {
+    public let name: String
+    let file: PluginFile
+    let preloads: [String]
+    let settings: PluginIsolationSettings
+    let policy: IsolationPolicy
+    let host: HostInstance
+    /// Where a module's event that its worker did not answer in time is recorded (the
+    /// daemon fails that event's request as it fails one a stuck module overran).
+    let workers: PluginWorkers
+    /// Where its workers are recorded, so that a later start can end what they leave (`WorkerRecords`).
+    let workerRecords: WorkerRecords
+    let logger: Logger
+    let deadline: Duration
+    /// What its workers post, waiting for delivery in the daemon (bounded).
+    private let posts: NotificationQueue
+    /// How many of its workers' log lines the daemon logs a second.
+    private let logLines: LogLineRate
+    /// Notifications its workers posted under a lifecycle name, refused.
+    private let lifecyclePosts: DropReport
+    /// The type each function its manifest exports returns: a worker's answer to a call
+    /// must be a value of it.
+    private let returnTypes: [String: ValueType]
+
+    struct ModuleRecord {
+        var configuration: JSONValue
+        var started = false
+    }
+
+    struct State {
+        var connection: WorkerConnection?
+        var phase = WorkerStatus.Phase.starting
+        var restarts = 0
+        var crashes = 0
+        var crashTimes: [WorkerEnd] = []
+        var lastCrash: String?
+        /// The modules the daemon runs, in creation order, and how to run them again.
+        var modules: [(name: String, record: ModuleRecord)] = []
+        var startedOnce = false
+        /// Set when the host shuts down: a worker that ends from then on is not restarted.
+        var restartsEnded = false
+    }
+    private let state = Mutex(State())
+
+    init(file: PluginFile, preloads: [String], settings: PluginIsolationSettings, policy: IsolationPolicy,
+         workerRecords: WorkerRecords, host: HostInstance, workers: PluginWorkers, logger: Logger) {
+        name = file.name
+        self.workerRecords = workerRecords
+        self.workers = workers
+        self.file = file
+        self.preloads = preloads
+        self.settings = settings
+        self.policy = policy
+        self.host = host
+        self.logger = logger.with("plugin", file.name)
+        deadline = host.eventDeadline
+        posts = NotificationQueue(host: host, plugin: file.name, logger: logger)
+        logLines = LogLineRate(plugin: file.name, logger: logger)
+        lifecyclePosts = .lifecycleNamedNotifications(poster: "plugin \(file.name)", logger: logger.with("plugin", file.name))
+        // The manifest check has parsed every signature already.
+        returnTypes = Dictionary(file.manifest.exports.compactMap { export in
+            (try? Signature(parsing: export.signature)).map { (export.name, $0.returnType) }
+        }, uniquingKeysWith: { first, _ in first })
+    }
+
+    /// The worker now.
+    public var status: WorkerStatus {
+        let (phase, connection, restarts, crashes, lastCrash) = state.withLock {
+            ($0.phase, $0.connection, $0.restarts, $0.crashes, $0.lastCrash)
+        }
+        let pid = phase == .running || phase == .starting ? connection?.pid : nil
+        return WorkerStatus(phase: phase, pid: pid, restarts: restarts, crashes: crashes, lastCrash: lastCrash,
+                            residentBytes: pid.flatMap(Self.residentBytes(of:)),
+                            droppedNotifications: posts.dropped.total, droppedLogLines: logLines.dropped.total)
+    }
+
+    /// Starts the first worker and returns the modules its plugin provides (name, version).
+    func start() async throws(LoadFailure) -> [(name: String, version: String)] {
+        if geteuid() != 0, settings.user != nil || settings.group != nil {
+            logger.warning("plugins.\(name).user and group are not applied: only a daemon running as root starts a worker as another user; this worker runs as uid \(geteuid())")
+        }
+        let connection = try await launch()
+        state.withLock {
+            $0.connection = connection
+            $0.phase = .running
+        }
+        // A worker that ended between its ready frame and now was not ours yet to restart.
+        if let ending = connection.ending { ended(connection, ending, stoppedQuietly: false) }
+        return connection.modules
+    }
+
+    /// The event deadline the worker keeps itself: shorter than the daemon's by a tenth (at
+    /// most 250 ms), so that an awaited handler the worker's host gives up on at its deadline
+    /// (cancelled, as in process) is answered before the daemon's deadline passes, and the
+    /// worker is not killed for it. A C callback that does not return by then still is.
+    var workerDeadline: Duration { deadline - min(deadline / 10, .milliseconds(250)) }
+
+    /// Spawns a worker, sends it the load frame and waits (up to the trial deadline) for it
+    /// to be ready.
+    private func launch() async throws(LoadFailure) -> WorkerConnection {
+        func fail(_ problem: String, _ fix: String) -> LoadFailure {
+            LoadFailure(file: file.path, check: .isolation, problem: problem, fix: fix)
+        }
+        var load: [String: JSONValue] = [
+            "op": "load", "plugin": .string(name), "file": .string(file.path), "image": .string(file.resolvedPath),
+            "host": .string(host.name), "label": .string(host.logger.label),
+            "preload": .array(preloads.map { .string($0) }), "logLevel": .string(policy.logLevel.description),
+            "eventDeadlineSeconds": .number(Double(workerDeadline.components.seconds) + Double(workerDeadline.components.attoseconds) / 1e18),
+            "limits": settings.limits.json,
+        ]
+        if let manifest = try? JSONValue(encoding: file.manifest) { load["manifest"] = manifest }
+        if geteuid() == 0 {
+            do {
+                let (uid, gid) = try Self.identity(user: settings.user, group: settings.group)
+                if let uid { load["uid"] = .number(Double(uid)) }
+                if let gid { load["gid"] = .number(Double(gid)) }
+            } catch {
+                throw fail(error.description, "name an existing user and group in the plugin's configuration")
+            }
+            // RLIMIT_NPROC binds no root process: a limit that would bind nothing is refused.
+            if settings.limits.processes != nil && (load["uid"]?.numberValue ?? 0) == 0 {
+                throw fail("its \"processes\" limit would bind nothing: the worker would run as root, and RLIMIT_NPROC does not apply to root",
+                           "give the plugin a \"user\" of its own (plugins.\(name).user in modhostd's configuration), or remove \"processes\"")
+            }
+        }
+        let connection: WorkerConnection
+        do {
+            connection = try WorkerConnection.spawn(policy.workerExecutable, plugin: self)
+        } catch {
+            throw fail("cannot start the worker \(policy.workerExecutable): \(error)",
+                       "install modhost-worker next to modhostd")
+        }
+        let readyWithin = Duration.seconds(ProcessTrialLoader.defaultTimeout)
+        switch await connection.sendLoad(.object(load), within: readyWithin) {
+        case .sent:
+            break
+        case .timedOut:
+            // Killed for it by the worker poller.
+            throw fail("its worker did not read its load frame within \(readyWithin.secondsText)", "see the log lines before this one")
+        case .gone:
+            connection.stop()
+            throw fail("the worker ended before it was given its plugin", "see the log lines before this one")
+        }
+        let ready = await connection.ready(within: readyWithin)
+        switch ready {
+        case .success:
+            return connection
+        case .failure(let failure):
+            connection.stop()
+            throw LoadFailure(file: file.path, check: failure.check, problem: failure.problem, fix: failure.fix)
+        }
+    }
+
+    // MARK: - What modules ask
+
+    /// Creates module `module` in the worker; nil when its factory refused. When the worker
+    /// cannot answer, the module is still created here, `crashed`, and the worker restarted.
+    func create(_ module: String, configuration: JSONValue, running: [String]) -> (info: ModuleInfo?, notifications: Set<String>)? {
+        state.withLock { state in
+            state.modules.removeAll { $0.name == module }
+            state.modules.append((module, ModuleRecord(configuration: configuration)))
+        }
+        let reply = request(["op": "create", "module": .string(module), "configuration": configuration,
+                             "running": .array(running.map { .string($0) })], what: "create of \(module)", module: module)
+        guard let reply else { return (nil, []) }
+        if reply["created"]?.boolValue != true {
+            state.withLock { $0.modules.removeAll { $0.name == module } }
+            return nil
+        }
+        let info = try? reply["info"]?.decode(ModuleInfo.self)
+        var names: Set<String> = []
+        if case .array(let list) = reply["notifications"] ?? .null { names = Set(list.compactMap(\.stringValue)) }
+        return (info, names)
+    }
+
+    /// Delivers a synchronous event; returns once the worker has (or could not).
+    func deliver(_ module: String, kind: String, event: String, payload: JSONValue) {
+        if kind == "start" {
+            state.withLock { state in
+                if let index = state.modules.firstIndex(where: { $0.name == module }) { state.modules[index].record.started = true }
+            }
+        }
+        let given = workers.beginIsolated(module: module, event: event)
+        if let compact = CompactFrame.Kind(kind) {
+            // The hot path: a compact frame (`CompactFrame`), the same request in bytes.
+            _ = requestOutcome(what: event, module: module) { id in
+                CompactFrame.event(id: id, kind: compact, module: module, event: event, payload: payload)
+            }
+        } else {
+            _ = request(["op": "event", "module": .string(module), "kind": .string(kind), "event": .string(event), "payload": payload],
+                        what: event, module: module)
+        }
+        workers.endIsolated(module: module, given)
+        if kind == "deinit" { state.withLock { $0.modules.removeAll { $0.name == module } } }
+    }
+
+    /// Delivers an awaited event and waits for it: the host instance goes on at the event
+    /// deadline, as for any module; the worker, whose own host gives up on the handler a
+    /// little earlier (`workerDeadline`), is killed only if it has not answered a grace
+    /// period later (the deadline again, at most 1 s), so a slow machine does not cost a
+    /// module that was merely late its worker.
+    func deliverAwaited(_ module: String, event: String, payload: JSONValue) async {
+        guard let connection = currentConnection else {
+            notDelivered(module, event)
+            return
+        }
+        let given = workers.beginIsolated(module: module, event: event)
+        let outcome = await connection.requestAsync(["op": "awaited", "module": .string(module), "event": .string(event), "payload": payload],
+                                                    what: event, deadline: deadline + min(deadline, .seconds(1)))
+        // The host instance counts an awaited event it stopped waiting for as an overrun; the
+        // worker's host, which gives up a little earlier (`workerDeadline`), says when it did.
+        if case .reply(let reply) = outcome, reply["overran"]?.boolValue == true {
+            host.metrics.module(named: module).recordDeadlineOverrun()
+        }
+        check(outcome, connection, what: event, module: module, countsOverrun: false)
+        workers.endIsolated(module: module, given)
+    }
+
+    /// Gives `module` a new configuration in the worker; false when it removed itself.
+    func configure(_ module: String, configuration: JSONValue) -> Bool {
+        state.withLock { state in
+            if let index = state.modules.firstIndex(where: { $0.name == module }) { state.modules[index].record.configuration = configuration }
+        }
+        guard let reply = request(["op": "configure", "module": .string(module), "configuration": configuration], what: "configurationChanged")
+        else { return true }
+        return reply["running"]?.boolValue ?? true
+    }
+
+    /// The info of `module` as the worker's module reports it now; nil when no worker runs
+    /// or it did not answer within the event deadline (logged: the caller answers from the
+    /// last info it had).
+    func info(_ module: String) -> ModuleInfo? {
+        let phase = state.withLock { $0.phase }
+        let outcome = requestOutcome(["op": "info", "module": .string(module)], what: "info of \(module)")
+        guard case .reply(let reply)? = outcome else {
+            let why = switch outcome {
+            case .timedOut?: "did not answer within \(deadline.secondsText)"
+            case .gone?: "ended"
+            default: "is \(phase.rawValue)"
+            }
+            logger.warning("the info of module \(module) is the last known (from its worker, or its name and version): its worker \(why)",
+                           [("module", module)])
+            return nil
+        }
+        return try? reply["info"]?.decode(ModuleInfo.self)
+    }
+
+    func stateForReplacement(_ module: String) -> JSONValue? {
+        guard let state = request(["op": "state", "module": .string(module)], what: "stateForReplacement")?["state"], state != .null
+        else { return nil }
+        return state
+    }
+
+    func restore(_ module: String, state: JSONValue) {
+        _ = request(["op": "restore", "module": .string(module), "state": state], what: "restore")
+    }
+
+    /// Calls `function` in the worker with arguments as text (`texts`) or JSON values
+    /// (`json`), as a plugin loaded in process is called: the same results and the same
+    /// error codes (`CallError.code`). Given a `deadline`, the call fails with
+    /// `deadline_exceeded` once it has passed (the function goes on in the worker); without
+    /// one it waits for the result as long as it takes. Either way a worker that does not
+    /// read the call within that deadline (or the event deadline) is killed as unanswering.
+    public func call(_ function: String, texts: [String]? = nil, json: [JSONValue]? = nil,
+                     deadline: Duration? = nil) async throws(IsolatedCallError) -> CallValue {
+        guard let connection = currentConnection else {
+            let phase = status.phase
+            throw IsolatedCallError(code: "call_failed", message: "plugin \(name)'s worker is not running (\(phase.rawValue)); "
+                                    + (phase == .quarantined ? "it stays down until its file changes or modhostctl enable names one of its modules"
+                                                             : "try again once it is restarted"))
+        }
+        if let busy = connection.overrunCall {
+            throw IsolatedCallError(code: "plugin_busy",
+                                    message: "plugin \(name) is busy: \(busy.function) has been running for \((ContinuousClock.now - busy.since).secondsText) in its worker; it gets no new call until that returns")
+        }
+        let arguments: CompactFrame.Arguments = if let texts { .texts(texts) } else if let json { .json(json) } else { .none }
+        let outcome: WorkerConnection.Outcome
+        switch await connection.call(function: function, deadline: deadline, frame: { id in
+            CompactFrame.call(id: id, function: function, arguments: arguments)
+        }) {
+        case .outcome(let answered):
+            outcome = answered
+        case .notStarted(let ahead):
+            throw IsolatedCallError(code: "plugin_busy",
+                                    message: PluginWorker.notStarted(plugin: name, function: function, deadline: deadline ?? self.deadline,
+                                                                     ahead: ahead.map { PluginWorker.Stuck(what: "\($0.function) in its worker", elapsed: $0.running) }))
+        }
+        switch outcome {
+        case .reply(let reply):
+            if let error = reply["error"] {
+                throw IsolatedCallError(code: error.text("code") ?? "call_failed", message: error.text("message") ?? "the call failed")
+            }
+            // What the worker answers is the plugin's code's to write: a value of another type
+            // than plugin.json declares (or none) is no result, and ends the worker as any
+            // invalid frame does.
+            let declared = returnTypes[function]
+            guard let type = reply.text("type").flatMap(ValueType.init(rawValue:)), type == declared,
+                  let value = try? type.value(fromJSON: reply["value"] ?? .null)
+            else {
+                let given = reply.text("type").map { JSONValue.escapingControlCharacters(String($0.prefix(40))) }
+                let reason = given == declared?.rawValue
+                    ? "it answered call \(function) with a value that is no \(given ?? "")"
+                    : "it answered call \(function) with \(given.map { "a value of type \($0)" } ?? "no type"), where plugin.json declares \(declared?.rawValue ?? "no such function")"
+                connection.kill(reason: reason)
+                throw IsolatedCallError(code: "call_failed", message: "plugin \(name)'s worker gave an invalid result: \(reason); it is restarted")
+            }
+            return value
+        case .timedOut:
+            throw IsolatedCallError(code: "deadline_exceeded",
+                                    message: "call \(name).\(function) did not return within the deadline of \((deadline ?? self.deadline).secondsText); it goes on in its worker, and the plugin gets no new call until it returns")
+        case .gone:
+            // How this worker ended (not the one before it): the poller may see its sockets
+            // close before it reaps it.
+            let ending = await connection.ending(within: .seconds(2))
+            throw IsolatedCallError(code: "call_failed",
+                                    message: "plugin \(name)'s worker ended during the call of \(function)\(ending.map { " (\($0))" } ?? ""); it is restarted")
+        }
+    }
+
+    private var currentConnection: WorkerConnection? {
+        state.withLock { $0.phase == .running ? $0.connection : nil }
+    }
+
+    /// Sends `message` and waits for its reply up to the event deadline; nil when no worker
+    /// runs or it did not answer (it is then killed and restarted).
+    private func request(_ message: KeyValuePairs<String, JSONValue>, what: String, module: String? = nil) -> WorkerMessage? {
+        if case .reply(let reply)? = requestOutcome(message, what: what, module: module) { return reply }
+        return nil
+    }
+
+    /// `request`, saying what became of it; nil when no worker ran to send it to.
+    private func requestOutcome(_ message: KeyValuePairs<String, JSONValue>, what: String, module: String? = nil) -> WorkerConnection.Outcome? {
+        requestOutcome(what: what, module: module) { id in WorkerFrame.encode(members: message, id: .number(Double(id))) }
+    }
+
+    /// `requestOutcome` of the frame `frame(id)` makes for request `id`.
+    private func requestOutcome(what: String, module: String?, frame: (Int) -> [UInt8]?) -> WorkerConnection.Outcome? {
+        guard let connection = currentConnection else {
+            if let module { notDelivered(module, what) }
+            return nil
+        }
+        let outcome = connection.request(deadline: deadline, frame: frame)
+        check(outcome, connection, what: what, module: module)
+        return outcome
+    }
+
+    /// Records that `event` was not given to `module`: no worker runs it now (crashed,
+    /// restarting, quarantined). A `send` of it then fails with `worker_ended`, and the
+    /// module's `not_delivered` errors count it.
+    private func notDelivered(_ module: String, _ event: String) {
+        workers.recordUnanswered(module: module, event: event, why: .workerDown)
+        host.metrics.module(named: module).recordError(.notDelivered)
+    }
+
+    /// A worker that did not answer in time, or whose module's code overran its deadline
+    /// there, is killed: the supervision restarts it. The event `module` did not answer is
+    /// recorded first (`PluginWorkers.leftUnanswered`), so that whatever fails with the
+    /// worker's end finds it, and counted as the module's deadline overrun (as a C module's
+    /// in process) unless `countsOverrun` is false.
+    private func check(_ outcome: WorkerConnection.Outcome, _ connection: WorkerConnection, what: String, module: String? = nil,
+                       countsOverrun: Bool = true) {
+        let reason: String
+        switch outcome {
+        case .timedOut:
+            reason = "it did not answer \(what) within \(deadline.secondsText)\(limitsHint)"
+        case .reply(let reply):
+            // What the worker says it is stuck in: its own words, bounded as its log lines are.
+            guard let stuck = reply.text("stuck") else { return }
+            reason = "its code did not return from \(LogLineRate.bounded(stuck)) within \(deadline.secondsText)"
+        case .gone:
+            if let module { workers.recordUnanswered(module: module, event: what, why: .workerEnded) }
+            return
+        }
+        if let module {
+            workers.recordUnanswered(module: module, event: what)
+            if countsOverrun { host.metrics.module(named: module).recordDeadlineOverrun() }
+        }
+        connection.kill(reason: reason, afterItsDeadline: true)
+    }
+
+    /// Said of a worker with limits that stalled or did not answer in time: a limit too low
+    /// makes a worker stall (its threads cannot start), not fail, so the plugin's code is
+    /// not the only suspect.
+    var limitsHint: String {
+        settings.limits.summary.map { " (it runs with the limits \($0): its code may hang, or a limit too low may stall it)" } ?? ""
+    }
+
+    // MARK: - Supervision
+
+    /// One end of a worker, as counted toward quarantine.
+    struct WorkerEnd {
+        var at: ContinuousClock.Instant
+        /// Killed because it did not answer within its deadline.
+        var hung: Bool
+    }
+
+    /// How long an end of a worker counts toward quarantine: `policy.window`, and for a
+    /// worker killed because it did not answer within its deadline, five deadlines more
+    /// (`burst` of them): each such end took the daemon a deadline to find out, so a handler
+    /// that hangs on every event would otherwise never end `burst` workers within the window,
+    /// and would hold up every event sent to it for a deadline, for ever.
+    func quarantineWindow(hung: Bool) -> Duration {
+        hung ? policy.window + deadline * policy.burst : policy.window
+    }
+
+    /// Called by the connection (on the worker poller) once its worker has ended and been reaped.
+    /// `stoppedQuietly`: it died by SIGKILL, which the daemon sent for no reason of its
+    /// own (the end of a worker it stopped: one whose sockets close kills its own group).
+    func ended(_ connection: WorkerConnection, _ ending: String, stoppedQuietly: Bool) {
+        if state.withLock({ $0.phase == .stopped && $0.connection !== connection }) {
+            // Stopped by the daemon (no restart follows): an end other than the quiet one
+            // came from the plugin's code (an exit in destroy, say) or from a kill for a
+            // reason (not answering deinit in time), and is said.
+            if !stoppedQuietly {
+                logger.warning("plugin \(name)'s worker (pid \(connection.pid)) \(ending) while the daemon stopped it",
+                               [("pid", "\(connection.pid)"), ("cause", ending)])
+            }
+            return
+        }
+        let now = ContinuousClock.now
+        let hung = connection.killedAfterItsDeadline
+        let decision: (quarantined: Bool, delay: Duration, crashes: Int, hangsCounted: Bool)? = state.withLock { state in
+            guard state.connection === connection, state.phase != .stopped else { return nil }
+            state.connection = nil
+            state.crashes += 1
+            state.lastCrash = ending
+            state.crashTimes = state.crashTimes.filter { now - $0.at < quarantineWindow(hung: $0.hung) } + [WorkerEnd(at: now, hung: hung)]
+            let recent = state.crashTimes.count
+            if recent >= policy.burst {
+                state.phase = .quarantined
+                return (true, .zero, recent, state.crashTimes.contains(where: \.hung))
+            }
+            state.phase = .crashed
+            let delay: Duration = recent <= 1 ? .zero : .milliseconds(100) * (1 << min(recent - 2, 8))
+            return (false, delay, recent, false)
+        }
+        guard let decision else { return }
+        let (modules, restartsEnded) = state.withLock { ($0.modules.map(\.name), $0.restartsEnded) }
+        logger.error("plugin \(name)'s worker (pid \(connection.pid)) \(ending)"
+                     + (modules.isEmpty ? "" : "; its modules are crashed: \(modules.joined(separator: ", "))")
+                     + (restartsEnded ? "; it is not restarted: the daemon is shutting down" : ""),
+                     [("pid", "\(connection.pid)"), ("cause", ending)])
+        if restartsEnded { return }
+        if decision.quarantined {
+            let crashWindow = quarantineWindow(hung: false).secondsText, hangWindow = quarantineWindow(hung: true).secondsText
+            let within = !decision.hangsCounted ? crashWindow
+                : "\(hangWindow) (an end for not answering within the deadline counts for \(hangWindow), any other for \(crashWindow))"
+            logger.error("plugin \(name) is quarantined: its worker ended \(decision.crashes) times within \(within); it is not restarted until its file changes or a module of it is enabled (modhostctl enable MODULE)",
+                         [("crashes", "\(decision.crashes)")])
+            return
+        }
+        scheduleRestart(after: decision.delay)
+    }
+
+    private func scheduleRestart(after delay: Duration) {
+        Task.detached { [self] in
+            if delay > .zero { try? await Task.sleep(for: delay) }
+            await self.restart()
+        }
+    }
+
+    /// Starts a new worker and runs the daemon's modules of this plugin in it again.
+    private func restart() async {
+        guard state.withLock({ state -> Bool in
+            guard state.phase == .crashed || state.phase == .quarantined, !state.restartsEnded else { return false }
+            state.phase = .starting
+            return true
+        }) else { return }
+        let connection: WorkerConnection
+        do {
+            connection = try await launch()
+        } catch {
+            // A plugin stopped meanwhile (replaced, removed: its private copy is deleted, and
+            // the launch may have failed for that) is not restarted, and that is no error.
+            let quarantine = state.withLock { state -> Bool in
+                guard state.phase == .starting else { return false }
+                state.phase = .quarantined
+                state.lastCrash = error.problem
+                return true
+            }
+            if quarantine {
+                logger.error("cannot restart plugin \(name)'s worker: \(error.problem)")
+                logger.error("plugin \(name) is quarantined until its file changes or a module of it is enabled")
+            }
+            return
+        }
+        let (modules, stopped, restarts) = state.withLock { state -> ([(name: String, record: ModuleRecord)], Bool, Int) in
+            guard state.phase == .starting, !state.restartsEnded else { return ([], true, 0) }
+            // Still `starting`: the modules get nothing until they run again in order.
+            state.connection = connection
+            state.restarts += 1
+            return (state.modules, false, state.restarts)
+        }
+        if stopped {
+            connection.stop()
+            return
+        }
+        if let ending = connection.ending {
+            ended(connection, ending, stoppedQuietly: false)
+            return
+        }
+        logger.info("restarted plugin \(name)'s worker (pid \(connection.pid), restart \(restarts))", [("pid", "\(connection.pid)")])
+        let running = host.runningModuleNames
+        for (module, record) in modules {
+            let reply = connection.request(["op": "create", "module": .string(module), "configuration": record.configuration,
+                                            "running": .array(running.map { .string($0) })], deadline: deadline)
+            check(reply, connection, what: "create of \(module)")
+            guard case .reply(let created) = reply, created["created"]?.boolValue == true else { continue }
+            if record.started {
+                check(connection.request(["op": "event", "module": .string(module), "kind": "start", "event": "start"], deadline: deadline),
+                      connection, what: "start")
+            }
+        }
+        state.withLock { state in
+            if state.connection === connection && state.phase == .starting { state.phase = .running }
+        }
+    }
+
+    /// Lets a quarantined plugin run again (`modhostctl enable` of one of its modules):
+    /// the crash count starts over and a worker is started now.
+    func release() {
+        let quarantined = state.withLock { state -> Bool in
+            guard state.phase == .quarantined else { return false }
+            state.crashTimes = []
+            return true
+        }
+        guard quarantined else { return }
+        logger.info("plugin \(name) leaves quarantine (enabled); starting its worker")
+        Task.detached { [self] in await self.restart() }
+    }
+
+    /// Ends the worker for good (removal, replacement, shutdown): no restart follows.
+    /// From now on a worker that ends is not restarted (the host is shutting down: its
+    /// modules get willTerminate and deinit, and a worker killed for not answering them
+    /// must not be followed by a new one).
+    func endRestarts() {
+        state.withLock { $0.restartsEnded = true }
+    }
+
+    /// Stops its worker, if one runs, and returns its connection (whose `ending` says when
+    /// it has been reaped).
+    @discardableResult
+    func stop() -> WorkerConnection? {
+        let connection = state.withLock { state -> WorkerConnection? in
+            state.phase = .stopped
+            defer { state.connection = nil }
+            return state.connection
+        }
+        connection?.stop()
+        return connection
+    }
+
+    /// The logger lines of the worker are logged here, with the plugin's name and pid, at
+    /// most `LogLineRate.perSecond` a second (the rest are counted, and said once a second),
+    /// each with its message and values cut to `LogLineRate.maximumText` bytes and its first
+    /// `LogLineRate.maximumPairs` metadata pairs.
+    ///
+    /// The frame is the plugin's to write: the daemon names the plugin and the worker
+    /// itself, so a `plugin` or `worker` the frame gives is dropped, and so is a `module`
+    /// that is not one of this plugin's.
+    func log(_ message: JSONValue, pid: pid_t) {
+        guard logLines.admit() else { return }
+        let level = message.integer("level").flatMap(LogLevel.init(rawValue:)) ?? .info
+        var logger = Logger(label: LogLineRate.bounded(message.text("label") ?? host.logger.label))
+        if case .array(let pairs) = message["metadata"] ?? .null {
+            for case .array(let pair) in pairs.prefix(LogLineRate.maximumPairs) where pair.count == 2 {
+                guard let key = pair[0].stringValue, let value = pair[1].stringValue, key != "plugin", key != "worker",
+                      key != "module" || file.manifest.modules.contains(value) else { continue }
+                logger = logger.with(LogLineRate.bounded(key), LogLineRate.bounded(value))
+            }
+        }
+        logger.log(level, LogLineRate.bounded(message.text("message") ?? ""), [("plugin", name), ("worker", "\(pid)")])
+    }
+
+    /// A notification a module of the worker posted (a C module's `post_notification`, a
+    /// Swift module's `host.post`): to every module of the daemon's host that listens, this
+    /// plugin's included, or to the one it names (`send(.notification, to:)`), in the order
+    /// the worker made them; at most `NotificationQueue.limit` wait for delivery, and what
+    /// the worker posts beyond that is dropped (counted, and said once a second). A
+    /// notification named like a lifecycle event is refused here (counted, and said once a
+    /// second, naming this plugin), never handed to the modules that listen.
+    func post(_ message: JSONValue) {
+        guard let notification = message.text("name") else { return }
+        if ModuleEvent.lifecycleNames.contains(notification) { return lifecyclePosts.count() }
+        posts.post(notification, payload: message["payload"] ?? .null, to: message.text("module"))
+    }
+
+    /// The answer to a worker's `locate`: whether the module it names runs in the daemon's
+    /// host (any process) and its plugin, from the host's thread-safe snapshots (the reader
+    /// thread answers at once, never waiting for the host's context).
+    func locate(_ message: JSONValue) -> JSONValue {
+        let module = message.text("module") ?? ""
+        let ask: JSONValue = message.integer("ask").map { .number(Double($0)) } ?? .null
+        var answer: [String: JSONValue] = ["answer": ask, "running": .bool(host.isRunning(moduleNamed: module))]
+        if let plugin = host.registeredModulesSnapshot.first(where: { $0.name == module })?.plugin, !plugin.isEmpty {
+            answer["plugin"] = .string(plugin)
+        }
+        return .object(answer)
+    }
+
+    // MARK: - Helpers
+
+    /// The uid and gid of `user` and `group` (names or numbers); the user's group when no
+    /// group is named.
+    static func identity(user: String?, group: String?) throws(TrialProcess.SpawnError) -> (uid_t?, gid_t?) {
+        var uid: uid_t?
+        var gid: gid_t?
+        if let user {
+            if let number = UInt32(user) {
+                uid = number
+            } else if let entry = getpwnam(user) {
+                uid = entry.pointee.pw_uid
+                gid = entry.pointee.pw_gid
+            } else {
+                throw TrialProcess.SpawnError(description: "no user named \(user)")
+            }
+        }
+        if let group {
+            if let number = UInt32(group) {
+                gid = number
+            } else if let entry = getgrnam(group) {
+                gid = entry.pointee.gr_gid
+            } else {
+                throw TrialProcess.SpawnError(description: "no group named \(group)")
+            }
+        }
+        return (uid, gid)
+    }
+
+    /// A process's resident set size from /proc/PID/statm, in bytes.
+    static func residentBytes(of pid: pid_t) -> Int64? { ProcessMemory.residentBytes(pid: pid) }
+}
+
+extension IsolatedPlugin {
+    /// The factories of the daemon's modules of this plugin.
+    func factories(_ modules: [(name: String, version: String)], defaultOrder: Int) -> [LoadedPlugin.Module] {
+        modules.map { module in
+            LoadedPlugin.Module(
+                factory: ModuleFactory(name: module.name, version: module.version, plugin: name, defaultOrder: defaultOrder) {
+                    [self] host, configuration in
+                    // Its worker's answer is awaited at most the event deadline (then the worker is killed).
+                    host.handlerKeepsItsOwnDeadline()
+                    return IsolatedModule(plugin: self, name: module.name, version: module.version, configuration: configuration,
+                                          running: host.runningModuleNames)
+                },
+                swiftType: nil)
+        }
+    }
+}
