@@ -213,7 +213,10 @@ struct DocExamplesTests {
             probe("listener", order: 1, recorder: recorder, behavior: ProbeBehavior(notifications: ["token.refreshed"])),
         ])
         await host.start()
+        // The notification the task posted through the host reached the listener.
         await recorder.wait { $0.contains("listener.token.refreshed(null)") }
+        #expect(recorder.starting(with: "listener.token.refreshed") == ["listener.token.refreshed(null)"])
+        await host.shutdown()
     }
 
     // docs: "Observing from outside the host".
@@ -223,12 +226,16 @@ struct DocExamplesTests {
         let ui = DispatchQueue(label: "ui")
         let names = host.observeModules { $0.moduleName }  // from any thread
         let done = Recorder()
+        let onUI = DispatchSpecificKey<Bool>()
+        ui.setSpecific(key: onUI, value: true)
         names.observeOn { ui.async(execute: $0) }.subscribe { names in
-            done.record(names.joined(separator: ","))
+            done.record((DispatchQueue.getSpecific(key: onUI) == true ? "" : "off the queue: ") + names.joined(separator: ","))
         }
         await host.add([ModuleFactory(MemoryStoreModule.self)])
         for await current in names.values where current.contains("memory-store") { break }
+        // The subscriber ran on the queue it asked for, with the names of the host's modules.
         await done.wait { $0.contains("memory-store") }
+        #expect(done.all.last == "memory-store")
         await host.shutdown()
     }
 }

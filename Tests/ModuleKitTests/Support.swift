@@ -17,11 +17,13 @@ final class Recorder: Sendable {
 
     func clear() { entries.withLock { $0.removeAll() } }
 
-    /// Waits (polling, bounded by the test's time limit) until `condition` holds.
-    func wait(until condition: @Sendable ([String]) -> Bool) async {
+    /// Waits (polling, bounded by the test's time limit) until `condition` holds; records
+    /// a test failure, with what was recorded, when the time limit ends the wait first.
+    func wait(until condition: @Sendable ([String]) -> Bool, sourceLocation: SourceLocation = #_sourceLocation) async {
         while !condition(all), !Task.isCancelled {
             try? await Task.sleep(for: .milliseconds(2))
         }
+        if !condition(all) { Issue.record("the condition waited for never held; recorded: \(all)", sourceLocation: sourceLocation) }
     }
 }
 

@@ -52,8 +52,8 @@ package enum FatalSignalRecorder {
 /// start quarantines it, as after a crash), and the process ends at once with
 /// `pluginExitStatus` instead of the status the plugin chose.
 public enum ExitGuard {
-    /// The exit status when code other than the host's called `exit()` (EX_SOFTWARE).
-    public static let pluginExitStatus: Int32 = 70
+    /// The exit status when code other than the host's called `exit()`.
+    public static let pluginExitStatus = ExitCode.pluginExited.rawValue
 
     private static let daemonExiting = Atomic<Bool>(false)
     /// The process the check is about: in a child forked from it (by plugin code), an
