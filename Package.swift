@@ -2,14 +2,7 @@
 // ModuleHost: a plugin host for Swift services on Linux. See README.md.
 import PackageDescription
 
-// A concrete generic type (an array of a struct, an optional) is set up at run time the
-// first time a process uses it; by default the compiler asks for it by its mangled name,
-// which the runtime demangles first. Direct accessors skip the demangling: 114k fewer
-// instructions (11%) in a process's first load of ten plugins.
-let swift6: [SwiftSetting] = [
-    .swiftLanguageMode(.v6),
-    .unsafeFlags(["-Xfrontend", "-disable-concrete-type-metadata-mangled-name-accessors"]),
-]
+let swift6: [SwiftSetting] = [.swiftLanguageMode(.v6)]
 // The executables find libModuleKit.so in ../lib once installed (build/bin, PREFIX/bin).
 let installedRunpath: [LinkerSetting] = [.unsafeFlags(["-Xlinker", "-rpath", "-Xlinker", "$ORIGIN/../lib"])]
 

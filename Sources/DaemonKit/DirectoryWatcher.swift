@@ -62,8 +62,9 @@ public struct DirectoryChange: Hashable, Sendable, CustomStringConvertible {
 ///
 /// Guarantees:
 /// - A file is reported `.ready` only on `IN_CLOSE_WRITE` or `IN_MOVED_TO`, never on
-///   `IN_CREATE`, so a half-copied file is never reported (FINDINGS section 9). A symbolic
-///   link is complete when created, so its `IN_CREATE` reports it `.ready`.
+///   `IN_CREATE`, so a half-copied file is never reported (a copy is written after its
+///   `IN_CREATE`). A symbolic link is complete when created, so its `IN_CREATE` reports
+///   it `.ready`.
 /// - A directory given to `follow(_:)` stays followed: while it is missing, its nearest
 ///   existing ancestor is watched for it to appear (as a path is recreated one level at a
 ///   time), and it is watched again as soon as it exists (`.directoryAppeared`).

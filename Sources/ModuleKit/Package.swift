@@ -1,7 +1,8 @@
 // swift-tools-version:6.0
 // ModuleKit: the SDK every plugin and the host share. It is a package of its own so
 // that SwiftPM links it as one dynamic library (libModuleKit.so) that exists once per
-// process; see docs/abi.md and FINDINGS section 1 for why.
+// process: two copies of its types in one process would be two different types, and a
+// module of one would not be a module to the other (docs/abi.md).
 import PackageDescription
 
 let package = Package(

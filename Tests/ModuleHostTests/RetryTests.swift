@@ -5,7 +5,7 @@ import Glibc
 import Testing
 import TestSupport
 
-/// Fixes are noticed (issue 11, item 4): a refused file is tried again when its mode or
+/// Fixes are noticed: a refused file is tried again when its mode or
 /// owner changes (the watcher reports IN_ATTRIB), `reload` tries every refused file again,
 /// and a loaded plugin whose file becomes writable by others is reported (and, when the
 /// configuration says so, stopped).

@@ -5,7 +5,7 @@ import Glibc
 import Testing
 import TestSupport
 
-/// One vocabulary of states (issue 11, item 7): `list`, the log, `reload` and
+/// One vocabulary of states: `list`, the log, `reload` and
 /// docs/daemon.md use the same words; a missing dependency is `waiting-for-dependency`;
 /// refused rows show what was read; `reload` lists every file that is not loaded; `call`
 /// needs a running module.

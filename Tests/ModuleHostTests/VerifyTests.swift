@@ -6,7 +6,7 @@ import PluginFormat
 import Testing
 import TestSupport
 
-/// `modhostctl verify` says what the daemon would say (issue 11): each case is a plugin
+/// `modhostctl verify` says what the daemon would say: each case is a plugin
 /// the daemon refuses at load time, which verify refuses with the same check and fix,
 /// statically or with `--load`; and `plugin.json` is strict.
 @Suite struct VerifyTests {

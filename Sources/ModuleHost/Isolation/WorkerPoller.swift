@@ -13,9 +13,8 @@ import Synchronization
 /// readable), and kills a worker asked to stop that has not ended in time.
 ///
 /// One thread whatever the number of workers and however often they are replaced: a
-/// reader and a reaper thread per worker were started and ended with each worker, and each
-/// thread that came and went left memory in the daemon (its malloc arena, its cached stack,
-/// libdispatch's caches), which showed as RSS and mappings per isolated replace.
+/// thread that comes and goes with each worker leaves memory behind in the daemon (its
+/// malloc arena, its cached stack), so replaces would grow the daemon.
 ///
 /// Nothing it calls waits for a worker: a reply completes a waiter, a log line is logged,
 /// a notification is queued, a frame is written as far as the socket takes it now, an end

@@ -118,15 +118,9 @@ public struct PluginLoader: Sendable {
     /// Loads every valid plugin of `directories` in dependency order, registering its
     /// modules. Plugins named in `loaded` count as present for dependencies.
     ///
-    /// Every file is checked (`validate`) before the first `dlopen`, on this thread, not
-    /// beside the opening of plugins: while another thread of the process runs, each
-    /// `dlopen` costs more. On a 2-vCPU VM a spinning thread made a plain dlopen loop about
-    /// 1.2 times slower on a quiet machine and twice as slow on a busy one (`modhost-bench
-    /// --child load-baseline-busy`), while a spinning thread of another process cost it about
-    /// 5%: the shared address space (most likely the cross-CPU TLB flushes of dlopen's mmap,
-    /// mprotect and munmap). That ate what overlapping the checks with `dlopen` saved.
-    /// Checking the files on every core before the first `dlopen` saved nothing either: the
-    /// same best time for 100 files, a worse median, and a worse time for 1000 (issue 8).
+    /// Every file is checked (`validate`) before the first `dlopen`, on this thread: no other
+    /// thread of the process runs while plugins are opened, since each `dlopen` of a process
+    /// with other running threads costs more (its mappings are flushed on every core).
     public func load(directories: [String], files: [String] = [], loaded: Set<String> = [],
                      orderOverride: [String: Int] = [:]) -> LoadReport {
         var report = LoadReport()
