@@ -56,7 +56,7 @@ public struct ControlService: Sendable {
             return "{\"id\":\(id),\"ok\":true,\"result\":\(result),\"v\":\(Self.protocolVersion)}"
         } catch {
             logger?.debug("control request refused: \(error.message)",
-                          [("code", error.code), ("peer_pid", "\(peer.pid)"), ("peer_uid", "\(peer.uid)")])
+                          [("code", error.code.rawValue), ("peer_pid", "\(peer.pid)"), ("peer_uid", "\(peer.uid)")])
             return Self.errorReply(error, idText: id)
         }
     }
@@ -70,15 +70,15 @@ public struct ControlService: Sendable {
             let reply = "{\"id\":\(id),\"ok\":true,\"result\":\(result),\"v\":\(Self.protocolVersion)}"
             // What a client reads at most: a longer line would be cut or refused by it.
             guard reply.utf8.count <= ControlClient.maximumReplyLength else {
-                throw DaemonError(code: "reply_too_large",
-                                  message: "the reply to \(request.command) would be \(reply.utf8.count) bytes, more than the \(ControlClient.maximumReplyLength) a reply line may take: "
+                throw DaemonError(.replyTooLarge,
+                                  "the reply to \(request.command) would be \(reply.utf8.count) bytes, more than the \(ControlClient.maximumReplyLength) a reply line may take: "
                                     + (request.command == "call" ? "the call ran, but its result is not sent; return less, or call the function from a host that embeds the plugin set"
                                                                  : "it is not sent"))
             }
             return reply
         } catch {
             logger?.debug("control request refused: \(error.message)",
-                          [("code", error.code), ("peer_pid", "\(peer.pid)"), ("peer_uid", "\(peer.uid)")])
+                          [("code", error.code.rawValue), ("peer_pid", "\(peer.pid)"), ("peer_uid", "\(peer.uid)")])
             return Self.errorReply(error, idText: id)
         }
     }
@@ -93,7 +93,7 @@ public struct ControlService: Sendable {
         if case .invalidUTF8(let line) = rejection {
             message += " at byte \(JSONSyntaxError(invalidUTF8In: line[...])?.offset ?? 0)"
         }
-        return errorReply(DaemonError(code: rejection.code, message: message), idText: "null")
+        return errorReply(DaemonError(rejection, message: message), idText: "null")
     }
 
     /// Starts a `ControlServer` at `socketPath` that answers with this service and reports
@@ -162,7 +162,7 @@ public struct ControlService: Sendable {
         default:
             if let result = Self.immediateResult(request) { return result }
             // Request(line:) lets only known commands through.
-            throw DaemonError(code: "unknown_command", message: "unknown command \"\(request.command)\"")
+            throw DaemonError(.unknownCommand, "unknown command \"\(request.command)\"")
         }
     }
 
@@ -197,7 +197,7 @@ public struct ControlService: Sendable {
             return try JSONValue(encoding: value).jsonText
         } catch {
             // Only a non-finite Double or an integer beyond 2^53 can get here.
-            throw DaemonError(code: "internal_error", message: "the result cannot be written as JSON: \(error)")
+            throw DaemonError(.internalError, "the result cannot be written as JSON: \(error)")
         }
     }
 
@@ -212,8 +212,8 @@ public struct ControlService: Sendable {
             let kept = String(decoding: message.utf8.prefix(maximumMessageLength), as: UTF8.self)
             message = kept + "… (cut: the message had \(message.utf8.count) bytes)"
         }
-        var members: [String: JSONValue] = ["code": .string(error.code), "message": .string(message)]
-        if error.code == "unsupported_version" { members["supported"] = [.number(Double(protocolVersion))] }
+        var members: [String: JSONValue] = ["code": .string(error.code.rawValue), "message": .string(message)]
+        if error.code == .unsupportedVersion { members["supported"] = [.number(Double(protocolVersion))] }
         return "{\"error\":\(JSONValue.object(members).jsonText),\"id\":\(idText),\"ok\":false,\"v\":\(protocolVersion)}"
     }
 }
@@ -232,10 +232,10 @@ private struct Request {
         do {
             request = try JSONValue.parse(Array(line.utf8))
         } catch {
-            throw DaemonError(code: "malformed_request", message: "request is \(error)")
+            throw DaemonError(.malformedRequest, "request is \(error)")
         }
         guard case .object(let fields) = request else {
-            throw DaemonError(code: "malformed_request", message: "request must be a JSON object, not \(request.kind)")
+            throw DaemonError(.malformedRequest, "request must be a JSON object, not \(request.kind)")
         }
         self.fields = fields
         command = ""
@@ -254,8 +254,8 @@ private struct Request {
         case nil, .null?: break  // version 1 is assumed
         case .number(let version)? where version == version.rounded():
             guard version == Double(ControlService.protocolVersion) else {
-                throw DaemonError(code: "unsupported_version",
-                                  message: "protocol version \(JSONValue.number(version).jsonText) is not supported; this daemon speaks version \(ControlService.protocolVersion)")
+                throw DaemonError(.unsupportedVersion,
+                                  "protocol version \(JSONValue.number(version).jsonText) is not supported; this daemon speaks version \(ControlService.protocolVersion)")
             }
         case let other?:
             let shown = if case .number = other { other.jsonText } else { other.kind }
@@ -266,8 +266,8 @@ private struct Request {
             throw Self.invalid("missing \"cmd\"; commands: \(ControlService.commands.joined(separator: ", "))")
         case .string(let name)?:
             guard ControlService.commands.contains(name) else {
-                throw DaemonError(code: "unknown_command",
-                                  message: "unknown command \(JSONValue.string(name).jsonText); commands: \(ControlService.commands.joined(separator: ", "))")
+                throw DaemonError(.unknownCommand,
+                                  "unknown command \(JSONValue.string(name).jsonText); commands: \(ControlService.commands.joined(separator: ", "))")
             }
             command = name
         case let other?:
@@ -275,7 +275,7 @@ private struct Request {
         }
     }
 
-    static func invalid(_ message: String) -> DaemonError { DaemonError(code: "invalid_request", message: message) }
+    static func invalid(_ message: String) -> DaemonError { DaemonError(.invalidRequest, message) }
 
     /// The numeric ids served: integers of magnitude at most 2^53.
     static let idRange = -(1 << 53)...(1 << 53)

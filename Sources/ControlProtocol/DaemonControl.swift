@@ -1,3 +1,5 @@
+import DaemonKit
+import ModuleHost
 import ModuleKit
 import PluginCall
 
@@ -204,16 +206,77 @@ public struct ReloadSummary: Codable, Sendable, Equatable {
 /// A request the daemon could not carry out: a stable code for programs and a message
 /// for people.
 public struct DaemonError: Error, Sendable, Equatable, CustomStringConvertible {
-    /// e.g. "unknown_module", "unknown_plugin", "unknown_function", "invalid_arguments",
-    /// "call_failed", "invalid_configuration", "reserved_event",
-    /// "module_stuck", "plugin_busy", "plugin_not_running", "deadline_exceeded",
-    /// "worker_ended".
-    public var code: String
+    /// What kind of failure. The raw value is the code on the wire (docs/control-protocol.md,
+    /// "Errors"); the errors of the layers below map to it here and nowhere else.
+    public enum Code: String, Sendable, Equatable, CaseIterable {
+        // The request itself.
+        case malformedRequest = "malformed_request"
+        case invalidRequest = "invalid_request"
+        case unknownCommand = "unknown_command"
+        case unsupportedVersion = "unsupported_version"
+        case requestTooLong = "request_too_long"
+        case requestTimeout = "request_timeout"
+        case peerNotPermitted = "peer_not_permitted"
+        case tooManyConnections = "too_many_connections"
+        case replyTooLarge = "reply_too_large"
+        case internalError = "internal_error"
+        // What it names.
+        case unknownModule = "unknown_module"
+        case unknownPlugin = "unknown_plugin"
+        case unknownFunction = "unknown_function"
+        case invalidArguments = "invalid_arguments"
+        case reservedEvent = "reserved_event"
+        case invalidConfiguration = "invalid_configuration"
+        // What came of it.
+        case callFailed = "call_failed"
+        case deadlineExceeded = "deadline_exceeded"
+        case moduleStuck = "module_stuck"
+        case pluginBusy = "plugin_busy"
+        case pluginNotRunning = "plugin_not_running"
+        case workerEnded = "worker_ended"
+        // The daemon's own start.
+        case alreadyRunning = "already_running"
+        case stateDirectory = "state_directory"
+        case controlSocket = "control_socket"
+    }
+
+    public var code: Code
     public var message: String
 
-    public init(code: String, message: String) {
+    public init(_ code: Code, _ message: String) {
         self.code = code
         self.message = message
+    }
+
+    /// A plugin set's failure, with its code.
+    public init(_ error: PluginSetError) {
+        let code: Code = switch error.code {
+        case .stateDirectory: .stateDirectory
+        case .alreadyRunning: .alreadyRunning
+        case .unknownFunction: .unknownFunction
+        case .invalidArguments: .invalidArguments
+        case .callFailed: .callFailed
+        case .pluginBusy: .pluginBusy
+        case .deadlineExceeded: .deadlineExceeded
+        }
+        self.init(code, error.message)
+    }
+
+    /// A refused or failed call by name in the daemon's process.
+    public init(_ error: CallError) {
+        self.init(PluginSetError(error))
+    }
+
+    /// A request the control server refused before the daemon saw it.
+    public init(_ rejection: ControlRejection, message: String) {
+        let code: Code = switch rejection {
+        case .peerNotPermitted: .peerNotPermitted
+        case .lineTooLong: .requestTooLong
+        case .invalidUTF8: .malformedRequest
+        case .timedOut: .requestTimeout
+        case .tooManyConnections, .tooManyConnectionsFromProcess: .tooManyConnections
+        }
+        self.init(code, message)
     }
 
     public var description: String { message }

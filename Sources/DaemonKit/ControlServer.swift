@@ -57,17 +57,6 @@ public enum ControlRejection: Sendable, Hashable, CustomStringConvertible {
     /// closed after the reply.
     case tooManyConnectionsFromProcess(limit: Int)
 
-    /// A stable, machine-readable code such as `peer_not_permitted`.
-    public var code: String {
-        switch self {
-        case .peerNotPermitted: "peer_not_permitted"
-        case .lineTooLong: "request_too_long"
-        case .invalidUTF8: "malformed_request"
-        case .timedOut: "request_timeout"
-        case .tooManyConnections, .tooManyConnectionsFromProcess: "too_many_connections"
-        }
-    }
-
     /// A human-readable sentence for the error line's message.
     public var description: String {
         switch self {

@@ -86,7 +86,7 @@ public actor Daemon: DaemonControl {
             try PluginSet.checkStateDirectory(stateDirectory, alternative: "pass another --state-dir")
             crashGuard = try CrashGuard(directory: stateDirectory)
         } catch {
-            throw DaemonError(code: error.code, message: error.message)
+            throw DaemonError(error)
         }
         self.options = options
         self.configuration = configuration
@@ -230,33 +230,33 @@ public actor Daemon: DaemonControl {
             // The pid in the lock file is the daemon that took it; a process it left behind
             // (one that inherited the lock) may hold it after it ended.
             if let pid, let lockFile, kill(pid, 0) != 0, errno == ESRCH {
-                return DaemonError(code: "already_running",
-                                   message: "\(what) is locked by a process that inherited the lock of modhostd (pid \(pid), which is no longer running); this one exits without loading any plugin. Fix: find that process with `fuser -v \(lockFile)` and stop it")
+                return DaemonError(.alreadyRunning,
+                                   "\(what) is locked by a process that inherited the lock of modhostd (pid \(pid), which is no longer running); this one exits without loading any plugin. Fix: find that process with `fuser -v \(lockFile)` and stop it")
             }
-            return DaemonError(code: "already_running",
-                               message: "another modhostd\(pid.map { " (pid \($0))" } ?? "") is using \(what); this one exits without loading any plugin. Fix: stop it, or give this one its own --state-dir and --socket")
+            return DaemonError(.alreadyRunning,
+                               "another modhostd\(pid.map { " (pid \($0))" } ?? "") is using \(what); this one exits without loading any plugin. Fix: stop it, or give this one its own --state-dir and --socket")
         }
-        func lock(_ path: String, _ what: String, code: String, lockingDirectory: Bool = false) throws(DaemonError) -> ExclusiveLock {
+        func lock(_ path: String, _ what: String, code: DaemonError.Code, lockingDirectory: Bool = false) throws(DaemonError) -> ExclusiveLock {
             do {
                 return try ExclusiveLock(path: path, lockingDirectory: lockingDirectory)
             } catch .held(_, let pid) {
                 throw alreadyRunning(what, pid, lockFile: path)
             } catch .system(let error) where error.code == ELOOP {
-                throw DaemonError(code: code, message: "cannot lock \(what): \(path) is a symlink. Fix: remove it; modhostd makes its lock files itself")
+                throw DaemonError(code, "cannot lock \(what): \(path) is a symlink. Fix: remove it; modhostd makes its lock files itself")
             } catch {
-                throw DaemonError(code: code, message: "cannot lock \(what): \(error). Fix: check that \(PathText.parent(of: path)) belongs to the daemon's user and is writable by it")
+                throw DaemonError(code, "cannot lock \(what): \(error). Fix: check that \(PathText.parent(of: path)) belongs to the daemon's user and is writable by it")
             }
         }
-        stateLock = try lock(stateDirectory + "/modhostd.lock", "the state directory \(stateDirectory)", code: "state_directory",
+        stateLock = try lock(stateDirectory + "/modhostd.lock", "the state directory \(stateDirectory)", code: .stateDirectory,
                              lockingDirectory: true)
         // Before anything is created next to it (its lock, its directory).
         if let problem = UnixSocketAddress.problem(with: socketPath) {
-            throw DaemonError(code: "control_socket", message: "the control socket path \(socketPath) \(problem). Fix: pass a shorter --socket")
+            throw DaemonError(.controlSocket, "the control socket path \(socketPath) \(problem). Fix: pass a shorter --socket")
         }
         var existing = stat()
         if !socketPath.hasPrefix("@"), lstat(socketPath, &existing) == 0, existing.st_mode & S_IFMT != S_IFSOCK {
-            throw DaemonError(code: "control_socket",
-                              message: "the control socket path \(socketPath) is taken by a \(existing.st_mode & S_IFMT == S_IFDIR ? "directory" : "file that is not a socket"). Fix: pass another --socket, or remove it if nothing needs it")
+            throw DaemonError(.controlSocket,
+                              "the control socket path \(socketPath) is taken by a \(existing.st_mode & S_IFMT == S_IFDIR ? "directory" : "file that is not a socket"). Fix: pass another --socket, or remove it if nothing needs it")
         }
         let directory = PathText.parent(of: socketPath)
         if !socketPath.hasPrefix("@") {
@@ -264,14 +264,14 @@ public actor Daemon: DaemonControl {
                 do {
                     try RuntimePaths.checkPrivateDirectory(directory, create: true)
                 } catch {
-                    throw DaemonError(code: "control_socket", message: "cannot use the control socket \(socketPath): \(error)")
+                    throw DaemonError(.controlSocket, "cannot use the control socket \(socketPath): \(error)")
                 }
             } else {
                 try? FileSystem.createDirectory(directory, parents: true)
             }
             // With this lock held, a socket file left at the path is a dead daemon's: the
             // control server may replace it without racing another starting daemon.
-            socketLock = try lock(socketPath + ".lock", "the control socket \(socketPath)", code: "control_socket")
+            socketLock = try lock(socketPath + ".lock", "the control socket \(socketPath)", code: .controlSocket)
         }
         let service = ControlService(daemon: self, logger: logger)
         do {
@@ -279,7 +279,7 @@ public actor Daemon: DaemonControl {
         } catch .alreadyRunning {
             throw alreadyRunning("the control socket \(socketPath) (a process accepts connections on it)", nil)
         } catch {
-            throw DaemonError(code: "control_socket", message: "cannot open the control socket \(socketPath): \(error). Fix: stop the other modhostd or pass --socket")
+            throw DaemonError(.controlSocket, "cannot open the control socket \(socketPath): \(error). Fix: stop the other modhostd or pass --socket")
         }
         logger.info("control socket listening; loading plugins", [("socket", socketPath)])
     }
@@ -485,7 +485,7 @@ public actor Daemon: DaemonControl {
             }
         }
         if case .failure(let unknown) = outcome {
-            throw DaemonError(code: "unknown_module", message: "no module named \(module) is registered; known: \(unknown.known.joined(separator: ", "))")
+            throw DaemonError(.unknownModule, "no module named \(module) is registered; known: \(unknown.known.joined(separator: ", "))")
         }
         logger.info("module \(module) \(enabled ? "enabled" : "disabled")", [("module", module)])
     }
@@ -505,7 +505,7 @@ public actor Daemon: DaemonControl {
         }
         guard !fresh.configuration.pluginDirectories.isEmpty else {
             logger.error("reload: \(DaemonConfiguration.noPluginDirectory); keeping the running configuration")
-            throw DaemonError(code: "invalid_configuration", message: DaemonConfiguration.noPluginDirectory)
+            throw DaemonError(.invalidConfiguration, DaemonConfiguration.noPluginDirectory)
         }
         if let file = fresh.file, file != configurationFile {
             logger.info("reload: reading the configuration file \(file)")
@@ -553,7 +553,7 @@ public actor Daemon: DaemonControl {
         try checkSendable(event: event, to: module)
         try await untilReadyWithinRequestDeadline()
         if let module, !host.isRunning(moduleNamed: module) {
-            throw DaemonError(code: "unknown_module", message: "no module named \(module) is running")
+            throw DaemonError(.unknownModule, "no module named \(module) is running")
         }
         let started = ContinuousClock.now
         let targets = module.map { [$0] } ?? host.runningModuleNames
@@ -570,8 +570,8 @@ public actor Daemon: DaemonControl {
         // on (cancelled; the module runs on), or a synchronous one the host waited for.
         let overran = zip(targets, overrunsBefore).filter { host.metrics.module(named: $0.0).snapshot().deadlineOverruns > $0.1 }.map(\.0)
         if !overran.isEmpty {
-            throw DaemonError(code: "deadline_exceeded",
-                              message: "\(overran.count == 1 ? "module" : "modules") \(overran.joined(separator: ", ")) did not finish event \(event) within the event deadline of \(configuration.eventDeadline.secondsText); "
+            throw DaemonError(.deadlineExceeded,
+                              "\(overran.count == 1 ? "module" : "modules") \(overran.joined(separator: ", ")) did not finish event \(event) within the event deadline of \(configuration.eventDeadline.secondsText); "
                                 + (awaited ? "its handler was cancelled and the module runs on"
                                            : "a synchronous handler cannot be interrupted: the host waited for it, and so did every other event"))
         }
@@ -611,7 +611,7 @@ public actor Daemon: DaemonControl {
         try await untilReadyWithinRequestDeadline()
         guard let loaded = await plugins.plugin(named: plugin) else {
             let names = await plugins.snapshot().plugins.map(\.name)
-            throw DaemonError(code: "unknown_plugin", message: "no plugin named \(plugin) is loaded; loaded: \(names.joined(separator: ", "))")
+            throw DaemonError(.unknownPlugin, "no plugin named \(plugin) is loaded; loaded: \(names.joined(separator: ", "))")
         }
         // A plugin whose modules all stopped is not called (its functions may need them),
         // isolated or not.
@@ -619,8 +619,8 @@ public actor Daemon: DaemonControl {
         let states = modules.map { ($0.name, Self.state(of: $0, stuck: $0.running && stuck(module: $0.name) != nil)) }
         if !configuration.allowCallsWithoutRunningModule, !states.isEmpty, !states.contains(where: { $0.1 == .running || $0.1 == .stuck }) {
             let list = states.map { "\($0.0): \($0.1.rawValue)" }.joined(separator: ", ")
-            throw DaemonError(code: "plugin_not_running",
-                              message: "plugin \(plugin) has no running module (\(list)). Fix: enable one (modhostctl enable \(states[0].0)), or set allowCallsWithoutRunningModule in the configuration to call it anyway")
+            throw DaemonError(.pluginNotRunning,
+                              "plugin \(plugin) has no running module (\(list)). Fix: enable one (modhostctl enable \(states[0].0)), or set allowCallsWithoutRunningModule in the configuration to call it anyway")
         }
         if let isolated = loaded.isolated {
             // Counted like an in-process call: under its name when the manifest declares it.
@@ -628,7 +628,7 @@ public actor Daemon: DaemonControl {
                 named: loaded.file.manifest.exports.contains { $0.name == function } ? function : CallMetrics.undeclaredFunction)
             // In its worker, within the request deadline; a crash there fails only this call.
             let deadline = configuration.requestDeadline
-            let outcome: Result<CallValue, IsolatedCallError>
+            let outcome: Result<CallValue, PluginSetError>
             do throws(DaemonError) {
                 // The call keeps the request deadline itself, and tells a call that overran
                 // from one that never started; a worker that ended is waited for 2 s at most
@@ -636,10 +636,10 @@ public actor Daemon: DaemonControl {
                 outcome = try await withinRequestDeadline("call \(plugin).\(function)",
                                                           meanwhile: "in its worker; the plugin gets no new call until it returns",
                                                           grace: .milliseconds(2500)) {
-                    () async -> Result<CallValue, IsolatedCallError> in
+                    () async -> Result<CallValue, PluginSetError> in
                     let clock = ContinuousClock()
                     let started = clock.now
-                    do throws(IsolatedCallError) {
+                    do throws(PluginSetError) {
                         let value: CallValue
                         switch arguments {
                         case .texts(let texts): value = try await isolated.call(function, texts: texts, deadline: deadline)
@@ -648,24 +648,24 @@ public actor Daemon: DaemonControl {
                         counters.recordCall(duration: clock.now - started, error: nil)
                         return .success(value)
                     } catch {
-                        counters.recordCall(duration: clock.now - started, error: error.code)
+                        counters.recordCall(duration: clock.now - started, error: error.code.rawValue)
                         return .failure(error)
                     }
                 }
             } catch {
-                if error.code == "deadline_exceeded" { overran(plugin, function, counters) }
+                if error.code == .deadlineExceeded { overran(plugin, function, counters) }
                 throw error
             }
             switch outcome {
             case .success(let value): return value
             case .failure(let error):
                 // The call's own deadline (the same) passed before the race's.
-                if error.code == "deadline_exceeded" { overran(plugin, function, counters) }
-                throw DaemonError(code: error.code, message: error.message)
+                if error.code == .deadlineExceeded { overran(plugin, function, counters) }
+                throw DaemonError(error)
             }
         }
         guard let table = loaded.functions else {
-            throw DaemonError(code: "unknown_function", message: "plugin \(plugin) exports no functions for calling by name")
+            throw DaemonError(.unknownFunction, "plugin \(plugin) exports no functions for calling by name")
         }
         // Off this actor, on the plugin's call worker, within the request deadline.
         let outcome = try await callOffActor(plugin: plugin, function: function, counters: table.callMetrics(for: function)) {
@@ -678,7 +678,7 @@ public actor Daemon: DaemonControl {
         do {
             return try outcome.get()
         } catch {
-            throw DaemonError(code: error.code, message: "\(error)")
+            throw DaemonError(error)
         }
     }
 

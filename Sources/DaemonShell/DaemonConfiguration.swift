@@ -234,6 +234,6 @@ public struct DaemonConfiguration: Sendable, Equatable {
     }
 
     private static func invalid(_ path: String, _ problem: String, _ fix: String) -> DaemonError {
-        DaemonError(code: "invalid_configuration", message: "\(path): configuration \(problem). Fix: \(fix)")
+        DaemonError(.invalidConfiguration, "\(path): configuration \(problem). Fix: \(fix)")
     }
 }

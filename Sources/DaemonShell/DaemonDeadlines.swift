@@ -29,8 +29,8 @@ extension Daemon {
     {
         let deadline = configuration.requestDeadline
         guard let result = await withDeadline(deadline + grace, operation) else {
-            throw DaemonError(code: "deadline_exceeded",
-                              message: "\(what) did not finish within the request deadline of \(deadline.secondsText); it goes on in the background (\(meanwhile))")
+            throw DaemonError(.deadlineExceeded,
+                              "\(what) did not finish within the request deadline of \(deadline.secondsText); it goes on in the background (\(meanwhile))")
         }
         return result
     }
@@ -64,12 +64,12 @@ extension Daemon {
     /// Refuses lifecycle names, and a target module that is stuck.
     func checkSendable(event: String, to module: String?) throws(DaemonError) {
         if ModuleEvent.lifecycleNames.contains(event) {
-            throw DaemonError(code: "reserved_event",
-                              message: "\"\(event)\" is a lifecycle event only the host sends (reserved: \(ModuleEvent.lifecycleNames.sorted().joined(separator: ", "))); choose another event name")
+            throw DaemonError(.reservedEvent,
+                              "\"\(event)\" is a lifecycle event only the host sends (reserved: \(ModuleEvent.lifecycleNames.sorted().joined(separator: ", "))); choose another event name")
         }
         if let module, let stuck = stuck(module: module) {
-            throw DaemonError(code: "module_stuck",
-                              message: "module \(module) is stuck in \(stuck.what) for \(stuck.elapsed.secondsText) and gets no events until it returns")
+            throw DaemonError(.moduleStuck,
+                              "module \(module) is stuck in \(stuck.what) for \(stuck.elapsed.secondsText) and gets no events until it returns")
         }
     }
 
@@ -82,8 +82,8 @@ extension Daemon {
         // the send has (an overrun of it is told by `send`).
         let stuck = names.filter { workers.stuck(module: $0)?.what == event }
         if !stuck.isEmpty {
-            throw DaemonError(code: "deadline_exceeded",
-                              message: "module \(stuck.joined(separator: ", ")) did not finish event \(event) within the event deadline of \(configuration.eventDeadline.secondsText); it is shown as stuck and gets no more events until it returns")
+            throw DaemonError(.deadlineExceeded,
+                              "module \(stuck.joined(separator: ", ")) did not finish event \(event) within the event deadline of \(configuration.eventDeadline.secondsText); it is shown as stuck and gets no more events until it returns")
         }
         // An isolated module's worker that did not answer it in time was killed for it; one
         // that ended during it, or was down, did not handle it.
@@ -93,15 +93,15 @@ extension Daemon {
             .filter { $0.1 != .workerDown || module != nil }
         let overran = unanswered.filter { $0.1 == .overran }.map(\.0)
         if !overran.isEmpty {
-            throw DaemonError(code: "deadline_exceeded",
-                              message: "module \(overran.joined(separator: ", ")) did not finish event \(event) within the event deadline of \(configuration.eventDeadline.secondsText); its worker was killed for it and is restarted")
+            throw DaemonError(.deadlineExceeded,
+                              "module \(overran.joined(separator: ", ")) did not finish event \(event) within the event deadline of \(configuration.eventDeadline.secondsText); its worker was killed for it and is restarted")
         }
         if !unanswered.isEmpty {
             let why = unanswered.map { name, why in
                 why == .workerEnded ? "\(name)'s worker ended while it handled it" : "\(name)'s worker is not running (crashed, restarting or quarantined: see modhostctl list)"
             }
-            throw DaemonError(code: "worker_ended",
-                              message: "event \(event) was not handled: module \(why.joined(separator: "; module ")); a crashed worker is restarted, unless quarantined")
+            throw DaemonError(.workerEnded,
+                              "event \(event) was not handled: module \(why.joined(separator: "; module ")); a crashed worker is restarted, unless quarantined")
         }
     }
 
@@ -117,8 +117,8 @@ extension Daemon {
         let worker = workers.calls(plugin: plugin)
         if let stuck = worker.stuck {
             counters?.recordError("plugin_busy")
-            throw DaemonError(code: "plugin_busy",
-                              message: "plugin \(plugin) is busy: \(stuck.what) has been running for \(stuck.elapsed.secondsText); it gets no new call until that returns")
+            throw DaemonError(.pluginBusy,
+                              "plugin \(plugin) is busy: \(stuck.what) has been running for \(stuck.elapsed.secondsText); it gets no new call until that returns")
         }
         let deadline = configuration.requestDeadline
         let logger = logger
@@ -137,12 +137,12 @@ extension Daemon {
             return outcome
         case .overran:
             overran(plugin, function, counters)
-            throw DaemonError(code: "deadline_exceeded",
-                              message: "call \(plugin).\(function) did not return within the request deadline of \(deadline.secondsText); the plugin gets no new call until it does")
+            throw DaemonError(.deadlineExceeded,
+                              "call \(plugin).\(function) did not return within the request deadline of \(deadline.secondsText); the plugin gets no new call until it does")
         case .notStarted:
             counters?.recordError("plugin_busy")
-            throw DaemonError(code: "plugin_busy",
-                              message: PluginWorker.notStarted(plugin: plugin, function: function, deadline: deadline, ahead: worker.busy))
+            throw DaemonError(.pluginBusy,
+                              PluginWorker.notStarted(plugin: plugin, function: function, deadline: deadline, ahead: worker.busy))
         }
     }
 
@@ -354,8 +354,8 @@ struct PostDelivery {
                          + "stuck in a callback that has not returned")
         }
         parts.append(reached.isEmpty ? "no listener got it" : "it reached \(reached.joined(separator: ", "))")
-        let code = !overran.isEmpty || !returnedLate.isEmpty || !killed.isEmpty ? "deadline_exceeded" : !workerEnded.isEmpty ? "worker_ended" : "module_stuck"
-        return DaemonError(code: code, message: parts.joined(separator: "; "))
+        let code: DaemonError.Code = !overran.isEmpty || !returnedLate.isEmpty || !killed.isEmpty ? .deadlineExceeded : !workerEnded.isEmpty ? .workerEnded : .moduleStuck
+        return DaemonError(code, parts.joined(separator: "; "))
     }
 
     private static func modules(_ names: [String]) -> String {

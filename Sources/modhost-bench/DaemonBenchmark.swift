@@ -76,7 +76,7 @@ struct DaemonBenchmark {
         defer { daemon.stop() }
         guard await daemon.waitForLine(containing: "control socket ready", after: 0) != nil else { throw failure("daemon did not start") }
         let echoPath = root + "/echo.sock"
-        let echo = try ControlServer(socketPath: echoPath, rejectionReply: \.code) { line, _ in line }
+        let echo = try ControlServer(socketPath: echoPath, rejectionReply: { "\($0)" }) { line, _ in line }
         defer { Task { await echo.stop() } }
 
         let request = #"{"v":1,"id":1,"cmd":"status"}"#

@@ -41,8 +41,16 @@ struct ControlServerTests {
     }
 
     /// The error line of the tests' servers: the server writes whatever line it is given.
+    /// Names the case, so that tests can tell which rejection a line reports.
     @Sendable static func rejected(_ rejection: ControlRejection) -> String {
-        "rejected \"\(rejection.code)\": \(rejection.description)"
+        let tag = switch rejection {
+        case .peerNotPermitted: "peer_not_permitted"
+        case .lineTooLong: "request_too_long"
+        case .invalidUTF8: "malformed_request"
+        case .timedOut: "request_timeout"
+        case .tooManyConnections, .tooManyConnectionsFromProcess: "too_many_connections"
+        }
+        return "rejected \"\(tag)\": \(rejection.description)"
     }
 
     @Test func servesARequestFromASocketWithMode0600() async throws {
@@ -385,7 +393,7 @@ struct ControlServerTests {
             probe.send("hello\n")
             return probe.readLines(1).lines == ["echo:hello"]
         }
-        #expect(served, "\(fixture.rejections.all.map(\.code))")
+        #expect(served, "\(fixture.rejections.all.map(\.description))")
         #expect(await onThread { deaf.contains { $0.waitForEOF(timeout: .seconds(10)) } })
         // A deaf one left in place would hold the server's stop for its write timeout.
         for connection in deaf { shutdown(connection.fd, Int32(SHUT_RDWR)) }

@@ -668,7 +668,7 @@ extension ControlProtocolTests {
         func setEnabled(_ enabled: Bool, module: String) throws(DaemonError) {
             calls.append("setEnabled \(enabled) \(module)")
             guard Self.modules.contains(module) else {
-                throw DaemonError(code: "unknown_module", message: "no module named \(module)")
+                throw DaemonError(.unknownModule, "no module named \(module)")
             }
         }
 
@@ -681,7 +681,7 @@ extension ControlProtocolTests {
         func send(event: String, payload: JSONValue, to module: String?, awaited: Bool) throws(DaemonError) {
             calls.append("send \(event) \(payload.jsonText) \(module ?? "*") \(awaited)")
             if let module, !Self.modules.contains(module) {
-                throw DaemonError(code: "unknown_module", message: "no module named \(module)")
+                throw DaemonError(.unknownModule, "no module named \(module)")
             }
         }
 
@@ -695,9 +695,9 @@ extension ControlProtocolTests {
             case .texts(let texts): calls.append("call \(plugin).\(function) text \(texts)")
             case .json(let values): calls.append("call \(plugin).\(function) json \(values.map(\.jsonText))")
             }
-            guard plugin == "Calculator" else { throw DaemonError(code: "unknown_plugin", message: "no plugin named \(plugin)") }
+            guard plugin == "Calculator" else { throw DaemonError(.unknownPlugin, "no plugin named \(plugin)") }
             guard let text = Self.signatures[function], let signature = try? Signature(parsing: text) else {
-                throw DaemonError(code: "unknown_function", message: "Calculator exports no function \(function)")
+                throw DaemonError(.unknownFunction, "Calculator exports no function \(function)")
             }
             let values: [CallValue]
             do {
@@ -706,7 +706,7 @@ extension ControlProtocolTests {
                 case .json(let json): values = try signature.arguments(fromJSON: json, function: function)
                 }
             } catch {
-                throw DaemonError(code: "invalid_arguments", message: "\(error)")
+                throw DaemonError(.invalidArguments, "\(error)")
             }
             switch (function, values) {
             case ("calc_add", let values):
@@ -725,14 +725,14 @@ extension ControlProtocolTests {
             case ("calc_shout", let values):
                 // An error whose message is what a plugin said: as long as it likes.
                 guard case .uint64(let count) = values[0] else { break }
-                throw DaemonError(code: "call_failed", message: String(repeating: "\u{1}", count: Int(count)))
+                throw DaemonError(.callFailed, String(repeating: "\u{1}", count: Int(count)))
             case ("calc_repeat", let values):
                 guard case .uint64(let count) = values[0] else { break }
                 return .string(String(repeating: "a", count: Int(count)))
             default:
                 break
             }
-            throw DaemonError(code: "call_failed", message: "unexpected values \(values)")
+            throw DaemonError(.callFailed, "unexpected values \(values)")
         }
 
         func infoPayload() -> JSONValue {

@@ -484,8 +484,8 @@ struct IsolationTests {
         do {
             _ = try await f.call("Caller", 13, 1)
             Issue.record("a call that crashed its worker returned")
-        } catch let error as IsolatedCallError {
-            #expect(error.code == "call_failed")
+        } catch let error as PluginSetError {
+            #expect(error.code == .callFailed)
             #expect(error.message.contains("Caller") && error.message.contains("faulty_add"), "\(error.message)")
             // It names how this worker ended.
             #expect(error.message.contains("signal 11"), "\(error.message)")
@@ -497,8 +497,8 @@ struct IsolationTests {
         do {
             _ = try await f.call("Caller", 14, 1)
             Issue.record("a call that ended its worker returned")
-        } catch let error as IsolatedCallError {
-            #expect(error.code == "call_failed")
+        } catch let error as PluginSetError {
+            #expect(error.code == .callFailed)
             #expect(error.message.contains("status 3") && !error.message.contains("signal 11"), "\(error.message)")
         }
         #expect(await f.until {
@@ -512,7 +512,7 @@ struct IsolationTests {
             _ = try await isolated.call("faulty_add", texts: ["1"])
             Issue.record("a call with one argument of two returned")
         } catch {
-            #expect(error.code == "invalid_arguments")
+            #expect(error.code == .invalidArguments)
         }
         await f.set.shutdown()
     }
@@ -577,7 +577,7 @@ struct IsolationTests {
             _ = try await isolated.call("faulty_add", texts: ["1", "2"], deadline: .milliseconds(300))
             Issue.record("a call to a stopped worker returned")
         } catch {
-            #expect(error.code == "deadline_exceeded", "\(error)")
+            #expect(error.code == .deadlineExceeded, "\(error)")
         }
         kill(pid, SIGCONT)
         // Busy until the late reply has come (as in process), then called again.
@@ -586,7 +586,7 @@ struct IsolationTests {
             do {
                 answer = try await isolated.call("faulty_add", texts: ["20", "22"])
             } catch {
-                #expect(error.code == "plugin_busy", "\(error)")
+                #expect(error.code == .pluginBusy, "\(error)")
                 try await Task.sleep(for: .milliseconds(20))
             }
         }
@@ -634,7 +634,7 @@ struct IsolationTests {
         do {
             _ = try await f.call("Doomed", 1, 2)
             Issue.record("a call to a quarantined plugin returned")
-        } catch let error as IsolatedCallError {
+        } catch let error as PluginSetError {
             #expect(error.message.contains("(quarantined)") && error.message.contains("modhostctl enable"), "\(error.message)")
         }
         try await f.set.setEnabled(true, module: "doomed")
@@ -1183,8 +1183,8 @@ struct IsolationTests {
             do {
                 if let isolated = loaded.isolated { return "\(try await isolated.call("faulty_add", texts: texts))" }
                 return "\(try loaded.functions!.call("faulty_add", texts: texts))"
-            } catch let error as IsolatedCallError {
-                return "\(error.code): \(error.message)"
+            } catch let error as PluginSetError {
+                return "\(error.code.rawValue): \(error.message)"
             } catch let error as CallError {
                 return "\(error.code): \(error)"
             } catch {
@@ -1202,8 +1202,8 @@ struct IsolationTests {
                 _ = try loaded.functions!.call("nope", texts: [])
             }
             nope = "returned"
-        } catch let error as IsolatedCallError {
-            nope = error.code
+        } catch let error as PluginSetError {
+            nope = error.code.rawValue
         } catch let error as CallError {
             nope = error.code
         }

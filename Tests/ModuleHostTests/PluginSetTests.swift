@@ -492,7 +492,7 @@ struct PluginSetTests {
         } throws: { error in
             let error = error as? PluginSetError
             // This process holds it: said so, not "another process (pid ...)".
-            return error?.code == "already_running" && error?.message.hasPrefix("another plugin set in this process") == true
+            return error?.code == .alreadyRunning && error?.message.hasPrefix("another plugin set in this process") == true
                 && error?.message.contains(state) == true && error?.message.contains("another process") == false
         }
         // Once it is shut down, the fix that message gives works (outside attack: the lock
@@ -508,7 +508,7 @@ struct PluginSetTests {
             _ = try PluginSet(host: HostInstance(name: "open"), directories: [], stateDirectory: open, trialLoader: nil)
         } throws: { error in
             let error = error as? PluginSetError
-            return error?.code == "state_directory" && error?.message.contains("the state directory \(open) is unsafe") == true
+            return error?.code == .stateDirectory && error?.message.contains("the state directory \(open) is unsafe") == true
                 && error?.message.contains("Fix:") == true && error?.message.hasSuffix("or use another state directory") == true
         }
         var info = stat()

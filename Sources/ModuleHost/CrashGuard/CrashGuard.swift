@@ -136,7 +136,7 @@ public final class CrashGuard: Sendable {
         do throws(SystemError) {
             try FileSystem.createDirectory(directory, parents: true)
         } catch {
-            throw PluginSetError(code: "state_directory", message: "cannot create the state directory \(directory): \(error). Fix: create it or use another state directory")
+            throw PluginSetError(.stateDirectory, "cannot create the state directory \(directory): \(error). Fix: create it or use another state directory")
         }
         var known: [String: Crash] = [:]
         var unreadable: (problem: Problem, consequence: String)?

@@ -281,16 +281,15 @@ public final class IsolatedPlugin: Sendable {
     /// one it waits for the result as long as it takes. Either way a worker that does not
     /// read the call within that deadline (or the event deadline) is killed as unanswering.
     public func call(_ function: String, texts: [String]? = nil, json: [JSONValue]? = nil,
-                     deadline: Duration? = nil) async throws(IsolatedCallError) -> CallValue {
+                     deadline: Duration? = nil) async throws(PluginSetError) -> CallValue {
         guard let connection = currentConnection else {
             let phase = status.phase
-            throw IsolatedCallError(code: "call_failed", message: "plugin \(name)'s worker is not running (\(phase.rawValue)); "
+            throw PluginSetError(.callFailed, "plugin \(name)'s worker is not running (\(phase.rawValue)); "
                                     + (phase == .quarantined ? "it stays down until its file changes or modhostctl enable names one of its modules"
                                                              : "try again once it is restarted"))
         }
         if let busy = connection.overrunCall {
-            throw IsolatedCallError(code: "plugin_busy",
-                                    message: "plugin \(name) is busy: \(busy.function) has been running for \((ContinuousClock.now - busy.since).secondsText) in its worker; it gets no new call until that returns")
+            throw PluginSetError(.pluginBusy, "plugin \(name) is busy: \(busy.function) has been running for \((ContinuousClock.now - busy.since).secondsText) in its worker; it gets no new call until that returns")
         }
         let arguments: CompactFrame.Arguments = if let texts { .texts(texts) } else if let json { .json(json) } else { .none }
         let outcome: WorkerConnection.Outcome
@@ -300,14 +299,13 @@ public final class IsolatedPlugin: Sendable {
         case .outcome(let answered):
             outcome = answered
         case .notStarted(let ahead):
-            throw IsolatedCallError(code: "plugin_busy",
-                                    message: PluginWorker.notStarted(plugin: name, function: function, deadline: deadline ?? self.deadline,
+            throw PluginSetError(.pluginBusy, PluginWorker.notStarted(plugin: name, function: function, deadline: deadline ?? self.deadline,
                                                                      ahead: ahead.map { PluginWorker.Stuck(what: "\($0.function) in its worker", elapsed: $0.running) }))
         }
         switch outcome {
         case .reply(let reply):
             if let error = reply["error"] {
-                throw IsolatedCallError(code: error.text("code") ?? "call_failed", message: error.text("message") ?? "the call failed")
+                throw PluginSetError(error.text("code").flatMap(PluginSetError.Code.init(rawValue:)) ?? .callFailed, error.text("message") ?? "the call failed")
             }
             // What the worker answers is the plugin's code's to write: a value of another type
             // than plugin.json declares (or none) is no result, and ends the worker as any
@@ -321,18 +319,16 @@ public final class IsolatedPlugin: Sendable {
                     ? "it answered call \(function) with a value that is no \(given ?? "")"
                     : "it answered call \(function) with \(given.map { "a value of type \($0)" } ?? "no type"), where plugin.json declares \(declared?.rawValue ?? "no such function")"
                 connection.kill(reason: reason)
-                throw IsolatedCallError(code: "call_failed", message: "plugin \(name)'s worker gave an invalid result: \(reason); it is restarted")
+                throw PluginSetError(.callFailed, "plugin \(name)'s worker gave an invalid result: \(reason); it is restarted")
             }
             return value
         case .timedOut:
-            throw IsolatedCallError(code: "deadline_exceeded",
-                                    message: "call \(name).\(function) did not return within the deadline of \((deadline ?? self.deadline).secondsText); it goes on in its worker, and the plugin gets no new call until it returns")
+            throw PluginSetError(.deadlineExceeded, "call \(name).\(function) did not return within the deadline of \((deadline ?? self.deadline).secondsText); it goes on in its worker, and the plugin gets no new call until it returns")
         case .gone:
             // How this worker ended (not the one before it): the poller may see its sockets
             // close before it reaps it.
             let ending = await connection.ending(within: .seconds(2))
-            throw IsolatedCallError(code: "call_failed",
-                                    message: "plugin \(name)'s worker ended during the call of \(function)\(ending.map { " (\($0))" } ?? ""); it is restarted")
+            throw PluginSetError(.callFailed, "plugin \(name)'s worker ended during the call of \(function)\(ending.map { " (\($0))" } ?? ""); it is restarted")
         }
     }
 

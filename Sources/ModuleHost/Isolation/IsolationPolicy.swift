@@ -2,14 +2,6 @@ import DaemonKit
 import ModuleKit
 import PluginFormat
 
-/// A call by name in an isolated plugin that failed: the control protocol's code
-/// (`unknown_function`, `invalid_arguments`, `call_failed`) and a message.
-public struct IsolatedCallError: Error, Sendable, Equatable, CustomStringConvertible {
-    public var code: String
-    public var message: String
-    public var description: String { message }
-}
-
 /// Where a plugin's code runs (docs/isolation.md).
 public enum Isolation: String, Sendable, Equatable, CaseIterable {
     /// In the daemon's own process: fastest; a crash there is the daemon's.

@@ -384,7 +384,7 @@ final class WorkerService: Sendable {
                     reply(id, members: ["type": .string(value.type.rawValue), "value": value.json], on: channel)
                 }
             case .failure(let error):
-                reply(id, members: ["error": ["code": .string(error.code), "message": .string(error.message)]], on: channel)
+                reply(id, members: ["error": ["code": .string(error.code.rawValue), "message": .string(error.message)]], on: channel)
             }
         }
     }
@@ -527,10 +527,10 @@ final class WorkerService: Sendable {
 
     /// Calls a function by name (on the calls thread): its value, or the error the daemon
     /// would give in process.
-    private func call(_ message: WorkerMessage) -> Result<CallValue, IsolatedCallError> {
+    private func call(_ message: WorkerMessage) -> Result<CallValue, PluginSetError> {
         let function = message.text("function") ?? ""
         guard let table = plugin.functions else {
-            return .failure(IsolatedCallError(code: "unknown_function", message: "plugin \(plugin.name) exports no functions for calling by name"))
+            return .failure(PluginSetError(.unknownFunction, "plugin \(plugin.name) exports no functions for calling by name"))
         }
         do throws(CallError) {
             let value: CallValue
@@ -543,7 +543,7 @@ final class WorkerService: Sendable {
             }
             return .success(value)
         } catch {
-            return .failure(IsolatedCallError(code: error.code, message: error.description))
+            return .failure(PluginSetError(error))
         }
     }
 
@@ -560,7 +560,7 @@ final class WorkerService: Sendable {
 
     private func send(_ frame: [UInt8]?, replying id: JSONValue, on channel: WorkerChannel) {
         if channel.send(frame: frame, until: nil) != .sent {
-            channel.send(["id": id, "error": ["code": "call_failed", "message": .string("the reply is larger than \(channel.maximumSize >> 20) MiB")]])
+            channel.send(["id": id, "error": ["code": .string(PluginSetError.Code.callFailed.rawValue), "message": .string("the reply is larger than \(channel.maximumSize >> 20) MiB")]])
         }
     }
 }

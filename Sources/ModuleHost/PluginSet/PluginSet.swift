@@ -2,6 +2,7 @@ import CDynamicLoader
 import DaemonKit
 import Glibc
 import ModuleKit
+import PluginCall
 import PluginFormat
 import Synchronization
 
@@ -247,11 +248,11 @@ public actor PluginSet {
         do {
             lock = try ExclusiveLock(path: stateDirectory + "/modhostd.lock", lockingDirectory: true)
         } catch .held(_, let pid) {
-            throw PluginSetError(code: "already_running", message: pid == getpid()
+            throw PluginSetError(.alreadyRunning, pid == getpid()
                 ? "another plugin set in this process is using the state directory \(stateDirectory). Fix: shut it down first, or give this one its own state directory"
                 : "another process\(pid.map { " (pid \($0))" } ?? "") is using the state directory \(stateDirectory). Fix: stop it, or give this one its own state directory")
         } catch {
-            throw PluginSetError(code: "state_directory", message: "cannot lock the state directory \(stateDirectory): \(error)")
+            throw PluginSetError(.stateDirectory, "cannot lock the state directory \(stateDirectory): \(error)")
         }
         let crashGuard = try CrashGuard(directory: stateDirectory)
         crashGuard.recoverFromPreviousRun(logging: logger)
@@ -290,7 +291,7 @@ public actor PluginSet {
             var lock = stat()
             let owner = PathText.parent(of: ancestor)
             if PathText.lastComponent(of: ancestor) == "images", lstat(owner + "/modhostd.lock", &lock) == 0 {
-                throw PluginSetError(code: "state_directory", message: "the state directory \(directory) lies in \(ancestor), the private plugin copies of the modhostd whose state directory is \(owner) (it takes what it finds there for copies of its own). Fix: \(alternative), outside it")
+                throw PluginSetError(.stateDirectory, "the state directory \(directory) lies in \(ancestor), the private plugin copies of the modhostd whose state directory is \(owner) (it takes what it finds there for copies of its own). Fix: \(alternative), outside it")
             }
             if owner == ancestor { break }
             ancestor = owner
@@ -304,9 +305,9 @@ public actor PluginSet {
             do {
                 try RuntimePaths.checkPrivateDirectory(path, create: true, allowingRead: true)
             } catch .notPrivate(_, let problem) {
-                throw PluginSetError(code: "state_directory", message: "\(what) is unsafe: \(problem). Fix: make it a directory (not a symlink) of uid \(geteuid()) that group and others cannot write (chown \(geteuid()) \(path); chmod 700 \(path)), or \(alternative)")
+                throw PluginSetError(.stateDirectory, "\(what) is unsafe: \(problem). Fix: make it a directory (not a symlink) of uid \(geteuid()) that group and others cannot write (chown \(geteuid()) \(path); chmod 700 \(path)), or \(alternative)")
             } catch {
-                throw PluginSetError(code: "state_directory", message: "cannot create \(what): \(error). Fix: create it or \(alternative)")
+                throw PluginSetError(.stateDirectory, "cannot create \(what): \(error). Fix: create it or \(alternative)")
             }
         }
     }
@@ -617,17 +618,40 @@ final class SerialQueue: Sendable {
     }
 }
 
-/// Why a plugin set cannot use its state directory: a stable code for programs
-/// (`state_directory`: missing and not creatable, or others could write to it;
-/// `already_running`: another process holds it) and a message for people, naming the
-/// directory, what is wrong and the fix.
+/// Why a plugin set could not do what it was asked: a code for programs and a message for
+/// people (what failed, why, and the fix). The codes of calls by name are those of
+/// `CallError.code`.
 public struct PluginSetError: Error, Sendable, Equatable, CustomStringConvertible {
-    public var code: String
+    /// What kind of failure; the raw value is the code's spelling in an isolated plugin's
+    /// replies.
+    public enum Code: String, Sendable, Equatable, CaseIterable {
+        /// The state directory cannot be created, locked or trusted.
+        case stateDirectory = "state_directory"
+        /// Another process holds the state directory.
+        case alreadyRunning = "already_running"
+        /// The plugin exports no such function (or none at all).
+        case unknownFunction = "unknown_function"
+        /// The arguments do not fit the function's signature.
+        case invalidArguments = "invalid_arguments"
+        /// The call could not be made or gave no valid result.
+        case callFailed = "call_failed"
+        /// An earlier call of the plugin still runs, past its deadline.
+        case pluginBusy = "plugin_busy"
+        /// The call did not return within its deadline.
+        case deadlineExceeded = "deadline_exceeded"
+    }
+
+    public var code: Code
     public var message: String
 
-    public init(code: String, message: String) {
+    public init(_ code: Code, _ message: String) {
         self.code = code
         self.message = message
+    }
+
+    /// A refused or failed call by name, with `CallError.code` as its code.
+    public init(_ error: CallError) {
+        self.init(Code(rawValue: error.code) ?? .callFailed, error.description)
     }
 
     public var description: String { message }

@@ -38,14 +38,14 @@ struct AnsweringDaemon: DaemonControl {
     }
 
     func setEnabled(_ enabled: Bool, module: String) async throws(DaemonError) {
-        guard module == "greeting" else { throw DaemonError(code: "unknown_module", message: "no module named \(module)") }
+        guard module == "greeting" else { throw DaemonError(.unknownModule, "no module named \(module)") }
     }
 
     func reload() async throws(DaemonError) -> ReloadSummary { ReloadSummary() }
 
     func send(event: String, payload: JSONValue, to module: String?, awaited: Bool) async throws(DaemonError) {
         _ = payload.jsonText
-        if let module, module != "greeting" { throw DaemonError(code: "unknown_module", message: "no module named \(module)") }
+        if let module, module != "greeting" { throw DaemonError(.unknownModule, "no module named \(module)") }
     }
 
     func post(notification: String, payload: JSONValue) async throws(DaemonError) -> [String] {
@@ -55,7 +55,7 @@ struct AnsweringDaemon: DaemonControl {
 
     func call(plugin: String, function: String, arguments: CallArguments) async throws(DaemonError) -> CallValue {
         guard let text = Self.signatures[function], let signature = try? Signature(parsing: text) else {
-            throw DaemonError(code: "unknown_function", message: "no function \(function)")
+            throw DaemonError(.unknownFunction, "no function \(function)")
         }
         let values: [CallValue]
         do {
@@ -64,7 +64,7 @@ struct AnsweringDaemon: DaemonControl {
             case .json(let json): values = try signature.arguments(fromJSON: json, function: function)
             }
         } catch {
-            throw DaemonError(code: "invalid_arguments", message: "\(error)")
+            throw DaemonError(.invalidArguments, "\(error)")
         }
         // The first argument back, as a plugin returning its input would.
         return values.first ?? .void
