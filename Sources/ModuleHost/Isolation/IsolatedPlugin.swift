@@ -186,7 +186,7 @@ public final class IsolatedPlugin: Sendable {
             state.withLock { $0.modules.removeAll { $0.name == module } }
             return nil
         }
-        let info = try? reply["info"]?.decode(ModuleInfo.self)
+        let info = info(in: reply, of: module)
         var names: Set<String> = []
         if case .array(let list) = reply["notifications"] ?? .null { names = Set(list.compactMap(\.stringValue)) }
         return (info, names)
@@ -261,7 +261,20 @@ public final class IsolatedPlugin: Sendable {
                            [("module", module)])
             return nil
         }
-        return try? reply["info"]?.decode(ModuleInfo.self)
+        return info(in: reply, of: module)
+    }
+
+    /// The module info in a worker's `reply`, nil when it has none. The worker's replies are
+    /// its plugin's code to write: an info that cannot be read is logged, and counts as none.
+    private func info(in reply: WorkerMessage, of module: String) -> ModuleInfo? {
+        guard let value = reply["info"], value != .null else { return nil }
+        do {
+            return try value.decode(ModuleInfo.self)
+        } catch {
+            logger.warning("module \(module)'s worker answered an info that cannot be read (\(error)); its name and version stand for it",
+                           [("module", module)])
+            return nil
+        }
     }
 
     func stateForReplacement(_ module: String) -> JSONValue? {

@@ -242,6 +242,8 @@ final class WorkerService: Sendable {
     let channel: WorkerChannel
     let plugin: LoadedPlugin
     let host: HostInstance
+    /// The worker's own log (sent to the daemon, which logs it as the plugin's worker's).
+    let logger: Logger
     let workers: PluginWorkers
     /// Modules running elsewhere in the daemon, as of the last `create`: what `has_module`
     /// answers for names outside this plugin.
@@ -273,6 +275,7 @@ final class WorkerService: Sendable {
         // The name and log label of the daemon's host (an embedder's own): the worker's
         // modules log under them, as they would in process.
         let logger = Logger(label: load.text("label") ?? "modhostd")
+        self.logger = logger
         let host = HostInstance(name: load.text("host") ?? "modhostd", eventDeadline: deadline, logger: logger,
                                 forwardingNotifications: { notification, payload, module in
                                     var post: [String: JSONValue] = ["op": "post", "name": .string(notification), "payload": payload]
@@ -348,7 +351,7 @@ final class WorkerService: Sendable {
     /// answered from there, before the daemon sends the next.
     func serveOrdered(_ channel: WorkerChannel, slowPath: AsyncStream<WorkerRequest>.Continuation) {
         var reader = FrameReader(fd: channel.fd)
-        while let message = try? reader.next() {
+        while let message = next(from: &reader, "its socket of ordered requests (4)") {
             if message.text("op") == "event", let module = message.text("module"),
                let delivery = direct.withLock({ $0[module] }), let event = Self.event(message) {
                 switch event {
@@ -370,11 +373,25 @@ final class WorkerService: Sendable {
         // The daemon closed it: the control thread sees the same and ends the process.
     }
 
+    /// The next request `reader` reads from `socket`, or nil once that has ended. The daemon
+    /// closing it is the usual end; any other (a failed read, a frame this worker cannot
+    /// read) is logged, so that the worker's end says why.
+    private func next(from reader: inout FrameReader, _ socket: String) -> WorkerMessage? {
+        do throws(FrameReader.End) {
+            return try reader.next()
+        } catch .closed {
+            return nil
+        } catch {
+            logger.error("the worker stops reading \(socket): \(error)")
+            return nil
+        }
+    }
+
     /// The calls thread: runs the calls by name of socket 5 one at a time, on this thread,
     /// and answers each on the same socket (where the daemon's caller reads it).
     func serveCalls(_ channel: WorkerChannel) {
         var reader = FrameReader(fd: channel.fd)
-        while let message = try? reader.next() {
+        while let message = next(from: &reader, "its socket of calls (5)") {
             let id = message["id"] ?? .null
             switch call(message) {
             case .success(let value):

@@ -467,98 +467,134 @@ extension PluginSet {
     /// state to the new ones, which get init, restore(state:) and start; the old ones get
     /// deinit. If anything fails before that update, the old version keeps running.
     func replace(with file: PluginFile, version newVersion: FileIdentity, hash: String, identity: FileIdentity) async -> Bool {
-        var none = PluginChanges()
         guard let old = records[file.name] else { return false }
-        let chain = [file.name] + dependents(of: file.name)
-        var renames: [String: String] = [:]  // current soname -> next generation's soname
-        var images: [String: PrivateImage] = [:]
-        do throws(LoadFailure) {
-            for name in chain {
-                let record = records[name]!
-                let generation = (generations[name] ?? record.generation) + 1
-                let source: PluginFile
-                let version: FileIdentity?
-                if name == file.name {
-                    source = file
-                    version = newVersion
-                } else {
-                    // A dependent is reloaded from its current image, renamed once more.
-                    source = record.loaded.file
-                    version = nil
-                }
-                let inThisProcess = isolationPolicy.isolation(of: source.manifest) == .inProcess
-                let nameGeneration = try nameGeneration(of: name, path: file.path, inThisProcess: inThisProcess)
-                let next = DynamicStringPatch.generationName(record.originalSoname, generation: nameGeneration) ?? record.originalSoname
-                if next != record.soname { renames[record.soname] = next }
-                let image = try crashGuard.during(file: record.source, plugin: name, hash: name == file.name ? hash : record.hash, phase: "copy") { () throws(LoadFailure) in
-                    try privateImage(of: source, version: version, generation: generation, nameGeneration: nameGeneration,
-                                     hash: name == file.name ? hash : record.hash, renames: renames, inMemory: inThisProcess)
-                }
-                images[name] = image
-                try checkIsolation(of: source)
-                if inThisProcess {
-                    try await trialLoad(image.file, preloading: chain.prefix { $0 != name }.compactMap { images[$0]?.file.resolvedPath })
-                }
-            }
-        } catch {
-            for image in images.values { deleteImage(image.file) }
-            // The new version's own trial (a dependent's fails because of it, but is not it).
-            if let ending = error.trialEnding, error.file == file.path {
-                crashGuard.recordTrialFailure(file: file.path, plugin: file.name, hash: hash, ending: ending)
-            }
+        // The plugin, then every plugin that depends on it, each with its running version.
+        let chain = ([file.name] + dependents(of: file.name)).compactMap { name in records[name].map { (name: name, record: $0) } }
+        let update = Update(file: file, version: newVersion, hash: hash)
+        var none = PluginChanges()
+        func keepOld(_ error: LoadFailure, _ images: [PrivateImage]) -> Bool {
+            for image in images { deleteImage(image.file) }
             refuse(error, identity, &none)
             logger.error("replacing plugin \(file.name) failed; version \(old.loaded.file.manifest.version) keeps running",
                          [("plugin", file.name), ("file", file.path)])
             return false
         }
-        var loaded: [String: LoadedPlugin] = [:]
+        var images: [PrivateImage] = []
         do throws(LoadFailure) {
-            let replacing = images.mapValues(\.file.resolvedPath)
-            for name in chain {
-                let image = images[name]!.file
-                if isolationPolicy.isolation(of: image.manifest) == .process {
-                    loaded[name] = try await isolate(image, replacing: replacing)
+            try await makeImages(for: chain, of: update, into: &images)
+        } catch {
+            // The new version's own trial (a dependent's fails because of it, but is not it).
+            if let ending = error.trialEnding, error.file == file.path {
+                crashGuard.recordTrialFailure(file: file.path, plugin: file.name, hash: hash, ending: ending)
+            }
+            return keepOld(error, images)
+        }
+        let opened: [LoadedPlugin]
+        do throws(LoadFailure) {
+            opened = try await open(images, for: chain, of: update)
+        } catch {
+            return keepOld(error.relocated(to: file.path), images)
+        }
+        await swap(chain, to: Array(zip(images, opened)), of: update, identity: identity)
+        logger.info("replaced plugin \(file.name) \(old.loaded.file.manifest.version) by \(file.manifest.version) (generation \(images[0].generation))",
+                    [("plugin", file.name), ("file", file.path)]
+                        + (chain.count > 1 ? [("restarted", chain.dropFirst().map(\.name).joined(separator: ","))] : []))
+        return true
+    }
+
+    /// The new version of a plugin file a replace loads.
+    struct Update {
+        var file: PluginFile
+        var version: FileIdentity
+        var hash: String
+
+        /// The content hash of the plugin `name` of a replace, whose running version is `record`.
+        func hash(of name: String, _ record: Record) -> String { name == file.name ? hash : record.hash }
+    }
+
+    /// The private images of a replace's plugins, in `chain` order, appended to `images` as
+    /// they are made (the caller deletes them when this throws): the new version of the
+    /// updated plugin, and its dependents' current images renamed to bind to it; each trial
+    /// loaded after those before it when it runs in process.
+    private func makeImages(for chain: [(name: String, record: Record)], of update: Update,
+                            into images: inout [PrivateImage]) async throws(LoadFailure) {
+        var renames: [String: String] = [:]  // current soname -> next generation's soname
+        for (name, record) in chain {
+            let generation = (generations[name] ?? record.generation) + 1
+            // A dependent is reloaded from its current image, renamed once more.
+            let (source, version) = name == update.file.name ? (update.file, Optional(update.version)) : (record.loaded.file, nil)
+            let inThisProcess = isolationPolicy.isolation(of: source.manifest) == .inProcess
+            let nameGeneration = try nameGeneration(of: name, path: update.file.path, inThisProcess: inThisProcess)
+            let next = DynamicStringPatch.generationName(record.originalSoname, generation: nameGeneration) ?? record.originalSoname
+            if next != record.soname { renames[record.soname] = next }
+            let hash = update.hash(of: name, record)
+            let image = try crashGuard.during(file: record.source, plugin: name, hash: hash, phase: "copy") { () throws(LoadFailure) in
+                try privateImage(of: source, version: version, generation: generation, nameGeneration: nameGeneration,
+                                 hash: hash, renames: renames, inMemory: inThisProcess)
+            }
+            images.append(image)
+            try checkIsolation(of: source)
+            if inThisProcess {
+                try await trialLoad(image.file, preloading: images.dropLast().map(\.file.resolvedPath))
+            }
+        }
+    }
+
+    /// Opens each of `images` (one per plugin of `chain`, in order), in process or in a
+    /// worker; when one fails, the workers started for those before it are stopped.
+    private func open(_ images: [PrivateImage], for chain: [(name: String, record: Record)],
+                      of update: Update) async throws(LoadFailure) -> [LoadedPlugin] {
+        var opened: [LoadedPlugin] = []
+        do throws(LoadFailure) {
+            let replacing = Dictionary(uniqueKeysWithValues: zip(chain.map(\.name), images.map(\.file.resolvedPath)))
+            for ((name, record), image) in zip(chain, images) {
+                if isolationPolicy.isolation(of: image.file.manifest) == .process {
+                    opened.append(try await isolate(image.file, replacing: replacing))
                     continue
                 }
-                crashGuard.begin(file: file.path, plugin: file.name, hash: hash, phase: "entry")
+                crashGuard.begin(file: update.file.path, plugin: update.file.name, hash: update.hash, phase: "entry")
                 defer { crashGuard.end() }
-                mapped(name, nameGeneration: images[name]!.nameGeneration, image: image)
-                let opened = try PluginLoader(validator: validator, registry: registry, workers: workers, metrics: metrics).open(image)
-                FatalSignalRecorder.track(opened, file: records[name]?.source ?? file.path, hash: name == file.name ? hash : records[name]?.hash ?? hash,
-                                          guard: crashGuard)
-                loaded[name] = opened
+                mapped(name, nameGeneration: image.nameGeneration, image: image.file)
+                let plugin = try PluginLoader(validator: validator, registry: registry, workers: workers, metrics: metrics).open(image.file)
+                FatalSignalRecorder.track(plugin, file: record.source, hash: update.hash(of: name, record), guard: crashGuard)
+                opened.append(plugin)
             }
         } catch {
-            for plugin in loaded.values { plugin.isolated?.stop() }
-            for image in images.values { deleteImage(image.file) }
-            refuse(error.relocated(to: file.path), identity, &none)
-            logger.error("replacing plugin \(file.name) failed; version \(old.loaded.file.manifest.version) keeps running",
-                         [("plugin", file.name)])
-            return false
+            for plugin in opened { plugin.isolated?.stop() }
+            throw error
         }
-        let oldModules = chain.flatMap { records[$0]!.loaded.modules.map(\.factory.name) }
-        let newFactories = chain.flatMap { loaded[$0]!.modules.map(\.factory) }
-        for name in chain { registry.unregister(plugin: name) }
-        for name in chain { try? registry.register(loaded[name]!) }
-        beginWork(plugin: file.name, file: file.path, hash: hash, phase: "init",
-                  inThisProcess: chain.contains { loaded[$0]?.isolated == nil })
-        await host.replace(with: newFactories, replacing: oldModules)
+        return opened
+    }
+
+    /// Puts the new versions in the place of `chain`'s running ones: their names move to
+    /// the new versions in the registry, the host replaces the modules in one update, and
+    /// the old versions are retired.
+    private func swap(_ chain: [(name: String, record: Record)], to new: [(image: PrivateImage, loaded: LoadedPlugin)],
+                      of update: Update, identity: FileIdentity) async {
+        for (name, _) in chain { registry.unregister(plugin: name) }
+        for (loaded, name) in zip(new.map(\.loaded), chain.map(\.name)) {
+            do throws(LoadFailure) {
+                try registry.register(loaded)
+            } catch {
+                // The names were just given up by the version it replaces: only a bug gets here.
+                logger.error("plugin \(name)'s new version could not take its names in the registry: \(error)", [("plugin", name)])
+            }
+        }
+        beginWork(plugin: update.file.name, file: update.file.path, hash: update.hash, phase: "init",
+                  inThisProcess: new.contains { $0.loaded.isolated == nil })
+        await host.replace(with: new.flatMap { $0.loaded.modules.map(\.factory) },
+                           replacing: chain.flatMap { $0.record.loaded.modules.map(\.factory.name) })
         endWork()
-        for name in chain {
-            let previous = records[name]!
+        for ((name, previous), (image, loaded)) in zip(chain, new) {
             previous.loaded.isolated?.stop()
             retire(previous)
-            let image = images[name]!
             generations[name] = image.generation
+            let updated = name == update.file.name
             records[name] = Record(
-                source: previous.source, identity: name == file.name ? identity : previous.identity,
-                hash: name == file.name ? hash : previous.hash, loaded: loaded[name]!, generation: image.generation,
-                soname: image.soname, originalSoname: previous.originalSoname, size: image.size)
+                source: previous.source, identity: updated ? identity : previous.identity, hash: updated ? update.hash : previous.hash,
+                loaded: loaded, generation: image.generation, soname: image.soname, originalSoname: previous.originalSoname,
+                size: image.size)
         }
-        refused[file.path] = nil
-        logger.info("replaced plugin \(file.name) \(old.loaded.file.manifest.version) by \(file.manifest.version) (generation \(images[file.name]!.generation))",
-                    [("plugin", file.name), ("file", file.path)]
-                        + (chain.count > 1 ? [("restarted", chain.dropFirst().joined(separator: ","))] : []))
-        return true
+        refused[update.file.path] = nil
     }
 }
