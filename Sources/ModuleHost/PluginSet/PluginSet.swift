@@ -20,9 +20,9 @@ import Synchronization
 ///
 /// Guarantees:
 /// - **Threading.** An actor: every method may be called from any task. Changes to the set
-///   (`reconcile`, `start`, `updateSettings`, `setEnabled`, `shutdown`) run one at a time,
-///   in the order they were called, each after the previous one has finished, so a rescan
-///   and a settings change never interleave halfway. Reads (`snapshot`, `plugin(named:)`)
+///   (`reconcile`, `start`, `updateSettings`, `setEnabled`, `shutdown` and every `set...`
+///   method) run one at a time, in the order they were called, each after the previous one
+///   has finished, so a rescan and a settings change never interleave halfway. Reads (`snapshot`, `plugin(named:)`)
 ///   never wait for a whole change, a trial load or a module's callbacks, only for the
 ///   step on this actor in progress (reading or copying one file, one `dlopen` and the
 ///   plugin's entry point); `isStopping` and `stopChanges` never wait.
@@ -332,8 +332,8 @@ public actor PluginSet {
     /// check: writable by group or others, owned by another user, in such a directory) is
     /// removed; otherwise it keeps running, the file shows the refusal as the plugin's
     /// `lastError` and one warning is logged. From the next `reconcile` on.
-    public func setStopsPluginsWithUnsafeFiles(_ stop: Bool) {
-        stopsPluginsWithUnsafeFiles = stop
+    public func setStopsPluginsWithUnsafeFiles(_ stop: Bool) async {
+        await changes.run { await self.inside { $0.stopsPluginsWithUnsafeFiles = stop } }
     }
 
     /// Sends `.start` to every module (call it once, after the first `reconcile`): each
@@ -347,8 +347,10 @@ public actor PluginSet {
     /// Replaces the module settings (the `enabled` overrides of `setEnabled` stay on top);
     /// the host applies only what changed (docs/modules.md, ModuleSettings).
     public func updateSettings(_ settings: [String: ModuleSettings]) async {
-        self.settings = settings
-        await changes.run { await self.applySettings() }
+        await changes.run {
+            await self.inside { $0.settings = settings }
+            await self.applySettings()
+        }
     }
 
     /// Enables or disables module `module` from now on, over what the settings say, until
@@ -356,9 +358,10 @@ public actor PluginSet {
     /// Enabling a module of a quarantined isolated plugin lets the plugin run again.
     public func setEnabled(_ enabled: Bool, module: String) async throws(UnknownModule) {
         let factory = try registry.factory(named: module)
-        if enabled { records[factory.plugin]?.loaded.isolated?.release() }
-        enabledOverrides[module] = enabled
-        await changes.run { await self.applySettings() }
+        await changes.run {
+            await self.enable(enabled, module: module, of: factory.plugin)
+            await self.applySettings()
+        }
     }
 
     /// From now on no plugin is loaded, replaced, removed or started; the plugin being
@@ -401,19 +404,30 @@ public actor PluginSet {
 
     /// Which plugins run in a worker process, from the next load or replacement of each
     /// plugin on (a plugin already running keeps its isolation until then).
-    public func setIsolation(_ policy: IsolationPolicy) {
-        isolationPolicy = policy
+    public func setIsolation(_ policy: IsolationPolicy) async {
+        await changes.run { await self.inside { $0.isolationPolicy = policy } }
     }
 
     /// The plugin directories from the next `reconcile` on; a plugin of a directory no
     /// longer listed is removed then.
-    public func setDirectories(_ directories: [String]) {
-        self.directories = directories
+    public func setDirectories(_ directories: [String]) async {
+        await changes.run { await self.inside { $0.directories = directories } }
     }
 
     /// The checks for files from the next `reconcile` on (e.g. `allowInsecure`).
-    public func setValidator(_ validator: Validator) {
-        self.validator = validator
+    public func setValidator(_ validator: Validator) async {
+        await changes.run { await self.inside { $0.validator = validator } }
+    }
+
+    /// Runs `change` on this actor; called inside the serial change queue.
+    private func inside(_ change: @Sendable (isolated PluginSet) -> Void) {
+        change(self)
+    }
+
+    /// `setEnabled`'s change, inside the serial change queue.
+    private func enable(_ enabled: Bool, module: String, of plugin: String) {
+        if enabled { records[plugin]?.loaded.isolated?.release() }
+        enabledOverrides[module] = enabled
     }
 
     func applySettings() async {
@@ -598,7 +612,12 @@ struct FileIdentity: Equatable, Sendable {
     var key: String { "\(device):\(inode):\(size):\(modified)" }
 }
 
-/// Runs async operations one at a time, in the order they were submitted.
+/// Runs async operations one at a time, in the order they were submitted: each starts once
+/// the one before has returned. An actor alone does not give this: its methods interleave
+/// at every suspension, and a change to a plugin set suspends (trial loads, workers,
+/// module callbacks), so a rescan could begin in the middle of a reload. A consumer task
+/// reading an `AsyncStream` of operations would do the same with a task kept alive for the
+/// set's whole life and a reply channel per operation; a chain of tasks needs neither.
 final class SerialQueue: Sendable {
     private let tail = Mutex<Task<Void, Never>?>(nil)
 
