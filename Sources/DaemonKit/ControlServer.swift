@@ -618,7 +618,10 @@ private final class ServerCore: Sendable {
     }
 }
 
-/// Hands one reply from a task to a waiting thread.
+/// Hands one reply from a task to a waiting thread: `take` blocks until `put` has run,
+/// once. The waiter is a connection thread of the server's own, not a task, so it cannot
+/// await an actor or an `AsyncStream`; it blocks on a semaphore, which is fine on a thread
+/// that serves one connection.
 private final class ReplyBox: Sendable {
     private let value = Mutex<String?>(nil)
     private let ready = DispatchSemaphore(value: 0)

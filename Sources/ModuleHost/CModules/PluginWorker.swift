@@ -333,7 +333,10 @@ package final class PluginWorker: Sendable {
         }
     }
 
-    /// The end of one job a thread waits for in `run`.
+    /// The end of one job a thread waits for in `run`: `wait` returns true once `finish`
+    /// has run, false once the deadline passed first. The waiter is a synchronous caller
+    /// (the host's context delivering a lifecycle event), which cannot suspend: it blocks,
+    /// on a semaphore with the deadline.
     ///
     /// Most C callbacks return within microseconds, and on a virtual machine waking a
     /// thread that went to sleep costs tens of them: the waiter first watches the job for
@@ -681,7 +684,11 @@ package func withDeadline<T: Sendable>(_ deadline: Duration, _ operation: @escap
     return await race.wait() ?? nil
 }
 
-/// The first of several values offered from any thread; later ones are dropped.
+/// The first of several values offered from any thread; later ones are dropped. Every
+/// waiter gets that value, once. Those who offer are a job on a worker's thread (plugin
+/// code that may never return) and a deadline's timer, neither of them a task: they report
+/// under a `Mutex` without suspending, which an actor would not let them do, and the
+/// waiting task suspends without holding a thread.
 final class FirstResult<T: Sendable>: Sendable {
     private enum State {
         case pending([CheckedContinuation<T, Never>])

@@ -91,7 +91,12 @@ final class WorkerConnection: Sendable {
         case gone
     }
 
-    /// A request waiting for its reply, from an awaiting task.
+    /// A request waiting for its reply, from an awaiting task: the first of the reply, the
+    /// worker's end and the deadline completes it, once; the task is resumed exactly once.
+    /// The reply arrives on the poller thread, which serves every worker and must never
+    /// wait: it completes the waiter under a `Mutex` without suspending, which an actor
+    /// would not let it do. A dispatch timer, not a task, keeps the deadline, so that a
+    /// request costs no task and the timer goes with the reply.
     final class Waiter: Sendable {
         private struct State {
             var outcome: Outcome?

@@ -1069,7 +1069,10 @@ public actor HostInstance {
         diagnosticsHub.emit(.deadlineExceeded(module: moduleName, event: event.name, elapsed: elapsed))
     }
 
-    /// Serializes updates that await: one at a time, first come first served.
+    /// Serializes updates that await (`remove`, `replace`): one at a time, first come first
+    /// served, each whole. The host is an actor, but an actor runs another call at each of
+    /// an update's suspensions (awaited `willUnload` handlers): without the gate a second
+    /// update could start while the first waits, and observers would see half of each.
     private func acquireUpdateGate() async {
         guard updateGateBusy else {
             updateGateBusy = true
