@@ -59,23 +59,55 @@ public actor Daemon: DaemonControl {
     let workers = PluginWorkers()
     let crashGuard: CrashGuard
     var configuration: DaemonConfiguration
-    /// Ends a shutdown that outlives its budget even when no task of the daemon can run.
-    var watchdog: ShutdownWatchdog?
     /// The configuration file the running configuration was read from; nil for none.
     var configurationFile: String?
-    var ready = false
     var reloads = 0
     let startTime = ContinuousClock.now
-    var watcher: DirectoryWatcher?
-    var server: ControlServer?
-    /// Held from `start()` to the end of `stop()`: this process owns the state directory
-    /// and the socket path.
-    var stateLock: ExclusiveLock?
-    var socketLock: ExclusiveLock?
-    /// Requests waiting for startup to finish (`untilReady()`).
-    var readyWaiters: [CheckedContinuation<Void, Never>] = []
-    /// Why `start()` failed when `run()` runs it; `run()` then exits with it.
-    var startFailure: DaemonError?
+    /// Where the daemon is in its life.
+    var lifecycle = Lifecycle.starting(readyWaiters: [])
+    /// What the daemon holds while it runs, taken by `start()` and let go by `stop()`.
+    var owned = Owned()
+
+    /// The daemon's life, one state at a time: starting, then running (or failed), then
+    /// stopping and stopped. Only `start()`, `run()` and `stop()` change it.
+    enum Lifecycle {
+        /// Not ready yet: `start()` has not finished. Requests that act on modules wait
+        /// here (`untilReady()`), resumed when it has.
+        case starting(readyWaiters: [CheckedContinuation<Void, Never>])
+        /// Started: every plugin found is loaded and every enabled module started.
+        case running
+        /// `start()` failed; `run()` exits with it.
+        case failed(DaemonError)
+        /// A shutdown began (`stop()`, or a signal during startup).
+        case stopping
+        /// `stop()` returned.
+        case stopped
+    }
+
+    /// What the daemon holds from `start()` to the end of `stop()`.
+    struct Owned {
+        /// The locks of the state directory and the socket path: this process owns them.
+        var stateLock: ExclusiveLock?
+        var socketLock: ExclusiveLock?
+        var server: ControlServer?
+        var watcher: DirectoryWatcher?
+        /// Ends a shutdown that outlives its budget even when no task of the daemon can run.
+        var watchdog: ShutdownWatchdog?
+    }
+
+    /// Whether startup has finished and no shutdown has begun.
+    var ready: Bool {
+        if case .running = lifecycle { return true }
+        return false
+    }
+
+    /// Moves to `next`, resuming the requests that waited for startup to finish.
+    func enter(_ next: Lifecycle) {
+        if case .starting(let waiters) = lifecycle, !waiters.isEmpty {
+            for waiter in waiters { waiter.resume() }
+        }
+        lifecycle = next
+    }
 
     /// Prepares the daemon; nothing is loaded until `run()` or `start()`.
     public init(options: DaemonOptions, configuration: DaemonConfiguration) throws(DaemonError) {
@@ -139,14 +171,14 @@ public actor Daemon: DaemonControl {
         let watchdog = ShutdownWatchdog(budget: configuration.shutdownBudget, logger: logger) { [self] in
             stillRunning(shutdownReturned: false)
         }
-        self.watchdog = watchdog
+        owned.watchdog = watchdog
         // Startup runs beside the signal loop, so a signal never waits for it. A failed
         // startup ends the loop (the signals already received are still delivered).
         Task {
             do throws(DaemonError) {
                 try await start()
             } catch {
-                startFailure = error
+                enter(.failed(error))
                 signals.cancel()
             }
         }
@@ -161,9 +193,9 @@ public actor Daemon: DaemonControl {
             plugins.stopChanges()
             break
         }
-        if let startFailure {
+        if case .failed(let error) = lifecycle {
             watchdog.cancel()
-            logger.error("\(startFailure.message)")
+            logger.error("\(error.message)")
             return .osError
         }
         // A second SIGTERM/SIGINT during shutdown ends the process at once (the watchdog
@@ -196,9 +228,8 @@ public actor Daemon: DaemonControl {
         await plugins.setStopsPluginsWithUnsafeFiles(configuration.stopPluginsWithUnsafeFiles)
         await plugins.reconcile(trial: false)
         await plugins.start()
-        ready = !plugins.isStopping
-        for waiter in readyWaiters { waiter.resume() }
-        readyWaiters = []
+        // (A shutdown that began meanwhile keeps its state.)
+        if case .starting = lifecycle { enter(plugins.isStopping ? .stopping : .running) }
         // A SIGTERM/SIGINT came first: the shutdown (`run()`) takes over from here.
         if plugins.isStopping { return }
         let snapshot = await plugins.snapshot()
@@ -217,8 +248,11 @@ public actor Daemon: DaemonControl {
     /// Returns once startup has finished (at once afterwards): requests that act on
     /// modules wait here rather than reach modules that are not started yet.
     func untilReady() async {
-        if ready { return }
-        await withCheckedContinuation { readyWaiters.append($0) }
+        guard case .starting = lifecycle else { return }
+        await withCheckedContinuation { continuation in
+            guard case .starting(let waiters) = lifecycle else { return continuation.resume() }
+            lifecycle = .starting(readyWaiters: waiters + [continuation])
+        }
     }
 
     /// Locks the state directory, prepares the socket's directory, locks the socket path
@@ -247,8 +281,8 @@ public actor Daemon: DaemonControl {
                 throw DaemonError(code, "cannot lock \(what): \(error). Fix: check that \(PathText.parent(of: path)) belongs to the daemon's user and is writable by it")
             }
         }
-        stateLock = try lock(stateDirectory + "/modhostd.lock", "the state directory \(stateDirectory)", code: .stateDirectory,
-                             lockingDirectory: true)
+        owned.stateLock = try lock(stateDirectory + "/modhostd.lock", "the state directory \(stateDirectory)", code: .stateDirectory,
+                                   lockingDirectory: true)
         // Before anything is created next to it (its lock, its directory).
         if let problem = UnixSocketAddress.problem(with: socketPath) {
             throw DaemonError(.controlSocket, "the control socket path \(socketPath) \(problem). Fix: pass a shorter --socket")
@@ -271,11 +305,11 @@ public actor Daemon: DaemonControl {
             }
             // With this lock held, a socket file left at the path is a dead daemon's: the
             // control server may replace it without racing another starting daemon.
-            socketLock = try lock(socketPath + ".lock", "the control socket \(socketPath)", code: .controlSocket)
+            owned.socketLock = try lock(socketPath + ".lock", "the control socket \(socketPath)", code: .controlSocket)
         }
         let service = ControlService(daemon: self, logger: logger)
         do {
-            server = try service.makeServer(socketPath: socketPath)
+            owned.server = try service.makeServer(socketPath: socketPath)
         } catch .alreadyRunning {
             throw alreadyRunning("the control socket \(socketPath) (a process accepts connections on it)", nil)
         } catch {
@@ -291,10 +325,12 @@ public actor Daemon: DaemonControl {
     @discardableResult
     public func stop() async -> Bool {
         notify { try $0.stopping(status: "stopping") }
-        watcher?.stop()
+        enter(.stopping)
+        owned.watcher?.stop()
         let clean = await stopWithinBudget()
-        socketLock = nil
-        stateLock = nil
+        owned.socketLock = nil
+        owned.stateLock = nil
+        enter(.stopped)
         return clean
     }
 
@@ -312,7 +348,7 @@ public actor Daemon: DaemonControl {
         do {
             let watcher = try DirectoryWatcher(directories: [])
             for directory in directories { follow(directory, with: watcher) }
-            self.watcher = watcher
+            owned.watcher = watcher
             Task { [weak self] in
                 for await batch in watcher.changes {
                     guard let self else { return }
@@ -532,7 +568,7 @@ public actor Daemon: DaemonControl {
     func applyConfiguration(_ fresh: DaemonConfiguration) async {
         let old = configuration
         configuration = fresh
-        watchdog?.setBudget(fresh.shutdownBudget)
+        owned.watchdog?.setBudget(fresh.shutdownBudget)
         LoggingSystem.setLevel(fresh.logLevel)
         await plugins.setValidator(Validator(allowInsecure: options.allowInsecurePlugins || fresh.allowInsecurePlugins))
         await plugins.setStopsPluginsWithUnsafeFiles(fresh.stopPluginsWithUnsafeFiles)
@@ -542,10 +578,10 @@ public actor Daemon: DaemonControl {
             await plugins.updateSettings(fresh.modules)
         }
         for directory in fresh.pluginDirectories where !old.pluginDirectories.contains(directory) {
-            if let watcher { follow(directory, with: watcher) }
+            if let watcher = owned.watcher { follow(directory, with: watcher) }
         }
         for directory in old.pluginDirectories where !fresh.pluginDirectories.contains(directory) {
-            watcher?.unwatch(directory)
+            owned.watcher?.unwatch(directory)
         }
     }
 

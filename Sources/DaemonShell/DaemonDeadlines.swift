@@ -160,7 +160,7 @@ extension Daemon {
         let budget = configuration.shutdownBudget
         let clock = ContinuousClock()
         let started = clock.now
-        let server = server
+        let server = owned.server
         let stopped = await withDeadline(budget) { [plugins] in
             await server?.stop()
             // A startup or reload in progress loads nothing more once stopping; the plugin
