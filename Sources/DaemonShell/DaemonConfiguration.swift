@@ -83,51 +83,8 @@ public struct DaemonConfiguration: Sendable, Equatable {
             throw invalid(path, "has an unknown field \"\(unknown)\"", "remove it; known fields: \(known.sorted().joined(separator: ", "))")
         }
         var configuration = DaemonConfiguration()
-        if let directories = fields["pluginDirectories"] {
-            guard case .array(let items) = directories, let strings = Optional(items.compactMap(\.stringValue)),
-                  strings.count == items.count
-            else { throw invalid(path, "field \"pluginDirectories\" is not an array of strings", "list directory paths") }
-            for directory in strings {
-                if let problem = PathText.problem(with: directory, absolute: true) {
-                    throw invalid(path, "field \"pluginDirectories\" holds \(JSONValue.quote(directory)), which \(problem)",
-                                  "list each plugin directory by its absolute path")
-                }
-            }
-            configuration.pluginDirectories = strings
-        }
-        if let modules = fields["modules"] {
-            guard case .object(let entries) = modules else {
-                throw invalid(path, "field \"modules\" is not an object", "map module names to {\"enabled\", \"order\", \"configuration\"}")
-            }
-            for (name, entry) in entries.sorted(by: { $0.key < $1.key }) {
-                if let problem = PluginName.problem(name) {
-                    throw invalid(path, "field \"modules\" names \(problem)", "use the module names `modhostctl list` shows")
-                }
-                guard case .object(let settings) = entry else {
-                    throw invalid(path, "field \"modules.\(name)\" is not an object", "write {\"enabled\": true, \"order\": 1, \"configuration\": {}}")
-                }
-                var module = ModuleSettings()
-                if let enabled = settings["enabled"] {
-                    guard let flag = enabled.boolValue else { throw invalid(path, "field \"modules.\(name).enabled\" is not true or false", "use a boolean") }
-                    module.enabled = flag
-                }
-                if let order = settings["order"] {
-                    guard let number = order.numberValue, number == number.rounded() else {
-                        throw invalid(path, "field \"modules.\(name).order\" is not an integer", "use a whole number")
-                    }
-                    guard let integer = CheckedNumber.integer(number, in: Manifest.orderRange) else {
-                        throw invalid(path, "field \"modules.\(name).order\" is \(order.jsonText), not an integer \(CheckedNumber.describe(Manifest.orderRange))",
-                                      "use a whole number in that range")
-                    }
-                    module.order = integer
-                }
-                if let value = settings["configuration"] { module.configuration = value }
-                if let extra = settings.keys.sorted().first(where: { !["enabled", "order", "configuration"].contains($0) }) {
-                    throw invalid(path, "field \"modules.\(name).\(extra)\" is unknown", "use enabled, order and configuration")
-                }
-                configuration.modules[name] = module
-            }
-        }
+        if let directories = fields["pluginDirectories"] { configuration.pluginDirectories = try pluginDirectories(directories, path) }
+        if let modules = fields["modules"] { configuration.modules = try moduleSettings(modules, path) }
         // Every duration of the configuration: seconds within the same range.
         let durations: [(key: String, example: Int, set: (inout DaemonConfiguration, Duration) -> Void)] = [
             ("eventDeadlineSeconds", 5, { $0.eventDeadline = $1 }),
@@ -148,21 +105,16 @@ public struct DaemonConfiguration: Sendable, Equatable {
             }
             configuration.logLevel = parsed
         }
-        if let allow = fields["allowCallsWithoutRunningModule"] {
-            guard let flag = allow.boolValue else {
-                throw invalid(path, "field \"allowCallsWithoutRunningModule\" is not true or false", "use a boolean")
-            }
-            configuration.allowCallsWithoutRunningModule = flag
-        }
-        if let stop = fields["stopPluginsWithUnsafeFiles"] {
-            guard let flag = stop.boolValue else {
-                throw invalid(path, "field \"stopPluginsWithUnsafeFiles\" is not true or false", "use a boolean")
-            }
-            configuration.stopPluginsWithUnsafeFiles = flag
-        }
-        if let insecure = fields["allowInsecurePlugins"] {
-            guard let flag = insecure.boolValue else { throw invalid(path, "field \"allowInsecurePlugins\" is not true or false", "use a boolean") }
-            configuration.allowInsecurePlugins = flag
+        // Every switch of the configuration: true or false.
+        let flags: [(key: String, set: (inout DaemonConfiguration, Bool) -> Void)] = [
+            ("allowCallsWithoutRunningModule", { $0.allowCallsWithoutRunningModule = $1 }),
+            ("stopPluginsWithUnsafeFiles", { $0.stopPluginsWithUnsafeFiles = $1 }),
+            ("allowInsecurePlugins", { $0.allowInsecurePlugins = $1 }),
+        ]
+        for (key, set) in flags {
+            guard let field = fields[key] else { continue }
+            guard let flag = field.boolValue else { throw invalid(path, "field \"\(key)\" is not true or false", "use a boolean") }
+            set(&configuration, flag)
         }
         if let isolation = fields["isolation"] {
             configuration.isolation = try Self.isolation(isolation, path, field: "isolation")
@@ -176,6 +128,57 @@ public struct DaemonConfiguration: Sendable, Equatable {
             }
         }
         return configuration
+    }
+
+    /// The `pluginDirectories` field: absolute paths.
+    private static func pluginDirectories(_ directories: JSONValue, _ path: String) throws(DaemonError) -> [String] {
+        guard case .array(let items) = directories, let strings = Optional(items.compactMap(\.stringValue)),
+              strings.count == items.count
+        else { throw invalid(path, "field \"pluginDirectories\" is not an array of strings", "list directory paths") }
+        for directory in strings {
+            if let problem = PathText.problem(with: directory, absolute: true) {
+                throw invalid(path, "field \"pluginDirectories\" holds \(JSONValue.quote(directory)), which \(problem)",
+                              "list each plugin directory by its absolute path")
+            }
+        }
+        return strings
+    }
+
+    /// The `modules` field: each module's `enabled`, `order` and `configuration`.
+    private static func moduleSettings(_ modules: JSONValue, _ path: String) throws(DaemonError) -> [String: ModuleSettings] {
+        var result: [String: ModuleSettings] = [:]
+        guard case .object(let entries) = modules else {
+            throw invalid(path, "field \"modules\" is not an object", "map module names to {\"enabled\", \"order\", \"configuration\"}")
+        }
+        for (name, entry) in entries.sorted(by: { $0.key < $1.key }) {
+            if let problem = PluginName.problem(name) {
+                throw invalid(path, "field \"modules\" names \(problem)", "use the module names `modhostctl list` shows")
+            }
+            guard case .object(let settings) = entry else {
+                throw invalid(path, "field \"modules.\(name)\" is not an object", "write {\"enabled\": true, \"order\": 1, \"configuration\": {}}")
+            }
+            var module = ModuleSettings()
+            if let enabled = settings["enabled"] {
+                guard let flag = enabled.boolValue else { throw invalid(path, "field \"modules.\(name).enabled\" is not true or false", "use a boolean") }
+                module.enabled = flag
+            }
+            if let order = settings["order"] {
+                guard let number = order.numberValue, number == number.rounded() else {
+                    throw invalid(path, "field \"modules.\(name).order\" is not an integer", "use a whole number")
+                }
+                guard let integer = CheckedNumber.integer(number, in: Manifest.orderRange) else {
+                    throw invalid(path, "field \"modules.\(name).order\" is \(order.jsonText), not an integer \(CheckedNumber.describe(Manifest.orderRange))",
+                                  "use a whole number in that range")
+                }
+                module.order = integer
+            }
+            if let value = settings["configuration"] { module.configuration = value }
+            if let extra = settings.keys.sorted().first(where: { !["enabled", "order", "configuration"].contains($0) }) {
+                throw invalid(path, "field \"modules.\(name).\(extra)\" is unknown", "use enabled, order and configuration")
+            }
+            result[name] = module
+        }
+        return result
     }
 
     private static func isolation(_ value: JSONValue, _ path: String, field: String) throws(DaemonError) -> Isolation {

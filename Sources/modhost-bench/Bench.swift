@@ -10,25 +10,7 @@ import ModuleKit
 struct Bench {
     static func main() async {
         let arguments = Array(CommandLine.arguments.dropFirst())
-        if arguments.first == "--echo" { EchoProcess.serve() }
-        if arguments.first == "--peer-dispatch", arguments.count == 4, let rounds = Int(arguments[3]) {
-            do {
-                print(try await PeerBenchmark.dispatchInProcess(directory: arguments[1], state: arguments[2], rounds: rounds))
-                exit(0)
-            } catch {
-                StandardError.write("\(error)\n")
-                exit(1)
-            }
-        }
-        if arguments.first == "--child", arguments.count == 3 {
-            do {
-                print(try LoadBenchmark.measure(arguments[1], arguments[2]))
-                exit(0)
-            } catch {
-                print("\(error)")
-                exit(1)
-            }
-        }
+        await runAsChild(arguments)
         func option(_ name: String) -> String? {
             guard let index = arguments.firstIndex(of: name), index + 1 < arguments.count else { return nil }
             return arguments[index + 1]
@@ -91,6 +73,29 @@ struct Bench {
             exit(1)
         }
         print("wrote \(rows.count) rows to \(out)")
+    }
 
+    /// The roles this executable plays as a child of a benchmark (`--echo`, `--peer-dispatch`,
+    /// `--child`): each runs and exits. Returns for any other command line.
+    static func runAsChild(_ arguments: [String]) async {
+        if arguments.first == "--echo" { EchoProcess.serve() }
+        if arguments.first == "--peer-dispatch", arguments.count == 4, let rounds = Int(arguments[3]) {
+            do {
+                print(try await PeerBenchmark.dispatchInProcess(directory: arguments[1], state: arguments[2], rounds: rounds))
+                exit(0)
+            } catch {
+                StandardError.write("\(error)\n")
+                exit(1)
+            }
+        }
+        if arguments.first == "--child", arguments.count == 3 {
+            do {
+                print(try LoadBenchmark.measure(arguments[1], arguments[2]))
+                exit(0)
+            } catch {
+                print("\(error)")
+                exit(1)
+            }
+        }
     }
 }

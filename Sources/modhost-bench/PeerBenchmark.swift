@@ -368,7 +368,38 @@ struct PeerBenchmark {
         defer { peas.stop() }
         guard await notify.next(containing: "READY=1", timeout: .seconds(30)) != nil else { throw failure("peer-peas-host --watch did not start:\n\(peas.tail)") }
 
-        func src(_ system: System, _ file: String) -> String { "\(work)/src/\(system.rawValue)/\(file)" }
+        let hosts = HotHosts(bench: self, root: root, modhostDirectory: modhostDirectory, peasDirectory: peasDirectory,
+                             modhostClock: modhostClock, peasClock: peasClock, daemon: daemon, peas: peas)
+        let (modhostAdds, peasAdds) = try await hosts.adds()
+        let (modhostReplaces, peasReplaces) = try await hosts.replaces()
+        let (modhostRemoves, peasRemoves) = try await hosts.removes()
+        let both = "both hosts running, each following its own directory, the two served alternately; timed from the file operation to the plugin's own CLOCK_MONOTONIC reading, sent from its start or deinit (modhostd), activate or deactivate (libpeas)"
+        let peasHost = "peer-peas-host --watch (GFileMonitor, peas_engine_rescan_plugins, load_plugin: activate)"
+        let addP50 = percentile(modhostAdds, 0.5)
+        return [
+            BenchRow(name: "peer.hot_add.p50", value: addP50, unit: "ms", baseline: percentile(peasAdds, 0.5),
+                     baselineDescription: "\(peasHost), p50 of \(hotAdds) new plugins, each libpeerN.so then peerN.plugin renamed in from dotfiles, timed from the last rename; value: modhostd, p50 of the same \(hotAdds) plugins' .so renamed in; \(both); report only: the target is absolute, p50 at most 5 ms (\(addP50 <= 5 ? "met" : "NOT met"))",
+                     target: nil),
+            BenchRow(name: "peer.hot_add.p99", value: percentile(modhostAdds, 0.99), unit: "ms", baseline: percentile(peasAdds, 0.99),
+                     baselineDescription: "p99 of the same \(hotAdds) adds on each side (report only)", target: nil),
+            BenchRow(name: "peer.hot_replace.p50", value: percentile(modhostReplaces, 0.5), unit: "ms", baseline: percentile(peasReplaces, 0.5),
+                     baselineDescription: "\(peasHost), p50 of \(replaces) replaces of one running plugin: a new copy of its .so then a .plugin with a new Version renamed in, timed from the last rename to activate (unload: deactivate, then load; libpeas keeps a C module resident, so it runs the code first loaded); value: modhostd, p50 of \(replaces) new builds of the plugin (a new manifest version) renamed over it, to the new module's start; \(both) (report only)",
+                     target: nil),
+            BenchRow(name: "peer.hot_remove.p50", value: percentile(modhostRemoves, 0.5), unit: "ms", baseline: percentile(peasRemoves, 0.5),
+                     baselineDescription: "\(peasHost), p50 of \(hotAdds) removals (peerN.plugin then libpeerN.so unlinked, timed from the first) to deactivate's clock reading; value: modhostd, the plugin's .so unlinked, to its module's deinit; \(both) (report only)",
+                     target: nil),
+        ]
+    }
+
+    /// The two hosts `hot()` runs, and the file operations it times on both.
+    struct HotHosts {
+        let bench: PeerBenchmark
+        let root: String, modhostDirectory: String, peasDirectory: String
+        let modhostClock: NotifySocketListener, peasClock: NotifySocketListener
+        let daemon: DaemonProcess
+        let peas: PeasWatcher
+
+        func src(_ system: System, _ file: String) -> String { "\(bench.work)/src/\(system.rawValue)/\(file)" }
         /// Copies each of `files` to a dotfile beside its place in `directory`; returns their renames, in order.
         func stage(_ files: [(source: String, name: String)], in directory: String) throws -> [(String, String)] {
             try files.map { file in
@@ -388,80 +419,75 @@ struct PeerBenchmark {
             return last
         }
         func modhostWait(_ what: String, _ index: Int, after time: UInt64) async throws -> Double {
-            guard let ms = await clock(modhostClock, what, module(index), after: time) else {
-                throw failure("modhostd: no \(what) of \(module(index)) within 30 s:\n\(daemon.tail)")
+            guard let ms = await bench.clock(modhostClock, what, bench.module(index), after: time) else {
+                throw failure("modhostd: no \(what) of \(bench.module(index)) within 30 s:\n\(daemon.tail)")
             }
             return ms
         }
         func peasWait(_ what: String, _ index: Int, after time: UInt64) async throws -> Double {
-            guard let ms = await clock(peasClock, what, module(index), after: time) else {
-                throw failure("peer-peas-host: no \(what) of \(module(index)) within 30 s:\n\(peas.tail)")
+            guard let ms = await bench.clock(peasClock, what, bench.module(index), after: time) else {
+                throw failure("peer-peas-host: no \(what) of \(bench.module(index)) within 30 s:\n\(peas.tail)")
             }
             return ms
         }
         func settle() async throws { try await Task.sleep(for: .milliseconds(20)) }
 
-        var modhostAdds: [Double] = [], peasAdds: [Double] = []
-        for index in 1000..<1000 + hotAdds {
-            let modhostFile = System.modhost.files(index)[0]
-            var time = try renameIn(stage([(src(.modhost, modhostFile), modhostFile)], in: modhostDirectory))
-            modhostAdds.append(try await modhostWait("start", index, after: time))
-            try await settle()
-            time = try renameIn(stage(System.peas.files(index).map { (src(.peas, $0), $0) }, in: peasDirectory))
-            peasAdds.append(try await peasWait("start", index, after: time))
-            try await settle()
+        /// New plugins renamed in, one after the other on each side: the times to their start.
+        func adds() async throws -> (modhost: [Double], peas: [Double]) {
+            var modhostAdds: [Double] = [], peasAdds: [Double] = []
+            for index in 1000..<1000 + bench.hotAdds {
+                let modhostFile = System.modhost.files(index)[0]
+                var time = try renameIn(stage([(src(.modhost, modhostFile), modhostFile)], in: modhostDirectory))
+                modhostAdds.append(try await modhostWait("start", index, after: time))
+                try await settle()
+                time = try renameIn(stage(System.peas.files(index).map { (src(.peas, $0), $0) }, in: peasDirectory))
+                peasAdds.append(try await peasWait("start", index, after: time))
+                try await settle()
+            }
+            return (modhostAdds, peasAdds)
         }
 
-        // A new build of one plugin: for modhostd, the same code with a new manifest version;
-        // for libpeas, a new copy of the module and a .plugin file with a new Version.
-        let index = replacedIndex
-        let modhostFile = System.modhost.files(index)[0], peasFiles = System.peas.files(index)
-        _ = try await modhostWait("start", index, after: renameIn(stage([(src(.modhost, modhostFile), modhostFile)], in: modhostDirectory)))
-        _ = try await peasWait("start", index, after: renameIn(stage(peasFiles.map { (src(.peas, $0), $0) }, in: peasDirectory)))
-        var modhostReplaces: [Double] = [], peasReplaces: [Double] = []
-        for version in 2..<2 + replaces {
-            let manifest = root + "/manifest.json", info = root + "/version.plugin"
-            try #"{"name":"Peer\#(String(format: "%05d", index))","version":"\#(version).0","description":"generated","abi":"1.0","language":"c","order":\#(index),"modules":["\#(module(index))"]}"#
-                .write(toFile: manifest, atomically: true, encoding: .utf8)
-            let temporary = modhostDirectory + "/." + modhostFile + ".tmp"
-            try shell("objcopy --update-section .modhost.manifest='\(manifest)' '\(src(.modhost, modhostFile))' '\(temporary)'")
-            var time = try renameIn([(temporary, modhostDirectory + "/" + modhostFile)])
-            modhostReplaces.append(try await modhostWait("start", index, after: time))
-            try await settle()
-            try "[Plugin]\nModule=\(module(index))\nName=\(module(index))\nVersion=\(version).0\n".write(toFile: info, atomically: true, encoding: .utf8)
-            time = try renameIn(stage([(src(.peas, peasFiles[0]), peasFiles[0]), (info, peasFiles[1])], in: peasDirectory))
-            peasReplaces.append(try await peasWait("start", index, after: time))
-            try await settle()
+        /// New builds of one running plugin: the times to the new version's start.
+        func replaces() async throws -> (modhost: [Double], peas: [Double]) {
+            // A new build of one plugin: for modhostd, the same code with a new manifest version;
+            // for libpeas, a new copy of the module and a .plugin file with a new Version.
+            let index = bench.replacedIndex
+            let modhostFile = System.modhost.files(index)[0], peasFiles = System.peas.files(index)
+            _ = try await modhostWait("start", index, after: renameIn(stage([(src(.modhost, modhostFile), modhostFile)], in: modhostDirectory)))
+            _ = try await peasWait("start", index, after: renameIn(stage(peasFiles.map { (src(.peas, $0), $0) }, in: peasDirectory)))
+            var modhostReplaces: [Double] = [], peasReplaces: [Double] = []
+            for version in 2..<2 + bench.replaces {
+                let manifest = root + "/manifest.json", info = root + "/version.plugin"
+                try #"{"name":"Peer\#(String(format: "%05d", index))","version":"\#(version).0","description":"generated","abi":"1.0","language":"c","order":\#(index),"modules":["\#(bench.module(index))"]}"#
+                    .write(toFile: manifest, atomically: true, encoding: .utf8)
+                let temporary = modhostDirectory + "/." + modhostFile + ".tmp"
+                try shell("objcopy --update-section .modhost.manifest='\(manifest)' '\(src(.modhost, modhostFile))' '\(temporary)'")
+                var time = try renameIn([(temporary, modhostDirectory + "/" + modhostFile)])
+                modhostReplaces.append(try await modhostWait("start", index, after: time))
+                try await settle()
+                try "[Plugin]\nModule=\(bench.module(index))\nName=\(bench.module(index))\nVersion=\(version).0\n".write(toFile: info, atomically: true, encoding: .utf8)
+                time = try renameIn(stage([(src(.peas, peasFiles[0]), peasFiles[0]), (info, peasFiles[1])], in: peasDirectory))
+                peasReplaces.append(try await peasWait("start", index, after: time))
+                try await settle()
+            }
+            return (modhostReplaces, peasReplaces)
         }
 
-        var modhostRemoves: [Double] = [], peasRemoves: [Double] = []
-        for index in 1000..<1000 + hotAdds {
-            var time = monotonicNanoseconds()
-            unlink(modhostDirectory + "/" + System.modhost.files(index)[0])
-            modhostRemoves.append(try await modhostWait("stop", index, after: time))
-            try await settle()
-            time = monotonicNanoseconds()
-            for file in System.peas.files(index).reversed() { unlink(peasDirectory + "/" + file) }
-            peasRemoves.append(try await peasWait("stop", index, after: time))
-            try await settle()
+        /// The added plugins' files removed: the times to their deinit.
+        func removes() async throws -> (modhost: [Double], peas: [Double]) {
+            var modhostRemoves: [Double] = [], peasRemoves: [Double] = []
+            for index in 1000..<1000 + bench.hotAdds {
+                var time = monotonicNanoseconds()
+                unlink(modhostDirectory + "/" + System.modhost.files(index)[0])
+                modhostRemoves.append(try await modhostWait("stop", index, after: time))
+                try await settle()
+                time = monotonicNanoseconds()
+                for file in System.peas.files(index).reversed() { unlink(peasDirectory + "/" + file) }
+                peasRemoves.append(try await peasWait("stop", index, after: time))
+                try await settle()
+            }
+            return (modhostRemoves, peasRemoves)
         }
-
-        let both = "both hosts running, each following its own directory, the two served alternately; timed from the file operation to the plugin's own CLOCK_MONOTONIC reading, sent from its start or deinit (modhostd), activate or deactivate (libpeas)"
-        let peasHost = "peer-peas-host --watch (GFileMonitor, peas_engine_rescan_plugins, load_plugin: activate)"
-        let addP50 = percentile(modhostAdds, 0.5)
-        return [
-            BenchRow(name: "peer.hot_add.p50", value: addP50, unit: "ms", baseline: percentile(peasAdds, 0.5),
-                     baselineDescription: "\(peasHost), p50 of \(hotAdds) new plugins, each libpeerN.so then peerN.plugin renamed in from dotfiles, timed from the last rename; value: modhostd, p50 of the same \(hotAdds) plugins' .so renamed in; \(both); report only: the target is absolute, p50 at most 5 ms (\(addP50 <= 5 ? "met" : "NOT met"))",
-                     target: nil),
-            BenchRow(name: "peer.hot_add.p99", value: percentile(modhostAdds, 0.99), unit: "ms", baseline: percentile(peasAdds, 0.99),
-                     baselineDescription: "p99 of the same \(hotAdds) adds on each side (report only)", target: nil),
-            BenchRow(name: "peer.hot_replace.p50", value: percentile(modhostReplaces, 0.5), unit: "ms", baseline: percentile(peasReplaces, 0.5),
-                     baselineDescription: "\(peasHost), p50 of \(replaces) replaces of one running plugin: a new copy of its .so then a .plugin with a new Version renamed in, timed from the last rename to activate (unload: deactivate, then load; libpeas keeps a C module resident, so it runs the code first loaded); value: modhostd, p50 of \(replaces) new builds of the plugin (a new manifest version) renamed over it, to the new module's start; \(both) (report only)",
-                     target: nil),
-            BenchRow(name: "peer.hot_remove.p50", value: percentile(modhostRemoves, 0.5), unit: "ms", baseline: percentile(peasRemoves, 0.5),
-                     baselineDescription: "\(peasHost), p50 of \(hotAdds) removals (peerN.plugin then libpeerN.so unlinked, timed from the first) to deactivate's clock reading; value: modhostd, the plugin's .so unlinked, to its module's deinit; \(both) (report only)",
-                     target: nil),
-        ]
     }
 
     /// Milliseconds from `time` to the clock reading "WHAT MODULE NS" that plugin `module`

@@ -122,71 +122,10 @@ final class WorkerPoller: Sendable {
         var drain = [UInt8](repeating: 0, count: 64)
         while true {
             for request in requests.withLock({ pending in defer { pending = [] }; return pending }) {
-                let index: Int?
-                switch request {
-                case .watch(let connection, let pidfd):
-                    entries.append(Entry(connection: connection, pidfd: pidfd, reader: FrameReader(fd: connection.control.channel.fd, maximumSize: WorkerFrame.controlMaximumSize),
-                                         flushBy: connection.outboxes.map { _ in nil }))
-                    continue
-                case .kill(let connection, _), .flush(let connection), .readCalls(let connection, _), .releaseCalls(let connection):
-                    index = entries.firstIndex { $0.connection === connection }
-                }
-                switch (request, index) {
-                case (.kill(_, let at), let index?):
-                    entries[index].killAt = min(at, entries[index].killAt ?? at)
-                case (.flush, let index?):
-                    for outbox in entries[index].flushBy.indices { flush(&entries[index], outbox, now: .now) }
-                case (.flush(let connection), nil):
-                    // Reaped already: nothing more is written.
-                    for outbox in connection.outboxes { outbox.abandon() }
-                case (.readCalls(_, let reader), let index?):
-                    entries[index].calls = reader
-                    readCalls(&entries[index], budget: 16)
-                case (.readCalls(let connection, _), nil):
-                    connection.endCalls(.closed)
-                case (.releaseCalls, let index?):
-                    if let reader = entries[index].calls, entries[index].connection.returnCallsReader(reader) { entries[index].calls = nil }
-                default:
-                    break
-                }
+                apply(request, to: &entries)
             }
-            let now = ContinuousClock.now
-            for index in entries.indices {
-                if let at = entries[index].killAt, at <= now {
-                    entries[index].killAt = nil
-                    entries[index].connection.killUnlessEnded()
-                }
-                killIfUnfinished(&entries[index], now: now)
-                for outbox in entries[index].flushBy.indices {
-                    if let by = entries[index].flushBy[outbox], by <= now { flush(&entries[index], outbox, now: now) }
-                }
-            }
-            fds.removeAll(keepingCapacity: true)
-            slots.removeAll(keepingCapacity: true)
-            fds.append(pollfd(fd: wakeRead, events: Int16(POLLIN), revents: 0))
-            slots.append(.wake)
-            var next: ContinuousClock.Instant?
-            for (index, entry) in entries.enumerated() {
-                fds.append(pollfd(fd: entry.reader == nil ? -1 : entry.connection.control.channel.fd, events: Int16(POLLIN), revents: 0))
-                slots.append(.control(index))
-                fds.append(pollfd(fd: entry.pidfd, events: Int16(POLLIN), revents: 0))
-                slots.append(.process(index))
-                if entry.calls != nil {
-                    fds.append(pollfd(fd: entry.connection.callsDescriptor, events: Int16(POLLIN), revents: 0))
-                    slots.append(.calls(index))
-                }
-                for (outbox, by) in entry.flushBy.enumerated() {
-                    guard let by else { continue }
-                    fds.append(pollfd(fd: entry.connection.outboxes[outbox].channel.fd, events: Int16(POLLOUT), revents: 0))
-                    slots.append(.outbox(index, outbox))
-                    next = min(by, next ?? by)
-                }
-                if let at = entry.killAt { next = min(at, next ?? at) }
-                if let stalled = entry.controlStalled ?? entry.callsStalled {
-                    let at = min(stalled, entry.callsStalled ?? stalled) + entry.connection.frameDeadline
-                    next = min(at, next ?? at)
-                }
-            }
+            actOnDeadlines(&entries, now: .now)
+            let next = pollSet(entries, &fds, &slots)
             let ready = fds.withUnsafeMutableBufferPointer { poll($0.baseAddress, nfds_t($0.count), Self.timeout(until: next)) }
             guard ready > 0 else { continue }  // timed out, or EINTR
             var reaped: [Int] = []
@@ -204,29 +143,109 @@ final class WorkerPoller: Sendable {
                     reaped.append(index)
                 }
             }
-            for index in reaped {
-                // The worker has ended: what it wrote is all there, read before its end is
-                // reported, which shuts the sockets, so that the streams end too.
-                read(&entries[index], budget: 256)
-                readCalls(&entries[index], budget: 256)
-                entries[index].connection.reap()
-                read(&entries[index], budget: 256)
-                readCalls(&entries[index], budget: 256)
-                if entries[index].reader != nil {
-                    entries[index].reader = nil
-                    entries[index].connection.streamEnded()
-                }
-                if entries[index].calls != nil {
-                    entries[index].calls = nil
-                    entries[index].connection.endCalls(.closed)
-                }
-                for outbox in entries[index].connection.outboxes { outbox.abandon() }
-            }
+            for index in reaped { reap(&entries[index]) }
             for index in reaped.sorted().reversed() {
                 close(entries[index].pidfd)
                 entries.remove(at: index)
             }
         }
+    }
+
+    /// Carries out one request of another thread.
+    private func apply(_ request: Request, to entries: inout [Entry]) {
+        let index: Int?
+        switch request {
+        case .watch(let connection, let pidfd):
+            entries.append(Entry(connection: connection, pidfd: pidfd, reader: FrameReader(fd: connection.control.channel.fd, maximumSize: WorkerFrame.controlMaximumSize),
+                                 flushBy: connection.outboxes.map { _ in nil }))
+            return
+        case .kill(let connection, _), .flush(let connection), .readCalls(let connection, _), .releaseCalls(let connection):
+            index = entries.firstIndex { $0.connection === connection }
+        }
+        switch (request, index) {
+        case (.kill(_, let at), let index?):
+            entries[index].killAt = min(at, entries[index].killAt ?? at)
+        case (.flush, let index?):
+            for outbox in entries[index].flushBy.indices { flush(&entries[index], outbox, now: .now) }
+        case (.flush(let connection), nil):
+            // Reaped already: nothing more is written.
+            for outbox in connection.outboxes { outbox.abandon() }
+        case (.readCalls(_, let reader), let index?):
+            entries[index].calls = reader
+            readCalls(&entries[index], budget: 16)
+        case (.readCalls(let connection, _), nil):
+            connection.endCalls(.closed)
+        case (.releaseCalls, let index?):
+            if let reader = entries[index].calls, entries[index].connection.returnCallsReader(reader) { entries[index].calls = nil }
+        default:
+            break
+        }
+    }
+
+    /// Kills the workers whose time is up and flushes the frames whose deadline came.
+    private func actOnDeadlines(_ entries: inout [Entry], now: ContinuousClock.Instant) {
+        for index in entries.indices {
+            if let at = entries[index].killAt, at <= now {
+                entries[index].killAt = nil
+                entries[index].connection.killUnlessEnded()
+            }
+            killIfUnfinished(&entries[index], now: now)
+            for outbox in entries[index].flushBy.indices {
+                if let by = entries[index].flushBy[outbox], by <= now { flush(&entries[index], outbox, now: now) }
+            }
+        }
+    }
+
+    /// The descriptors to poll (`fds`, with what each is in `slots`): the wake-up pipe, then
+    /// each worker's control socket, process, calls socket while the poller reads it, and
+    /// outboxes with frames waiting; and the next deadline to wake up for.
+    private func pollSet(_ entries: [Entry], _ fds: inout [pollfd], _ slots: inout [Slot]) -> ContinuousClock.Instant? {
+        fds.removeAll(keepingCapacity: true)
+        slots.removeAll(keepingCapacity: true)
+        fds.append(pollfd(fd: wakeRead, events: Int16(POLLIN), revents: 0))
+        slots.append(.wake)
+        var next: ContinuousClock.Instant?
+        for (index, entry) in entries.enumerated() {
+            fds.append(pollfd(fd: entry.reader == nil ? -1 : entry.connection.control.channel.fd, events: Int16(POLLIN), revents: 0))
+            slots.append(.control(index))
+            fds.append(pollfd(fd: entry.pidfd, events: Int16(POLLIN), revents: 0))
+            slots.append(.process(index))
+            if entry.calls != nil {
+                fds.append(pollfd(fd: entry.connection.callsDescriptor, events: Int16(POLLIN), revents: 0))
+                slots.append(.calls(index))
+            }
+            for (outbox, by) in entry.flushBy.enumerated() {
+                guard let by else { continue }
+                fds.append(pollfd(fd: entry.connection.outboxes[outbox].channel.fd, events: Int16(POLLOUT), revents: 0))
+                slots.append(.outbox(index, outbox))
+                next = min(by, next ?? by)
+            }
+            if let at = entry.killAt { next = min(at, next ?? at) }
+            if let stalled = entry.controlStalled ?? entry.callsStalled {
+                let at = min(stalled, entry.callsStalled ?? stalled) + entry.connection.frameDeadline
+                next = min(at, next ?? at)
+            }
+        }
+        return next
+    }
+
+    /// The worker of `entry` has ended: what it wrote is all there, read before its end is
+    /// reported, which shuts the sockets, so that the streams end too.
+    private func reap(_ entry: inout Entry) {
+        read(&entry, budget: 256)
+        readCalls(&entry, budget: 256)
+        entry.connection.reap()
+        read(&entry, budget: 256)
+        readCalls(&entry, budget: 256)
+        if entry.reader != nil {
+            entry.reader = nil
+            entry.connection.streamEnded()
+        }
+        if entry.calls != nil {
+            entry.calls = nil
+            entry.connection.endCalls(.closed)
+        }
+        for outbox in entry.connection.outboxes { outbox.abandon() }
     }
 
     /// Reads up to `budget` times what `entry`'s control socket holds and hands each whole

@@ -186,7 +186,10 @@ final class DaemonModules: Sendable {
 
 /// Questions the worker asks the daemon on the control socket (`{"op":"locate",...,"ask":K}`)
 /// and their answers (`{"answer":K,...}`), which the control thread hands over: the asking
-/// thread waits up to a deadline, and gets nil when none came by then.
+/// thread waits up to a deadline, and gets nil when none came by then; an answer that comes
+/// later is dropped. The asking thread is inside plugin code (a C module's `has_module`, a
+/// Swift module's lookup), which is synchronous and cannot await an actor or a stream: it
+/// blocks on a semaphore with the deadline.
 final class DaemonAnswers: Sendable {
     private final class Answer: Sendable {
         let value = Mutex<JSONValue?>(nil)
@@ -423,14 +426,7 @@ final class WorkerService: Sendable {
                 }
                 settings[module] = ModuleSettings(configuration: message["configuration"] ?? [:])
                 await host.updateSettings(settings)
-                var created = await create(module)
-                await updateDirect(module)
-                // A module whose create overran is stuck: the daemon then ends this process.
-                if let stuck = workers.stuck(module: module), case .object(var fields) = created {
-                    fields["stuck"] = .string(stuck.what)
-                    created = .object(fields)
-                }
-                reply(id, created)
+                reply(id, await createAnswer(module))
             case "event" where message.text("kind") == "deinit":
                 // The daemon's module is gone (disabled, removed, replaced, shut down; it had
                 // its willUnload): so is this one, and a later create makes a new instance.
@@ -457,24 +453,8 @@ final class WorkerService: Sendable {
                 let info = await host.perform { host in host.module(named: module)?.info }
                 reply(id, ["info": info.flatMap { try? JSONValue(encoding: $0) } ?? .null])
             case "awaited":
-                let event: AsyncModuleEvent
-                switch message.text("event") ?? "" {
-                case "willUnload": event = .willUnload
-                case "willTerminate": event = .willTerminate
-                case let name: event = .custom(name: name, payload: message["payload"] ?? .null)
-                }
-                Task {
-                    // Whether this host gave up on it at its deadline: the daemon counts the overrun.
-                    let metrics = self.host.metrics.module(named: module)
-                    let overruns = metrics.snapshot().deadlineOverruns
-                    await self.host.send(event, to: module)
-                    var answer = self.stuckReply(module)
-                    if metrics.snapshot().deadlineOverruns != overruns, case .object(var fields) = answer {
-                        fields["overran"] = true
-                        answer = .object(fields)
-                    }
-                    self.reply(id, answer, on: channel)
-                }
+                // Answered from a task of its own: the next request does not wait for it.
+                Task { self.reply(id, await self.awaited(message, module: module), on: channel) }
             case "configure":
                 settings[module] = ModuleSettings(configuration: message["configuration"] ?? [:])
                 await host.updateSettings(settings)
@@ -491,6 +471,38 @@ final class WorkerService: Sendable {
                 reply(id, ["error": ["code": "invalid_request", "message": .string("unknown op \(message.text("op") ?? "none")")]])
             }
         }
+    }
+
+    /// Creates `module` (its settings set already) and says how it went; a module whose
+    /// create overran is stuck, and the answer says so (the daemon then ends this process).
+    private func createAnswer(_ module: String) async -> JSONValue {
+        var created = await create(module)
+        await updateDirect(module)
+        if let stuck = workers.stuck(module: module), case .object(var fields) = created {
+            fields["stuck"] = .string(stuck.what)
+            created = .object(fields)
+        }
+        return created
+    }
+
+    /// Sends `module` the awaited event `message` names and says how it went, with whether
+    /// this host gave up on it at its deadline (the daemon counts the overrun).
+    private func awaited(_ message: WorkerMessage, module: String) async -> JSONValue {
+        let event: AsyncModuleEvent
+        switch message.text("event") ?? "" {
+        case "willUnload": event = .willUnload
+        case "willTerminate": event = .willTerminate
+        case let name: event = .custom(name: name, payload: message["payload"] ?? .null)
+        }
+        let metrics = host.metrics.module(named: module)
+        let overruns = metrics.snapshot().deadlineOverruns
+        await host.send(event, to: module)
+        var answer = stuckReply(module)
+        if metrics.snapshot().deadlineOverruns != overruns, case .object(var fields) = answer {
+            fields["overran"] = true
+            answer = .object(fields)
+        }
+        return answer
     }
 
     /// Waits, up to the event deadline all told, until what is queued on `queues` now (a C

@@ -19,73 +19,20 @@ public struct DependencyOrder: Sendable {
     /// `namesClaimed`: the caller already refused every candidate whose names an earlier one
     /// holds (`NameClaims`, in this order), so claiming them again would find nothing.
     init(_ candidates: [PluginFile], loaded: Set<String>, orderOverride: [String: Int], namesClaimed: Bool) {
-        // A plugin or module name given twice: the first file keeps it, the others are refused.
-        var plugins: [PluginFile] = []
-        if namesClaimed {
-            plugins = candidates
-        } else {
-            var claims = NameClaims(capacity: candidates.count)
-            plugins.reserveCapacity(candidates.count)
-            for plugin in candidates {
-                if let conflict = claims.claimIfFree(plugin: plugin.name, modules: plugin.manifest.modules, file: plugin.path) {
-                    refused.append(LoadFailure(file: plugin.path, conflict: conflict))
-                    continue
-                }
-                plugins.append(plugin)
-            }
-        }
+        let plugins = namesClaimed ? candidates : claimingNames(candidates)
+        func rank(_ plugin: PluginFile) -> Rank { Rank(order: orderOverride[plugin.name] ?? plugin.manifest.order, name: plugin.name) }
         // Nothing depends on anything (the common case): order and name decide.
         if plugins.allSatisfy({ $0.manifest.dependencies.isEmpty }) {
-            func rank(_ plugin: PluginFile) -> Rank { Rank(order: orderOverride[plugin.name] ?? plugin.manifest.order, name: plugin.name) }
-            // Candidates often come in rank order already (files named after their plugins,
-            // orders left at 0): then the stable sort would return them as they are. Checked
-            // pair by pair, without an array of ranks (whose type is made at run time).
-            if zip(plugins, plugins.dropFirst()).allSatisfy({ !(rank($1) < rank($0)) }) {
-                ordered = plugins
-            } else {
-                ordered = zip(plugins.map(rank), plugins).sorted { $0.0 < $1.0 }.map(\.1)
-            }
+            ordered = plugins.sorted { rank($0) < rank($1) }
             return
         }
         let byName = Dictionary(uniqueKeysWithValues: plugins.map { ($0.name, $0) })  // names are unique now
-        var refusedNames: [String: LoadFailure] = [:]
-
-        // Every member of a dependency cycle is refused, naming the cycle.
-        for cycle in Self.cycles(byName) {
-            let path = (cycle + [cycle[0]]).joined(separator: " -> ")
-            for name in cycle {
-                refusedNames[name] = LoadFailure(
-                    file: byName[name]!.path, check: .cycle, problem: "plugin \(name) is in the dependency cycle \(path)",
-                    fix: "remove one of these dependencies from the plugins' manifests")
-            }
-        }
-
         // Dependents of each plugin, to propagate refusals and to count what each waits for.
         var dependents: [String: [String]] = [:]
         for plugin in plugins {
             for dependency in Set(plugin.manifest.dependencies) { dependents[dependency, default: []].append(plugin.name) }
         }
-
-        // A plugin needing something neither loaded nor present is refused, and so is,
-        // transitively, everything that depends on a refused plugin.
-        for (name, plugin) in byName.sorted(by: { $0.key < $1.key }) where refusedNames[name] == nil {
-            if let missing = plugin.manifest.dependencies.first(where: { !loaded.contains($0) && byName[$0] == nil }) {
-                refusedNames[name] = LoadFailure(
-                    file: plugin.path, check: .dependency, problem: "plugin \(name) needs \(missing): dependency \(missing) is not available",
-                    fix: "install plugin \(missing) in a plugin directory")
-            }
-        }
-        var queue = refusedNames.keys.sorted()
-        while let name = queue.popLast() {
-            for dependent in dependents[name] ?? [] where refusedNames[dependent] == nil {
-                let reason = refusedNames[name]!.check.rawValue
-                refusedNames[dependent] = LoadFailure(
-                    file: byName[dependent]!.path, check: .dependency,
-                    problem: "plugin \(dependent) needs \(name): dependency \(name) was refused (\(reason))",
-                    fix: "fix plugin \(name) first")
-                queue.append(dependent)
-            }
-        }
+        let refusedNames = Self.refusals(byName, loaded: loaded, dependents: dependents)
 
         // Kahn's algorithm, always taking the ready plugin of lowest (order, name).
         var waitingFor: [String: Int] = [:]
@@ -93,20 +40,69 @@ public struct DependencyOrder: Sendable {
         for (name, plugin) in byName where refusedNames[name] == nil {
             let pending = Set(plugin.manifest.dependencies).filter { !loaded.contains($0) }.count
             waitingFor[name] = pending
-            if pending == 0 { ready.push(Rank(order: orderOverride[name] ?? plugin.manifest.order, name: name)) }
+            if pending == 0 { ready.push(rank(plugin)) }
         }
-        while let next = ready.pop() {
-            ordered.append(byName[next.name]!)
+        while let next = ready.pop(), let plugin = byName[next.name] {
+            ordered.append(plugin)
             for dependent in dependents[next.name] ?? [] where refusedNames[dependent] == nil {
-                guard var count = waitingFor[dependent], !loaded.contains(next.name) else { continue }
+                guard var count = waitingFor[dependent], !loaded.contains(next.name), let waiting = byName[dependent] else { continue }
                 count -= 1
                 waitingFor[dependent] = count
-                if count == 0 {
-                    ready.push(Rank(order: orderOverride[dependent] ?? byName[dependent]!.manifest.order, name: dependent))
-                }
+                if count == 0 { ready.push(rank(waiting)) }
             }
         }
         refused += refusedNames.values.sorted { $0.file < $1.file }
+    }
+
+    /// `candidates` without those refused (into `refused`) because an earlier one holds a
+    /// plugin or module name of theirs: the first file keeps a name.
+    private mutating func claimingNames(_ candidates: [PluginFile]) -> [PluginFile] {
+        var claims = NameClaims(capacity: candidates.count)
+        var plugins: [PluginFile] = []
+        plugins.reserveCapacity(candidates.count)
+        for plugin in candidates {
+            if let conflict = claims.claimIfFree(plugin: plugin.name, modules: plugin.manifest.modules, file: plugin.path) {
+                refused.append(LoadFailure(file: plugin.path, conflict: conflict))
+                continue
+            }
+            plugins.append(plugin)
+        }
+        return plugins
+    }
+
+    /// The plugins of `byName` that cannot load because of their dependencies, by name:
+    /// every member of a dependency cycle (naming the cycle), every plugin needing one that
+    /// is neither `loaded` nor present, and, transitively, every plugin depending on one
+    /// refused.
+    private static func refusals(_ byName: [String: PluginFile], loaded: Set<String>,
+                                 dependents: [String: [String]]) -> [String: LoadFailure] {
+        var refused: [String: LoadFailure] = [:]
+        for cycle in cycles(byName) {
+            let path = (cycle + [cycle[0]]).joined(separator: " -> ")
+            for name in cycle {
+                refused[name] = LoadFailure(
+                    file: byName[name]?.path ?? name, check: .cycle, problem: "plugin \(name) is in the dependency cycle \(path)",
+                    fix: "remove one of these dependencies from the plugins' manifests")
+            }
+        }
+        for (name, plugin) in byName.sorted(by: { $0.key < $1.key }) where refused[name] == nil {
+            if let missing = plugin.manifest.dependencies.first(where: { !loaded.contains($0) && byName[$0] == nil }) {
+                refused[name] = LoadFailure(
+                    file: plugin.path, check: .dependency, problem: "plugin \(name) needs \(missing): dependency \(missing) is not available",
+                    fix: "install plugin \(missing) in a plugin directory")
+            }
+        }
+        var queue = refused.keys.sorted()
+        while let name = queue.popLast(), let reason = refused[name]?.check.rawValue {
+            for dependent in dependents[name] ?? [] where refused[dependent] == nil {
+                refused[dependent] = LoadFailure(
+                    file: byName[dependent]?.path ?? dependent, check: .dependency,
+                    problem: "plugin \(dependent) needs \(name): dependency \(name) was refused (\(reason))",
+                    fix: "fix plugin \(name) first")
+                queue.append(dependent)
+            }
+        }
+        return refused
     }
 
     struct Rank: Comparable {

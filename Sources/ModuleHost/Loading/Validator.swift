@@ -47,16 +47,30 @@ public struct Validator: Sendable {
         try validateReading(path, in: directory, directoryStatus: directoryStatus).file
     }
 
+    /// How a check of `validate` reports a refusal of the file it checks.
+    typealias Fail = (LoadFailure.Check, String, String) -> LoadFailure
+
     /// `validate`, also returning the open file the checks read, for callers that need the
     /// file's contents (the daemon hashes and copies them) from the very file validated.
     /// The checks read only the headers and tables they need, never the whole file.
     func validateReading(_ path: String, in directory: String?, directoryStatus: stat?) throws(LoadFailure) -> (file: PluginFile, contents: ReadOnlyFile) {
-        var warnings: [String] = []
         func fail(_ check: LoadFailure.Check, _ problem: String, _ fix: String) -> LoadFailure {
             LoadFailure(file: path, check: check, problem: problem, fix: fix)
         }
+        let (resolved, contents) = try open(path, in: directory, fail)
+        var warnings: [String] = []
+        try checkOwnership(resolved, contents.status, &warnings, fail)
+        if let directory, let directoryStatus { try checkOwnership(directory, directoryStatus, &warnings, fail) }
+        let image = try checkStructure(contents, fail)
+        let manifest = try readManifest(image, fail)
+        let dynamic = try checkLinkage(image, manifest, fail)
+        return (PluginFile(path: path, resolvedPath: resolved, manifest: manifest, dynamic: dynamic, warnings: warnings), contents)
+    }
 
-        // File type and location: one open that does not follow a symlink answers both.
+    /// File type and location: the regular file at `path`, opened without following a
+    /// symlink, or the one a symlink leads to inside `directory`; with its real path.
+    private func open(_ path: String, in directory: String?, _ fail: Fail) throws(LoadFailure) -> (resolved: String, contents: ReadOnlyFile) {
+        // One open that does not follow a symlink answers both.
         var resolved = path
         let contents: ReadOnlyFile
         func unreadable(_ error: ELFError) -> LoadFailure {
@@ -90,29 +104,32 @@ public struct Validator: Sendable {
             throw fail(.fileType, "not a regular file (\(fileTypeName(file.st_mode)))",
                        "plugin directories may only hold plugin .so files")
         }
+        return (resolved, contents)
+    }
 
-        // Ownership and permissions (sudo/sshd style), of the file and of its directory.
-        func checkOwnership(_ what: String, _ status: stat) throws(LoadFailure) {
-            let writable = status.st_mode & 0o022 != 0, foreign = status.st_uid != 0 && status.st_uid != trustedUID
-            guard writable || foreign else { return }
-            var problems: [String] = []
-            if writable {
-                problems.append("\(what) is writable by \(status.st_mode & 0o002 != 0 ? "others" : "group") (mode \(String(status.st_mode & 0o7777, radix: 8)))")
-            }
-            if foreign {
-                problems.append("\(what) is owned by uid \(status.st_uid), expected \(trustedUID == 0 ? "root (uid 0)" : "root or uid \(trustedUID)")")
-            }
-            let problem = problems.joined(separator: "; ")
-            if !allowInsecure {
-                throw fail(.permissions, problem,
-                           "chmod go-w and chown root (or the daemon's user); --allow-insecure-plugins accepts it for development")
-            }
-            warnings.append("insecure plugin accepted because of --allow-insecure-plugins: \(problem)")
+    /// Ownership and permissions (sudo/sshd style) of a plugin file or its directory:
+    /// refused, or accepted with a warning under `allowInsecure`.
+    private func checkOwnership(_ what: String, _ status: stat, _ warnings: inout [String], _ fail: Fail) throws(LoadFailure) {
+        let writable = status.st_mode & 0o022 != 0, foreign = status.st_uid != 0 && status.st_uid != trustedUID
+        guard writable || foreign else { return }
+        var problems: [String] = []
+        if writable {
+            problems.append("\(what) is writable by \(status.st_mode & 0o002 != 0 ? "others" : "group") (mode \(String(status.st_mode & 0o7777, radix: 8)))")
         }
-        try checkOwnership(resolved, file)
-        if let directory, let directoryStatus { try checkOwnership(directory, directoryStatus) }
+        if foreign {
+            problems.append("\(what) is owned by uid \(status.st_uid), expected \(trustedUID == 0 ? "root (uid 0)" : "root or uid \(trustedUID)")")
+        }
+        let problem = problems.joined(separator: "; ")
+        if !allowInsecure {
+            throw fail(.permissions, problem,
+                       "chmod go-w and chown root (or the daemon's user); --allow-insecure-plugins accepts it for development")
+        }
+        warnings.append("insecure plugin accepted because of --allow-insecure-plugins: \(problem)")
+    }
 
-        // Size, then ELF structure.
+    /// Size, then ELF structure: a shared object for this machine whose segments and
+    /// sections lie in the file and that the dynamic loader can map without reading outside it.
+    private func checkStructure(_ contents: ReadOnlyFile, _ fail: Fail) throws(LoadFailure) -> ELFImage {
         let image: ELFImage
         do {
             image = try ELFImage(file: contents)
@@ -150,8 +167,11 @@ public struct Validator: Sendable {
         if let outside {
             throw fail(.segments, outside, "rebuild the plugin with plugin.mk; the dynamic loader would crash on this file")
         }
+        return image
+    }
 
-        // Manifest.
+    /// The manifest, its ABI, what a Swift plugin was built with, and no unknown field.
+    private func readManifest(_ image: ELFImage, _ fail: Fail) throws(LoadFailure) -> Manifest {
         let manifest: Manifest
         do {
             guard let bytes = try image.manifestContents() else {
@@ -188,9 +208,12 @@ public struct Validator: Sendable {
         if let unknown = manifest.unknownField {
             throw fail(.manifest, "the manifest has an \(unknown.problem)", unknown.fix(in: "plugin.json") + " and rebuild with plugin.mk")
         }
+        return manifest
+    }
 
-        // ModuleKit linkage, and the symbols the loader will look up: one pass over the
-        // dynamic symbol table answers both.
+    /// ModuleKit linkage, and the symbols the loader will look up: one pass over the
+    /// dynamic symbol table answers both.
+    private func checkLinkage(_ image: ELFImage, _ manifest: Manifest, _ fail: Fail) throws(LoadFailure) -> DynamicInfo {
         let dynamic: DynamicInfo
         let symbols: (facts: [ELFImage.SymbolFacts?], defined: [String])
         do {
@@ -217,7 +240,7 @@ public struct Validator: Sendable {
             }
         }
         try checkSymbols(image, manifest, symbols.facts, fail)
-        return (PluginFile(path: path, resolvedPath: resolved, manifest: manifest, dynamic: dynamic, warnings: warnings), contents)
+        return dynamic
     }
 }
 
@@ -251,7 +274,7 @@ extension Validator {
     /// `facts` are `.dynsym`'s facts (`ELFImage.dynamicSymbols(named:)`) of the entry symbol
     /// and then of each of the manifest's exports, in its order.
     func checkSymbols(_ image: ELFImage, _ manifest: Manifest, _ facts: [ELFImage.SymbolFacts?],
-                      _ fail: (LoadFailure.Check, String, String) -> LoadFailure) throws(LoadFailure) {
+                      _ fail: Fail) throws(LoadFailure) {
         let exports: [(name: String, signature: Signature)]
         do {
             exports = try SymbolOwnership.parseExports(manifest.exports, plugin: manifest.name)
@@ -310,7 +333,7 @@ extension Validator {
 
 extension LoadFailure {
     /// This refusal made by `fail` (for the file the validator was given).
-    fileprivate func at(_ fail: (LoadFailure.Check, String, String) -> LoadFailure) -> LoadFailure {
+    fileprivate func at(_ fail: Validator.Fail) -> LoadFailure {
         fail(check, problem, fix)
     }
 }
@@ -319,7 +342,7 @@ extension Validator {
     /// The compatibility rule for Swift plugins (docs/abi.md, "Swift plugin
     /// compatibility"): the ModuleKit the plugin was built against has this host's major
     /// and a minor at most this host's, and its compiler this host's major.minor.
-    func checkToolchain(_ manifest: Manifest, _ fail: (LoadFailure.Check, String, String) -> LoadFailure) throws(LoadFailure) {
+    func checkToolchain(_ manifest: Manifest, _ fail: Fail) throws(LoadFailure) {
         // The manifest check made sure both versions parse.
         let toolchain = manifest.toolchain!
         let plugin = toolchain.moduleKitVersion!, host = sdk.moduleKitVersion

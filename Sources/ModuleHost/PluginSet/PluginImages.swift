@@ -115,45 +115,16 @@ extension PluginSet {
     /// offsets in the copy.
     func privateImage(of file: PluginFile, version: FileIdentity?, generation: Int, nameGeneration: Int, hash: String,
                       renames extra: [String: String] = [:], inMemory: Bool = false) throws(LoadFailure) -> PrivateImage {
-        func fail(_ problem: String) -> LoadFailure {
-            LoadFailure(file: file.path, check: .fileType, problem: problem, fix: "check the file is still there and readable")
-        }
-        /// A copy that could not be written: the state directory's fault, not the file's.
-        func cannotWrite(_ path: String, _ code: Int32) -> LoadFailure {
-            let room = code == ENOSPC || code == EDQUOT ? "free space in \(imagesDirectory)" : "make \(imagesDirectory) writable by the daemon's user"
-            return LoadFailure(file: file.path, check: .privateCopy, problem: "cannot write \(path): \(SystemError.describe(code))",
-                               fix: "\(room), then reload (modhostctl reload): the file is not tried again until it changes or a reload")
-        }
         let source: ReadOnlyFile
         switch ReadOnlyFile.open(file.resolvedPath, followSymlinks: true) {
         case .success(let opened): source = opened
-        case .failure(let error): throw fail("cannot read the file to make a private copy: \(error)")
+        case .failure(let error): throw unreadable(file, error)
         }
         if let version, FileIdentity(status: source.status) != version {
             throw LoadFailure(file: file.path, check: .fileType, problem: "the file changed while it was being loaded",
                               fix: "deploy by writing to a temporary name and renaming it; the new version is tried now")
         }
-        let original = file.dynamic.soname ?? "lib\(file.name).so"
-        guard let soname = DynamicStringPatch.generationName(original, generation: nameGeneration) else {
-            throw LoadFailure(file: file.path, check: .elf, problem: "the library name \(original) is too short to carry a generation",
-                              fix: "give the plugin a SONAME of at least 4 characters (plugin.mk does)")
-        }
-        var renames = extra
-        if nameGeneration > 1 {
-            renames[file.dynamic.soname ?? original] = soname
-            // Dependencies replaced earlier are asked for by their current names.
-            for dependency in file.manifest.dependencies {
-                if let record = records[dependency], record.soname != record.originalSoname, renames[record.originalSoname] == nil {
-                    renames[record.originalSoname] = record.soname
-                }
-            }
-        } else {
-            for dependency in file.manifest.dependencies {
-                if let record = records[dependency], record.soname != record.originalSoname {
-                    renames[record.originalSoname] = record.soname
-                }
-            }
-        }
+        let (original, soname, renames) = try names(of: file, nameGeneration: nameGeneration, renaming: extra)
         var patches: [DynamicStringPatch.Patch] = []
         if !renames.isEmpty {
             do {
@@ -174,7 +145,46 @@ extension PluginSet {
         // the file again: a set made on the same state directory after another was shut
         // down would get that one's images).
         let name = "\(file.name)-\(generation).\(nameGeneration)-\(hash).so"
-        /// Writes the copy to `fd`: the errors of reading and of writing, if any.
+        let copy = ImageCopy(source: source, patches: patches)
+        let resolved: String
+        if inMemory, memoryImages.count < memoryImageBudget, let memory = try memoryImage(named: name, copy, of: file) {
+            resolved = memory
+        } else {
+            resolved = try diskImage(named: name, copy, of: file)
+        }
+        return PrivateImage(file: PluginFile(path: file.path, resolvedPath: resolved, manifest: file.manifest, dynamic: file.dynamic, warnings: []),
+                            generation: generation, nameGeneration: nameGeneration, soname: soname, originalSoname: original,
+                            size: Int64(source.size))
+    }
+
+    /// The original SONAME of `file`'s image, the one its copy of `nameGeneration` gets, and
+    /// every name the copy renames: its own from generation 2 on, those of the plugins it
+    /// depends on that were replaced (asked for by their current names), and `extra`.
+    private func names(of file: PluginFile, nameGeneration: Int, renaming extra: [String: String])
+        throws(LoadFailure) -> (original: String, soname: String, renames: [String: String]) {
+        let original = file.dynamic.soname ?? "lib\(file.name).so"
+        guard let soname = DynamicStringPatch.generationName(original, generation: nameGeneration) else {
+            throw LoadFailure(file: file.path, check: .elf, problem: "the library name \(original) is too short to carry a generation",
+                              fix: "give the plugin a SONAME of at least 4 characters (plugin.mk does)")
+        }
+        var renames = extra
+        if nameGeneration > 1 { renames[file.dynamic.soname ?? original] = soname }
+        for dependency in file.manifest.dependencies {
+            // From generation 2 on, a rename `extra` gives wins.
+            if let record = records[dependency], record.soname != record.originalSoname,
+               nameGeneration == 1 || renames[record.originalSoname] == nil {
+                renames[record.originalSoname] = record.soname
+            }
+        }
+        return (original, soname, renames)
+    }
+
+    /// The bytes of a private image: the file's, with the renamed strings at their offsets.
+    private struct ImageCopy {
+        let source: ReadOnlyFile
+        let patches: [DynamicStringPatch.Patch]
+
+        /// Writes the copy to `fd`, in bounded chunks: the errors of reading and of writing, if any.
         func write(to fd: Int32) -> (read: ELFError?, write: Int32?) {
             var writeError: Int32?
             do {
@@ -189,27 +199,38 @@ extension PluginSet {
             }
             return (nil, writeError)
         }
-        if inMemory, memoryImages.count < memoryImageBudget {
-            let fd = modhost_memory_file(name)
-            if fd >= 0 {
-                let (readError, writeError) = write(to: fd)
-                if readError == nil, writeError == nil, modhost_seal_memory_file(fd) == 0 {
-                    let path = "/proc/\(getpid())/fd/\(fd)"
-                    memoryImages[path] = fd
-                    let copy = PluginFile(path: file.path, resolvedPath: path, manifest: file.manifest, dynamic: file.dynamic, warnings: [])
-                    return PrivateImage(file: copy, generation: generation, nameGeneration: nameGeneration, soname: soname,
-                                        originalSoname: original, size: Int64(source.size))
-                }
-                close(fd)
-                if let readError { throw fail("cannot read the file to make a private copy: \(readError)") }
-            }
-            // No memory file (a kernel without them, out of memory): a copy on disk.
+    }
+
+    /// `copy` in a sealed memory file, kept open; its path `/proc/PID/fd/N`, or nil when no
+    /// memory file could be had or written (a kernel without them, out of memory).
+    private func memoryImage(named name: String, _ copy: ImageCopy, of file: PluginFile) throws(LoadFailure) -> String? {
+        let fd = modhost_memory_file(name)
+        guard fd >= 0 else { return nil }
+        let (readError, writeError) = copy.write(to: fd)
+        if readError == nil, writeError == nil, modhost_seal_memory_file(fd) == 0 {
+            let path = "/proc/\(getpid())/fd/\(fd)"
+            memoryImages[path] = fd
+            return path
+        }
+        close(fd)
+        if let readError { throw unreadable(file, readError) }
+        return nil
+    }
+
+    /// `copy` in a file of the images directory, written under a temporary name and renamed;
+    /// its path.
+    private func diskImage(named name: String, _ copy: ImageCopy, of file: PluginFile) throws(LoadFailure) -> String {
+        /// A copy that could not be written: the state directory's fault, not the file's.
+        func cannotWrite(_ path: String, _ code: Int32) -> LoadFailure {
+            let room = code == ENOSPC || code == EDQUOT ? "free space in \(imagesDirectory)" : "make \(imagesDirectory) writable by the daemon's user"
+            return LoadFailure(file: file.path, check: .privateCopy, problem: "cannot write \(path): \(SystemError.describe(code))",
+                               fix: "\(room), then reload (modhostctl reload): the file is not tried again until it changes or a reload")
         }
         let target = imagesDirectory + "/" + name
         let temporary = target + ".tmp"
         let fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644)
         guard fd >= 0 else { throw cannotWrite(temporary, errno) }
-        let written = write(to: fd)
+        let written = copy.write(to: fd)
         let readError = written.read
         var writeError = written.write
         let closeError: Int32? = close(fd) == 0 ? nil : errno
@@ -217,7 +238,7 @@ extension PluginSet {
         if writeError == nil, readError == nil { writeError = closeError }
         if let readError {
             unlink(temporary)
-            throw fail("cannot read the file to make a private copy: \(readError)")
+            throw unreadable(file, readError)
         }
         if let writeError {
             unlink(temporary)
@@ -228,9 +249,13 @@ extension PluginSet {
             unlink(temporary)
             throw cannotWrite(target, code)
         }
-        let copy = PluginFile(path: file.path, resolvedPath: target, manifest: file.manifest, dynamic: file.dynamic, warnings: [])
-        return PrivateImage(file: copy, generation: generation, nameGeneration: nameGeneration, soname: soname, originalSoname: original,
-                            size: Int64(source.size))
+        return target
+    }
+
+    /// `file` could not be read to make its private copy.
+    private func unreadable(_ file: PluginFile, _ error: some Error) -> LoadFailure {
+        LoadFailure(file: file.path, check: .fileType, problem: "cannot read the file to make a private copy: \(error)",
+                    fix: "check the file is still there and readable")
     }
 
     /// The name generation the next image of plugin `name` gets: the next unused one when it

@@ -24,13 +24,55 @@ extension PluginSet {
             deleteLeftoverImages()
             workerRecords.endLeftovers()
         }
-        // What is on disk now, in the directories as they are when the scan starts. A
-        // directory given twice (`d` and `d/.`, or through a symlink) is read once, under
-        // its first spelling: otherwise each file would claim its own names.
+        let (present, directoryStatus) = candidates()
+        await removeVanished(present, &summary)
+        // New and changed files: the names held are the loaded plugins', then each
+        // candidate's in path order (the first file keeps a name), all checked before any dlopen.
+        var plan = ScanPlan(claims: NameClaims(capacity: records.count + present.count))
+        for record in records.values {
+            plan.claims.claim(plugin: record.loaded.name, modules: record.loaded.file.manifest.modules, file: record.source)
+        }
+        for (path, directory) in present.sorted(by: { $0.key < $1.key }) {
+            await consider(path, in: directory, directoryStatus: directoryStatus[directory], retryingRefused: retryingRefused,
+                           into: &plan, &summary)
+        }
+        await loadNew(plan, trial: trial, &summary)
+        for replacement in plan.replacements where !stopRequested {
+            if await replace(with: replacement.file, version: replacement.version, hash: replacement.hash, identity: replacement.identity) {
+                summary.replaced.append(replacement.file.name)
+            } else {
+                summary.refused.append(replacement.file.path)
+            }
+        }
+        return summary
+    }
+
+    /// What a scan found to load or replace.
+    struct ScanPlan {
+        /// Files of plugins not loaded.
+        var fresh: [PluginFile] = []
+        /// New versions of loaded plugins.
+        var replacements: [(file: PluginFile, version: FileIdentity, hash: String, identity: FileIdentity)] = []
+        /// Each accepted file's content hash, identity and version, by path.
+        var hashes: [String: (hash: String, identity: FileIdentity, version: FileIdentity)] = [:]
+        /// Candidates refused before their manifest was read (e.g. still being copied): one
+        /// of them may be a dependency that is on its way.
+        var unidentified = 0
+        /// New plugins' files that held another plugin, which goes when the new one loads
+        /// (path to the plugin loaded from it).
+        var displacing: [String: String] = [:]
+        var claims: NameClaims
+    }
+
+    /// The candidate files of the directories as they are when the scan starts (path to its
+    /// directory), and each directory's `stat`. A directory given twice (`d` and `d/.`, or
+    /// through a symlink) is read once, under its first spelling: otherwise each file would
+    /// claim its own names.
+    private func candidates() -> (present: [String: String], directoryStatus: [String: stat]) {
         let directories = self.directories
         var directoryStatus: [String: stat] = [:]
         for directory in directories { directoryStatus[directory] = Validator.status(of: directory) }
-        var present: [String: String] = [:]  // path -> directory
+        var present: [String: String] = [:]
         var seen: Set<[UInt64]> = []
         for directory in directories {
             if let status = directoryStatus[directory], !seen.insert([UInt64(status.st_dev), UInt64(status.st_ino)]).inserted { continue }
@@ -40,8 +82,12 @@ extension PluginSet {
                 logger.error("\(error)", [("directory", directory)])
             }
         }
+        return (present, directoryStatus)
+    }
 
-        // Removed files: their plugins go, dependents first.
+    /// Removes the plugins whose files are gone (dependents first), and forgets what was
+    /// known of files no longer `present`.
+    private func removeVanished(_ present: [String: String], _ summary: inout PluginChanges) async {
         for (name, record) in records where present[record.source] == nil && records[name] != nil {
             logger.info("plugin file \(record.source) is gone: removing plugin \(name)", [("plugin", name)])
             summary.removed += await remove(name, reason: "its file \(record.source) was removed")
@@ -52,125 +98,122 @@ extension PluginSet {
             nameClashes.remove(path)
         }
         for path in manifestsRead.keys where present[path] == nil { manifestsRead[path] = nil }
+    }
 
-        // New and changed files.
-        var fresh: [PluginFile] = []
-        var replacements: [(file: PluginFile, version: FileIdentity, hash: String, identity: FileIdentity)] = []
-        var hashes: [String: (String, FileIdentity, FileIdentity)] = [:]
-        // Candidates refused before their manifest was read (e.g. still being copied): one
-        // of them may be a dependency that is on its way.
-        var unidentified = 0
-        // New plugins' files that held another plugin, which goes when the new one loads.
-        var displacing: [String: String] = [:]  // path -> the plugin loaded from it
-        // The names held: the loaded plugins', then each candidate's in path order (the first
-        // file keeps a name), all checked before any dlopen.
-        var claims = NameClaims(capacity: records.count + present.count)
-        for record in records.values {
-            claims.claim(plugin: record.loaded.name, modules: record.loaded.file.manifest.modules, file: record.source)
+    /// Checks one candidate file and adds it to `plan` (to load or to replace with), or
+    /// refuses it, or leaves it (unchanged, or refused before and not changed since).
+    private func consider(_ path: String, in directory: String, directoryStatus: stat?, retryingRefused: Bool,
+                          into plan: inout ScanPlan, _ summary: inout PluginChanges) async {
+        guard let identity = FileIdentity(path: path, directory: directoryStatus) else {
+            // Listed, but stat cannot follow it: validation names why (a dangling symlink
+            // is refused by name). One removed since the listing is simply gone.
+            var entry = stat()
+            if lstat(path, &entry) == 0 {
+                do {
+                    _ = try validator.validateReading(path, in: directory, directoryStatus: directoryStatus)
+                } catch {
+                    refuse(error, nil, &summary)
+                }
+            }
+            return
         }
-        for (path, directory) in present.sorted(by: { $0.key < $1.key }) {
-            guard let identity = FileIdentity(path: path, directory: directoryStatus[directory]) else {
-                // Listed, but stat cannot follow it: validation names why (a dangling symlink
-                // is refused by name). One removed since the listing is simply gone.
-                var entry = stat()
-                if lstat(path, &entry) == 0 {
-                    do {
-                        _ = try validator.validateReading(path, in: directory, directoryStatus: directoryStatus[directory])
-                    } catch {
-                        refuse(error, nil, &summary)
-                    }
-                }
-                continue
-            }
-            // Unchanged since it was loaded; unless it was found unsafe since (its mode or
-            // owner changed, and may now be back to what it was loaded with: checked again).
-            if let record = records.values.first(where: { $0.source == path }), record.identity == identity, !isolationChanged(record),
-               refused[path] == nil { continue }
-            // A refusal that depends on other files (a dependency not loaded, a name another
-            // file holds, as this scan's own check finds before any copy or dlopen) is tried
-            // again at every pass: that file may have come or gone.
-            if !retryingRefused, let entry = refused[path], entry.identity == identity,
-               entry.failure.check != .dependency, !nameClashes.contains(path) { continue }
-            nameClashes.remove(path)
-            if let crash = crashGuard.crash(forFile: path, identity: identity.key) {
-                refuse(LoadFailure(file: path, check: .crashGuard, problem: "this file \(crash.what) at \(crash.time)",
-                                   fix: "replace or remove the file; a changed file is tried again"), identity, &summary)
-                continue
-            }
-            // From the first read on, a crash is attributed to this file (by path and identity
-            // until it is hashed). The file the checks read is the one hashed, in chunks; its
-            // version (inode, size, modification time) is what the private copy is made from
-            // later, or refused.
-            let file: PluginFile
-            let version: FileIdentity
-            let hash: String
-            do {
-                (file, version, hash) = try crashGuard.during(file: path, plugin: "", hash: "", phase: "validation",
-                                                              identity: identity.key) { () throws(LoadFailure) in
-                    let (checked, contents) = try validator.validateReading(path, in: directory, directoryStatus: directoryStatus[directory])
-                    return (checked, FileIdentity(status: contents.status), try hashContents(contents, of: path))
-                }
-            } catch {
-                if error.check == .permissions, let record = records.values.first(where: { $0.source == path }) {
-                    await loadedFileBecameUnsafe(record, error, identity, &summary)
-                    continue
-                }
-                // What the file's manifest says, if the refusal came after it was read.
-                manifestsRead[path] = Manifest.embedded(in: path).map { ($0.name, $0.version) }
-                refuse(error, identity, &summary)
-                unidentified += 1
-                continue
-            }
-            manifestsRead[path] = (file.name, file.manifest.version)
-            if let record = records.values.first(where: { $0.source == path }), record.hash == hash, !isolationChanged(record) {
-                records[record.loaded.name]?.identity = identity  // touched, same content
-                if refused[path]?.failure.check == .permissions {
-                    refused[path] = nil
-                    logger.info("plugin \(record.loaded.name)'s file \(path) is safe again", [("plugin", record.loaded.name), ("file", path)])
-                }
-                continue
-            }
-            if let crash = crashGuard.crash(forHash: hash) {
-                refuse(LoadFailure(file: path, check: .crashGuard,
-                                   problem: "this file \(crash.what) at \(crash.time)",
-                                   fix: "fix the plugin and deploy a new build; a changed file is tried again"), identity, &summary)
-                continue
-            }
-            for warning in file.warnings { logger.warning(warning, [("file", path)]) }
-            // The file now holds another plugin than the one loaded from it: that one goes once
-            // the new one has loaded, and keeps running if it is refused. Its names are the
-            // new one's to take meanwhile.
-            let displaced = records.values.first(where: { $0.source == path && $0.loaded.name != file.name })
-            if let displaced { claims.release(plugin: displaced.loaded.name) }
-            // A new version of the plugin loaded from this file takes over its names.
-            let loadedHere = records[file.name].flatMap { $0.source == path ? $0 : nil }
-            if loadedHere != nil { claims.release(plugin: file.name) }
-            if let conflict = claims.conflict(plugin: file.name, modules: file.manifest.modules, file: path) {
-                for record in [loadedHere, displaced].compactMap({ $0 }) {
-                    claims.claim(plugin: record.loaded.name, modules: record.loaded.file.manifest.modules, file: path)
-                }
-                refuse(LoadFailure(file: path, conflict: conflict), identity, &summary)
-                nameClashes.insert(path)
-                continue
-            }
-            if let displaced { displacing[path] = displaced.loaded.name }
-            claims.claim(plugin: file.name, modules: file.manifest.modules, file: path)
-            hashes[path] = (hash, identity, version)
-            if loadedHere != nil {
-                replacements.append((file, version, hash, identity))
-            } else {
-                fresh.append(file)
-            }
+        // Unchanged since it was loaded; unless it was found unsafe since (its mode or
+        // owner changed, and may now be back to what it was loaded with: checked again).
+        if let record = records.values.first(where: { $0.source == path }), record.identity == identity, !isolationChanged(record),
+           refused[path] == nil { return }
+        // A refusal that depends on other files (a dependency not loaded, a name another
+        // file holds, as this scan's own check finds before any copy or dlopen) is tried
+        // again at every pass: that file may have come or gone.
+        if !retryingRefused, let entry = refused[path], entry.identity == identity,
+           entry.failure.check != .dependency, !nameClashes.contains(path) { return }
+        nameClashes.remove(path)
+        if let crash = crashGuard.crash(forFile: path, identity: identity.key) {
+            refuse(LoadFailure(file: path, check: .crashGuard, problem: "this file \(crash.what) at \(crash.time)",
+                               fix: "replace or remove the file; a changed file is tried again"), identity, &summary)
+            return
         }
+        // From the first read on, a crash is attributed to this file (by path and identity
+        // until it is hashed). The file the checks read is the one hashed, in chunks; its
+        // version (inode, size, modification time) is what the private copy is made from
+        // later, or refused.
+        let file: PluginFile
+        let version: FileIdentity
+        let hash: String
+        do {
+            (file, version, hash) = try crashGuard.during(file: path, plugin: "", hash: "", phase: "validation",
+                                                          identity: identity.key) { () throws(LoadFailure) in
+                let (checked, contents) = try validator.validateReading(path, in: directory, directoryStatus: directoryStatus)
+                return (checked, FileIdentity(status: contents.status), try hashContents(contents, of: path))
+            }
+        } catch {
+            if error.check == .permissions, let record = records.values.first(where: { $0.source == path }) {
+                await loadedFileBecameUnsafe(record, error, identity, &summary)
+                return
+            }
+            // What the file's manifest says, if the refusal came after it was read.
+            manifestsRead[path] = Manifest.embedded(in: path).map { ($0.name, $0.version) }
+            refuse(error, identity, &summary)
+            plan.unidentified += 1
+            return
+        }
+        manifestsRead[path] = (file.name, file.manifest.version)
+        if let record = records.values.first(where: { $0.source == path }), record.hash == hash, !isolationChanged(record) {
+            records[record.loaded.name]?.identity = identity  // touched, same content
+            if refused[path]?.failure.check == .permissions {
+                refused[path] = nil
+                logger.info("plugin \(record.loaded.name)'s file \(path) is safe again", [("plugin", record.loaded.name), ("file", path)])
+            }
+            return
+        }
+        if let crash = crashGuard.crash(forHash: hash) {
+            refuse(LoadFailure(file: path, check: .crashGuard,
+                               problem: "this file \(crash.what) at \(crash.time)",
+                               fix: "fix the plugin and deploy a new build; a changed file is tried again"), identity, &summary)
+            return
+        }
+        for warning in file.warnings { logger.warning(warning, [("file", path)]) }
+        claimNames(of: file, at: path, identity: identity, version: version, hash: hash, into: &plan, &summary)
+    }
 
-        // New plugins, in dependency order.
-        let order = DependencyOrder(fresh, loaded: Set(records.keys).subtracting(displacing.values))
-        let waits = unidentified > 0 ? waitingForUnknown(fresh, order: order) : [:]
+    /// Gives `file`'s plugin and module names to it and adds it to `plan`, to load or to
+    /// replace its plugin with; or refuses it when another file holds one of them.
+    private func claimNames(of file: PluginFile, at path: String, identity: FileIdentity, version: FileIdentity, hash: String,
+                            into plan: inout ScanPlan, _ summary: inout PluginChanges) {
+        // The file now holds another plugin than the one loaded from it: that one goes once
+        // the new one has loaded, and keeps running if it is refused. Its names are the
+        // new one's to take meanwhile.
+        let displaced = records.values.first(where: { $0.source == path && $0.loaded.name != file.name })
+        if let displaced { plan.claims.release(plugin: displaced.loaded.name) }
+        // A new version of the plugin loaded from this file takes over its names.
+        let loadedHere = records[file.name].flatMap { $0.source == path ? $0 : nil }
+        if loadedHere != nil { plan.claims.release(plugin: file.name) }
+        if let conflict = plan.claims.conflict(plugin: file.name, modules: file.manifest.modules, file: path) {
+            for record in [loadedHere, displaced].compactMap({ $0 }) {
+                plan.claims.claim(plugin: record.loaded.name, modules: record.loaded.file.manifest.modules, file: path)
+            }
+            refuse(LoadFailure(file: path, conflict: conflict), identity, &summary)
+            nameClashes.insert(path)
+            return
+        }
+        if let displaced { plan.displacing[path] = displaced.loaded.name }
+        plan.claims.claim(plugin: file.name, modules: file.manifest.modules, file: path)
+        plan.hashes[path] = (hash, identity, version)
+        if loadedHere != nil {
+            plan.replacements.append((file, version, hash, identity))
+        } else {
+            plan.fresh.append(file)
+        }
+    }
+
+    /// Loads the new plugins of `plan`, in dependency order.
+    private func loadNew(_ plan: ScanPlan, trial: Bool, _ summary: inout PluginChanges) async {
+        let order = DependencyOrder(plan.fresh, loaded: Set(records.keys).subtracting(plan.displacing.values))
+        let waits = plan.unidentified > 0 ? waitingForUnknown(plan.fresh, order: order) : [:]
         for failure in order.refused {
             if let missing = waits[failure.file] {
-                wait(failure, for: missing, hashes[failure.file]?.1, &summary)
+                wait(failure, for: missing, plan.hashes[failure.file]?.identity, &summary)
             } else {
-                refuse(failure, hashes[failure.file]?.1, &summary)
+                refuse(failure, plan.hashes[failure.file]?.identity, &summary)
             }
         }
         // While they load, these show as `loading`, not as a stale refusal.
@@ -179,28 +222,19 @@ extension PluginSet {
         for file in order.ordered {
             defer { loading.remove(file.path) }
             if stopRequested { break }
-            guard let (hash, identity, version) = hashes[file.path] else { continue }
-            if let dependency = file.manifest.dependencies.first(where: { records[$0] == nil || displacing.values.contains($0) }) {
+            guard let (hash, identity, version) = plan.hashes[file.path] else { continue }
+            if let dependency = file.manifest.dependencies.first(where: { records[$0] == nil || plan.displacing.values.contains($0) }) {
                 refuse(LoadFailure(file: file.path, check: .dependency, problem: "plugin \(file.name) needs \(dependency), which is not loaded",
                                    fix: "fix plugin \(dependency) first"), identity, &summary)
                 continue
             }
             if await add(file, version: version, hash: hash, identity: identity, trial: trial,
-                         displacing: displacing[file.path], removed: &summary.removed) {
+                         displacing: plan.displacing[file.path], removed: &summary.removed) {
                 summary.added.append(file.name)
             } else {
                 summary.refused.append(file.path)
             }
         }
-
-        for replacement in replacements where !stopRequested {
-            if await replace(with: replacement.file, version: replacement.version, hash: replacement.hash, identity: replacement.identity) {
-                summary.replaced.append(replacement.file.name)
-            } else {
-                summary.refused.append(replacement.file.path)
-            }
-        }
-        return summary
     }
 
     /// Plugins (by path) refused by `order` only because a dependency is neither loaded nor
