@@ -1,4 +1,5 @@
 import Foundation
+import DaemonKit
 import Glibc
 import ModuleHost
 import ModuleKit
@@ -199,7 +200,7 @@ struct OneCPU {
     init(processes: [pid_t]) throws {
         self.processes = processes
         var allowed = cpu_set_t()
-        guard Self.getAffinity(0, MemoryLayout<cpu_set_t>.size, &allowed) == 0 else { throw failure("sched_getaffinity: \(String(cString: strerror(errno)))") }
+        guard Self.getAffinity(0, MemoryLayout<cpu_set_t>.size, &allowed) == 0 else { throw failure("sched_getaffinity: \(SystemError.describe(errno))") }
         self.allowed = allowed
         var one = cpu_set_t()
         withUnsafeBytes(of: allowed) { mask in
@@ -221,7 +222,7 @@ struct OneCPU {
                 guard let tid = pid_t(tid) else { continue }
                 // A thread that ended meanwhile (ESRCH) needs no CPU.
                 if Self.setAffinity(tid, MemoryLayout<cpu_set_t>.size, &mask) != 0 && errno != ESRCH {
-                    throw failure("sched_setaffinity of thread \(tid) of process \(pid): \(String(cString: strerror(errno)))")
+                    throw failure("sched_setaffinity of thread \(tid) of process \(pid): \(SystemError.describe(errno))")
                 }
             }
         }
@@ -253,7 +254,7 @@ final class EchoProcess {
         var pid: pid_t = 0
         let code = posix_spawn(&pid, executable, &actions, nil, argv, environ)
         close(ends[1])
-        guard code == 0 else { throw failure("cannot start the echo process: \(String(cString: strerror(code)))") }
+        guard code == 0 else { throw failure("cannot start the echo process: \(SystemError.describe(code))") }
         self.pid = pid
         fd = ends[0]
     }

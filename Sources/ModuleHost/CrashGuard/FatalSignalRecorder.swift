@@ -28,7 +28,7 @@ package enum FatalSignalRecorder {
         case .failure(let error): return "cannot open \(`guard`.fatalPath): \(error.message)"
         }
         guard modhost_crash_recorder_install(fd) == 0 else {
-            return "cannot install the fatal-signal handler: \(String(cString: strerror(errno)))"
+            return "cannot install the fatal-signal handler: \(SystemError.describe(errno))"
         }
         return nil
     }

@@ -189,7 +189,7 @@ final class WorkerConnection: Sendable {
         for _ in 0..<3 {
             var ends: [Int32] = [-1, -1]
             guard modhost_worker_socketpair(&ends) == 0 else {
-                let problem = String(cString: strerror(errno))
+                let problem = SystemError.describe(errno)
                 closeAll()
                 throw TrialProcess.SpawnError(description: "socketpair: \(problem)")
             }
@@ -209,12 +209,12 @@ final class WorkerConnection: Sendable {
         for fd in theirs { close(fd) }
         guard code == 0 else {
             for fd in ours { close(fd) }
-            throw TrialProcess.SpawnError(description: String(cString: strerror(code)))
+            throw TrialProcess.SpawnError(description: SystemError.describe(code))
         }
         // Nothing else reaps it, so the pid is still this worker's.
         let pidfd = modhost_worker_pidfd_open(pid)
         guard pidfd >= 0 else {
-            let problem = String(cString: strerror(errno))
+            let problem = SystemError.describe(errno)
             Glibc.kill(-pid, SIGKILL)
             var status: Int32 = 0
             while waitpid(pid, &status, 0) < 0 && errno == EINTR {}

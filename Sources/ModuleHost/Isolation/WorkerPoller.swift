@@ -69,7 +69,7 @@ final class WorkerPoller: Sendable {
     private init() {
         var ends: [Int32] = [-1, -1]
         guard modhost_worker_wake_pipe(&ends) == 0 else {
-            fatalError("modhostd cannot create a pipe for its worker poller: \(String(cString: strerror(errno)))")
+            fatalError("modhostd cannot create a pipe for its worker poller: \(SystemError.describe(errno))")
         }
         wakeRead = ends[0]
         wakeWrite = ends[1]

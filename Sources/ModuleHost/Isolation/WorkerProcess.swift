@@ -135,7 +135,7 @@ public enum WorkerProcess {
         func copy(_ path: String) -> Result<JSONValue, Problem> {
             let name = "modhost-" + PathText.lastComponent(of: path)
             let fd = modhost_worker_memory_copy(path, name)
-            guard fd >= 0 else { return .failure(Problem(text: "cannot copy \(path) into memory: \(String(cString: strerror(errno)))")) }
+            guard fd >= 0 else { return .failure(Problem(text: "cannot copy \(path) into memory: \(SystemError.describe(errno))")) }
             return .success(.string("/proc/self/fd/\(fd)"))
         }
         do throws(Problem) {
@@ -155,20 +155,20 @@ public enum WorkerProcess {
     /// could not be applied.
     static func takePrivileges(_ load: JSONValue) -> String? {
         if let group = load.integer("gid") {
-            guard setgroups(0, nil) == 0, setgid(gid_t(group)) == 0 else { return "cannot take group \(group): \(String(cString: strerror(errno)))" }
+            guard setgroups(0, nil) == 0, setgid(gid_t(group)) == 0 else { return "cannot take group \(group): \(SystemError.describe(errno))" }
         }
         if let user = load.integer("uid") {
-            guard setuid(uid_t(user)) == 0 else { return "cannot take user \(user): \(String(cString: strerror(errno)))" }
+            guard setuid(uid_t(user)) == 0 else { return "cannot take user \(user): \(SystemError.describe(errno))" }
         }
         let limits: [(key: String, which: Int32)] = [("addressSpaceBytes", 0), ("openFiles", 1), ("cpuSeconds", 2), ("processes", 3)]
         for (key, which) in limits {
             guard let given = load["limits"]?[key] else { continue }
             guard let value = load["limits"]?.integer(key) else { return "cannot set limit \(key) to \(given.jsonText): not a whole number" }
             if modhost_worker_set_limit(which, UInt64(max(0, value))) != 0 {
-                return "cannot set limit \(key) to \(value): \(String(cString: strerror(errno)))"
+                return "cannot set limit \(key) to \(value): \(SystemError.describe(errno))"
             }
         }
-        if modhost_worker_set_no_new_privileges() != 0 { return "cannot set PR_SET_NO_NEW_PRIVS: \(String(cString: strerror(errno)))" }
+        if modhost_worker_set_no_new_privileges() != 0 { return "cannot set PR_SET_NO_NEW_PRIVS: \(SystemError.describe(errno))" }
         return nil
     }
 }

@@ -1,3 +1,4 @@
+import DaemonKit
 import Glibc
 @_spi(ModuleHost) import ModuleKit
 import Synchronization
@@ -349,7 +350,7 @@ struct FrameReader {
             switch self {
             case .closed: "the other end closed the connection"
             case .timedOut: "no frame arrived in time"
-            case .failed(let code): "read failed: \(String(cString: strerror(code)))"
+            case .failed(let code): "read failed: \(SystemError.describe(code))"
             case .invalid(let reason): "invalid frame: \(reason)"
             }
         }

@@ -32,7 +32,7 @@ final class WorkerRecords: Sendable {
         directory = stateDirectory + "/workers"
         self.logger = logger
         if mkdir(directory, 0o700) != 0 && errno != EEXIST {
-            logger.warning("cannot create \(directory): \(String(cString: strerror(errno))); what workers fork may outlive a host that is killed",
+            logger.warning("cannot create \(directory): \(SystemError.describe(errno)); what workers fork may outlive a host that is killed",
                            [("directory", directory)])
         }
     }

@@ -37,7 +37,7 @@ public final class PluginFile: Sendable {
 public func pluginCandidates(in directory: String) throws(LoadFailure) -> [String] {
     guard let dir = opendir(directory) else {
         throw LoadFailure(
-            file: directory, check: .fileType, problem: "cannot open the plugin directory (\(String(cString: strerror(errno))))",
+            file: directory, check: .fileType, problem: "cannot open the plugin directory (\(SystemError.describe(errno)))",
             fix: "create it or correct the --plugins path")
     }
     defer { closedir(dir) }

@@ -177,7 +177,7 @@ enum TrialProcess {
     static func run(_ executable: String, arguments: [String], environment: [String: String],
                     timeout: Double) async throws(SpawnError) -> Result {
         var pipe: [Int32] = [-1, -1]
-        guard modhost_pipe_cloexec(&pipe) == 0 else { throw SpawnError(description: "pipe: \(String(cString: strerror(errno)))") }
+        guard modhost_pipe_cloexec(&pipe) == 0 else { throw SpawnError(description: "pipe: \(SystemError.describe(errno))") }
         let pid: pid_t
         do {
             pid = try spawn(executable, arguments: arguments, environment: environment, output: pipe[1])
@@ -232,7 +232,7 @@ enum TrialProcess {
             posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
             posix_spawn_file_actions_adddup2(&actions, output, 1)
         }
-        guard code == 0 else { throw SpawnError(description: String(cString: strerror(code))) }
+        guard code == 0 else { throw SpawnError(description: SystemError.describe(code)) }
         return pid
     }
 

@@ -43,7 +43,7 @@ extension PluginSet {
         }
         guard image.resolvedPath.hasPrefix(imagesDirectory + "/") else { return }
         if unlink(image.resolvedPath) != 0 && errno != ENOENT {
-            logger.warning("cannot delete the private copy \(image.resolvedPath): \(String(cString: strerror(errno)))",
+            logger.warning("cannot delete the private copy \(image.resolvedPath): \(SystemError.describe(errno))",
                            [("plugin", image.name), ("file", image.path)])
         }
     }
@@ -61,7 +61,7 @@ extension PluginSet {
             if unlink(path) == 0 {
                 deleted += 1
             } else {
-                logger.warning("cannot delete the private copy \(path) an earlier run left: \(String(cString: strerror(errno)))")
+                logger.warning("cannot delete the private copy \(path) an earlier run left: \(SystemError.describe(errno))")
             }
         }
         if deleted > 0 {
