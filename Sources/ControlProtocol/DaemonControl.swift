@@ -92,34 +92,7 @@ public struct ModuleRow: Codable, Sendable, Equatable {
 extension ModuleRow {
     /// The one vocabulary of states `list`, the log, `reload` and docs/daemon.md ("States")
     /// use.
-    public enum State: String, Sendable, CaseIterable, Codable {
-        /// A module that started and gets events.
-        case running
-        /// A running C module that has not returned from a callback within the event
-        /// deadline; it gets no events until it does.
-        case stuck
-        /// A module the configuration or `disable` turned off.
-        case disabled
-        /// A module of an isolated plugin whose worker crashed, exited or stopped answering;
-        /// it is being restarted (docs/isolation.md).
-        case crashed
-        /// A module of an isolated plugin whose worker is starting again after a crash.
-        case restarting
-        /// An enabled module that is not running (it has not started, or failed to).
-        case stopped
-        /// A file a check refused; tried again when it changes and at every reload.
-        case refused
-        /// A file whose plugin needs a plugin that is not loaded (missing, refused, removed,
-        /// or a file still arriving); loaded as soon as that plugin is.
-        case waitingForDependency = "waiting-for-dependency"
-        /// A file that crashed the daemon, or crashed or hung a trial load; not tried again
-        /// until it changes. For a module of an isolated plugin: its worker crashed too often
-        /// and is not restarted until its file changes or `enable`.
-        case quarantined
-        /// A file being loaded by the scan in progress; a module of a plugin being added,
-        /// whose create (or init) has not returned yet, within the event deadline.
-        case loading
-    }
+    public typealias State = PluginState
 }
 
 /// `modhostctl status`.

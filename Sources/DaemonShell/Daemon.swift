@@ -405,9 +405,7 @@ public actor Daemon: DaemonControl {
             let worker = plugin?.worker
             var state = Self.state(of: status, stuck: stuck != nil)
             // A running module of an isolated plugin whose worker is down shows why.
-            if state == .running, let worker, worker.phase != .running {
-                state = worker.phase == .quarantined ? .quarantined : worker.phase == .starting ? .restarting : .crashed
-            }
+            if state == .running, let worker, let down = PluginState(worker: worker.phase) { state = down }
             var row = ModuleRow(
                 module: status.name, plugin: status.plugin, file: plugin?.file ?? "", version: plugin?.version ?? status.version,
                 state: state.rawValue, order: status.order, generation: plugin?.generation,

@@ -526,21 +526,9 @@ public struct PluginSetSnapshot: Sendable {
         public var isolation: Isolation { worker == nil ? .inProcess : .process }
     }
 
-    /// The states of a file that provides no loaded plugin (docs/daemon.md, "States").
-    public enum FileState: String, Sendable {
-        /// A check refused it; tried again when it changes (contents, mode or owner) and at
-        /// every `reconcile(retryingRefused: true)`; at every `reconcile` when another file
-        /// held its plugin's or a module's name (check `duplicate name`).
-        case refused
-        /// Its plugin needs a plugin that is not loaded (missing, refused, removed, or a file
-        /// still arriving); tried again at every scan, loaded once that plugin is.
-        case waitingForDependency = "waiting-for-dependency"
-        /// It crashed this process (the crash guard's record) or a trial load; tried again
-        /// when it changes.
-        case quarantined
-        /// Being loaded by the reconcile in progress.
-        case loading
-    }
+    /// The state of a file that provides no loaded plugin: `refused`,
+    /// `waitingForDependency`, `quarantined` or `loading` (docs/daemon.md, "States").
+    public typealias FileState = PluginState
 
     /// A file that provides no loaded plugin.
     public struct File: Sendable, Equatable {
