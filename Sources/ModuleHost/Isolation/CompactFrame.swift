@@ -134,7 +134,7 @@ enum CompactFrame {
             let module = try reader.text(count: try reader.length())
             let event = try reader.text(count: try reader.length())
             return WorkerMessage(keys: ["op", "module", "kind", "event", "payload", "id"],
-                                 values: ["event", .string(module), .string(kind.name), .string(event), try reader.json("payload"), id])
+                                 values: [WorkerOp.event.json, .string(module), .string(kind.name), .string(event), try reader.json("payload"), id])
         case answerTag:
             guard reader.offset < body.endIndex else { return WorkerMessage(keys: ["id"], values: [id]) }
             return WorkerMessage(keys: ["stuck", "id"], values: [.string(try reader.text(count: body.endIndex - reader.offset)), id])
@@ -145,12 +145,12 @@ enum CompactFrame {
             switch form {
             case 0:
                 guard reader.offset == body.endIndex else { throw .invalid("compact call without arguments has bytes after its function name") }
-                return WorkerMessage(keys: ["op", "function", "id"], values: ["call", .string(function), id])
+                return WorkerMessage(keys: ["op", "function", "id"], values: [WorkerOp.call.json, .string(function), id])
             case 1: name = "texts"
             case 2: name = "json"
             default: throw .invalid("compact call with arguments of unknown form \(form)")
             }
-            return WorkerMessage(keys: ["op", "function", name, "id"], values: ["call", .string(function), try reader.json("arguments"), id])
+            return WorkerMessage(keys: ["op", "function", name, "id"], values: [WorkerOp.call.json, .string(function), try reader.json("arguments"), id])
         case resultTag:
             let type = try reader.text(count: try reader.length())
             return WorkerMessage(keys: ["type", "value", "id"], values: [.string(type), try reader.json("value"), id])

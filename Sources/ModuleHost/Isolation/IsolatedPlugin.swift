@@ -121,7 +121,7 @@ public final class IsolatedPlugin: Sendable {
             LoadFailure(file: file.path, check: .isolation, problem: problem, fix: fix)
         }
         var load: [String: JSONValue] = [
-            "op": "load", "plugin": .string(name), "file": .string(file.path), "image": .string(file.resolvedPath),
+            "op": WorkerOp.load.json, "plugin": .string(name), "file": .string(file.path), "image": .string(file.resolvedPath),
             "host": .string(host.name), "label": .string(host.logger.label),
             "preload": .array(preloads.map { .string($0) }), "logLevel": .string(policy.logLevel.description),
             "eventDeadlineSeconds": .number(Double(workerDeadline.components.seconds) + Double(workerDeadline.components.attoseconds) / 1e18),
@@ -179,7 +179,7 @@ public final class IsolatedPlugin: Sendable {
             state.modules.removeAll { $0.name == module }
             state.modules.append((module, ModuleRecord(configuration: configuration)))
         }
-        let reply = request(["op": "create", "module": .string(module), "configuration": configuration,
+        let reply = request(["op": WorkerOp.create.json, "module": .string(module), "configuration": configuration,
                              "running": .array(running.map { .string($0) })], what: "create of \(module)", module: module)
         guard let reply else { return (nil, []) }
         if reply["created"]?.boolValue != true {
@@ -206,7 +206,7 @@ public final class IsolatedPlugin: Sendable {
                 CompactFrame.event(id: id, kind: compact, module: module, event: event, payload: payload)
             }
         } else {
-            _ = request(["op": "event", "module": .string(module), "kind": .string(kind), "event": .string(event), "payload": payload],
+            _ = request(["op": WorkerOp.event.json, "module": .string(module), "kind": .string(kind), "event": .string(event), "payload": payload],
                         what: event, module: module)
         }
         workers.endIsolated(module: module, given)
@@ -224,7 +224,7 @@ public final class IsolatedPlugin: Sendable {
             return
         }
         let given = workers.beginIsolated(module: module, event: event)
-        let outcome = await connection.requestAsync(["op": "awaited", "module": .string(module), "event": .string(event), "payload": payload],
+        let outcome = await connection.requestAsync(["op": WorkerOp.awaited.json, "module": .string(module), "event": .string(event), "payload": payload],
                                                     what: event, deadline: deadline + min(deadline, .seconds(1)))
         // The host instance counts an awaited event it stopped waiting for as an overrun; the
         // worker's host, which gives up a little earlier (`workerDeadline`), says when it did.
@@ -240,7 +240,7 @@ public final class IsolatedPlugin: Sendable {
         state.withLock { state in
             if let index = state.modules.firstIndex(where: { $0.name == module }) { state.modules[index].record.configuration = configuration }
         }
-        guard let reply = request(["op": "configure", "module": .string(module), "configuration": configuration], what: "configurationChanged")
+        guard let reply = request(["op": WorkerOp.configure.json, "module": .string(module), "configuration": configuration], what: "configurationChanged")
         else { return true }
         return reply["running"]?.boolValue ?? true
     }
@@ -250,7 +250,7 @@ public final class IsolatedPlugin: Sendable {
     /// last info it had).
     func info(_ module: String) -> ModuleInfo? {
         let phase = state.withLock { $0.phase }
-        let outcome = requestOutcome(["op": "info", "module": .string(module)], what: "info of \(module)")
+        let outcome = requestOutcome(["op": WorkerOp.info.json, "module": .string(module)], what: "info of \(module)")
         guard case .reply(let reply)? = outcome else {
             let why = switch outcome {
             case .timedOut?: "did not answer within \(deadline.secondsText)"
@@ -278,13 +278,13 @@ public final class IsolatedPlugin: Sendable {
     }
 
     func stateForReplacement(_ module: String) -> JSONValue? {
-        guard let state = request(["op": "state", "module": .string(module)], what: "stateForReplacement")?["state"], state != .null
+        guard let state = request(["op": WorkerOp.state.json, "module": .string(module)], what: "stateForReplacement")?["state"], state != .null
         else { return nil }
         return state
     }
 
     func restore(_ module: String, state: JSONValue) {
-        _ = request(["op": "restore", "module": .string(module), "state": state], what: "restore")
+        _ = request(["op": WorkerOp.restore.json, "module": .string(module), "state": state], what: "restore")
     }
 
     /// Calls `function` in the worker with arguments as text (`texts`) or JSON values
@@ -530,12 +530,12 @@ public final class IsolatedPlugin: Sendable {
         logger.info("restarted plugin \(name)'s worker (pid \(connection.pid), restart \(restarts))", [("pid", "\(connection.pid)")])
         let running = host.runningModuleNames
         for (module, record) in modules {
-            let reply = connection.request(["op": "create", "module": .string(module), "configuration": record.configuration,
+            let reply = connection.request(["op": WorkerOp.create.json, "module": .string(module), "configuration": record.configuration,
                                             "running": .array(running.map { .string($0) })], deadline: deadline)
             check(reply, connection, what: "create of \(module)")
             guard case .reply(let created) = reply, created["created"]?.boolValue == true else { continue }
             if record.started {
-                check(connection.request(["op": "event", "module": .string(module), "kind": "start", "event": "start"], deadline: deadline),
+                check(connection.request(["op": WorkerOp.event.json, "module": .string(module), "kind": "start", "event": "start"], deadline: deadline),
                       connection, what: "start")
             }
         }

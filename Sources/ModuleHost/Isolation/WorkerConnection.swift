@@ -255,7 +255,7 @@ final class WorkerConnection: Sendable {
             LoadFailure(file: plugin.file.path, check: .isolation, problem: problem, fix: fix)
         }
         switch outcome {
-        case .reply(let message) where message.text("op") == "ready":
+        case .reply(let message) where message.op == .ready:
             var modules: [(name: String, version: String)] = []
             if case .array(let list) = message["modules"] ?? .null {
                 for entry in list { if let name = entry.text("name") { modules.append((name, entry.text("version") ?? "")) } }
@@ -624,17 +624,18 @@ final class WorkerConnection: Sendable {
             pending.withLock { $0.waiters.removeValue(forKey: id) }?.complete(.reply(message))
             return
         }
-        switch message.text("op") {
-        case "log": plugin.log(message.json, pid: pid)
-        case "post": plugin.post(message.json)
-        case "locate":
+        switch message.op {
+        case .log?: plugin.log(message.json, pid: pid)
+        case .post?: plugin.post(message.json)
+        case .locate?:
             // Answered without waiting for room in the socket (this thread reads every
             // worker's): what it has no room for now is written once it has.
             let deadline = plugin.deadline
             post(WorkerFrame.encode(plugin.locate(message.json)), on: control, until: .now + deadline,
                  overdue: .init("read the answer to its locate", within: deadline))
-        case "ready", "failed": readiness.complete(.reply(message))
-        case let op:
+        case .ready?, .failed?: readiness.complete(.reply(message))
+        default:
+            let op = message.text("op")
             kill(reason: "it wrote a frame with \(op.map { "op \(PluginName.shown($0))" } ?? "no op and no id"), which the protocol does not have, on its control socket (3)")
         }
     }

@@ -63,13 +63,13 @@ public enum WorkerProcess {
             switch imagesInMemory(load) {
             case .success(let inMemory): load = inMemory
             case .failure(let problem):
-                channel.send(["op": "failed", "check": "isolation", "problem": .string(problem.text),
+                channel.send(["op": WorkerOp.failed.json, "check": "isolation", "problem": .string(problem.text),
                               "fix": "check that the daemon's state directory is readable by the daemon"])
                 endGroup()
             }
         }
         if let problem = takePrivileges(load) {
-            channel.send(["op": "failed", "check": "isolation", "problem": .string(problem),
+            channel.send(["op": WorkerOp.failed.json, "check": "isolation", "problem": .string(problem),
                           "fix": "correct the plugin's \"user\", \"group\" or \"limits\" in modhostd's configuration"])
             endGroup()
         }
@@ -79,7 +79,7 @@ public enum WorkerProcess {
         do throws(LoadFailure) {
             service = try WorkerService(load: load, channel: channel)
         } catch {
-            channel.send(["op": "failed", "check": .string(error.check.rawValue), "problem": .string(error.problem), "fix": .string(error.fix)])
+            channel.send(["op": WorkerOp.failed.json, "check": .string(error.check.rawValue), "problem": .string(error.problem), "fix": .string(error.fix)])
             endGroup()
         }
         let (stream, continuation) = AsyncStream.makeStream(of: WorkerRequest.self)
@@ -90,11 +90,11 @@ public enum WorkerProcess {
             try startThread(name: "worker.ordered") { service.serveOrdered(ordered, slowPath: continuation) }
             try startThread(name: "worker.calls") { service.serveCalls(calls) }
         } catch {
-            channel.send(["op": "failed", "check": "isolation", "problem": .string("the worker cannot start a thread: \(error)"),
+            channel.send(["op": WorkerOp.failed.json, "check": "isolation", "problem": .string("the worker cannot start a thread: \(error)"),
                           "fix": "raise the plugin's \"limits\" (\"processes\", \"addressSpaceBytes\") in modhostd's configuration"])
             endGroup()
         }
-        channel.send(["op": "ready", "pid": .number(Double(getpid())),
+        channel.send(["op": WorkerOp.ready.json, "pid": .number(Double(getpid())),
                       "modules": .array(service.plugin.modules.map { ["name": .string($0.factory.name), "version": .string($0.factory.version)] })])
         Task { await service.serve(stream) }
         while true {
@@ -227,7 +227,7 @@ struct ChannelLogBackend: LogBackend {
     let channel: WorkerChannel
 
     func write(_ record: LogRecord) {
-        channel.send(["op": "log", "level": .number(Double(record.level.rawValue)), "label": .string(record.label),
+        channel.send(["op": WorkerOp.log.json, "level": .number(Double(record.level.rawValue)), "label": .string(record.label),
                       "message": .string(record.message),
                       "metadata": .array(record.metadata.map { .array([.string($0.0), .string($0.1)]) })])
     }
@@ -281,7 +281,7 @@ final class WorkerService: Sendable {
         self.logger = logger
         let host = HostInstance(name: load.text("host") ?? "modhostd", eventDeadline: deadline, logger: logger,
                                 forwardingNotifications: { notification, payload, module in
-                                    var post: [String: JSONValue] = ["op": "post", "name": .string(notification), "payload": payload]
+                                    var post: [String: JSONValue] = ["op": WorkerOp.post.json, "name": .string(notification), "payload": payload]
                                     if let module { post["module"] = .string(module) }
                                     if !channel.send(.object(post)) { Self.notPosted(notification, logger) }
                                 },
@@ -310,7 +310,7 @@ final class WorkerService: Sendable {
             try CHostServices(
                 moduleName: name, logger: host.logger(for: name),
                 post: { notification, payload in
-                    if !channelForPost.send(["op": "post", "name": .string(notification), "payload": payload]) { Self.notPosted(notification, logger) }
+                    if !channelForPost.send(["op": WorkerOp.post.json, "name": .string(notification), "payload": payload]) { Self.notPosted(notification, logger) }
                 },
                 hasModule: { name in host.isRunning(moduleNamed: name) || daemonModules.names.withLock { $0.contains(name) } })
         }
@@ -331,7 +331,7 @@ final class WorkerService: Sendable {
                        within deadline: Duration, lastKnown: DaemonModules) -> String? {
         guard !manifest.modules.contains(name) else { return nil }
         let elsewhere = "this module's plugin \(manifest.name) runs in a worker process of its own"
-        guard let answer = answers.ask(["op": "locate", "module": .string(name)], on: channel, within: deadline) else {
+        guard let answer = answers.ask(["op": WorkerOp.locate.json, "module": .string(name)], on: channel, within: deadline) else {
             return lastKnown.names.withLock { $0.contains(name) } ? elsewhere : nil
         }
         guard answer["running"]?.boolValue == true else { return nil }
@@ -355,7 +355,7 @@ final class WorkerService: Sendable {
     func serveOrdered(_ channel: WorkerChannel, slowPath: AsyncStream<WorkerRequest>.Continuation) {
         var reader = FrameReader(fd: channel.fd)
         while let message = next(from: &reader, "its socket of ordered requests (4)") {
-            if message.text("op") == "event", let module = message.text("module"),
+            if message.op == .event, let module = message.text("module"),
                let delivery = direct.withLock({ $0[module] }), let event = Self.event(message) {
                 switch event {
                 case .custom, .notification:
@@ -419,15 +419,15 @@ final class WorkerService: Sendable {
             func reply(_ id: JSONValue, _ body: JSONValue) { self.reply(id, body, on: channel) }
             let id = message["id"] ?? .null
             let module = message.text("module") ?? ""
-            switch message.text("op") {
-            case "create":
+            switch message.op {
+            case .create?:
                 if case .array(let names) = message["running"] ?? .null {
                     daemonModules.names.withLock { $0 = Set(names.compactMap(\.stringValue)) }
                 }
                 settings[module] = ModuleSettings(configuration: message["configuration"] ?? [:])
                 await host.updateSettings(settings)
                 reply(id, await createAnswer(module))
-            case "event" where message.text("kind") == "deinit":
+            case .event? where message.text("kind") == "deinit":
                 // The daemon's module is gone (disabled, removed, replaced, shut down; it had
                 // its willUnload): so is this one, and a later create makes a new instance.
                 // Answered once a C module's destroy (queued after its deinit) has returned,
@@ -438,32 +438,32 @@ final class WorkerService: Sendable {
                 await host.removeUnloaded(moduleNamed: [module])
                 if workers.stuck(module: module) == nil { await finish(queues) }
                 reply(id, stuckReply(module))
-            case "event" where message.text("kind") == "start":
+            case .event? where message.text("kind") == "start":
                 // Through the host, so that what it held for the module until its start (a
                 // custom event one of this plugin's modules sent it) is delivered now.
                 await host.start(moduleNamed: module)
                 reply(id, stuckReply(module))
-            case "event":
+            case .event?:
                 let event = Self.event(message)
                 await host.perform { host in
                     if let event { host.module(named: module)?.handle(event, host: host) }
                 }
                 reply(id, stuckReply(module))
-            case "info":
+            case .info?:
                 let info = await host.perform { host in host.module(named: module)?.info }
                 reply(id, ["info": info.flatMap { try? JSONValue(encoding: $0) } ?? .null])
-            case "awaited":
+            case .awaited?:
                 // Answered from a task of its own: the next request does not wait for it.
                 Task { self.reply(id, await self.awaited(message, module: module), on: channel) }
-            case "configure":
+            case .configure?:
                 settings[module] = ModuleSettings(configuration: message["configuration"] ?? [:])
                 await host.updateSettings(settings)
                 await updateDirect(module)
                 reply(id, ["running": .bool(host.isRunning(moduleNamed: module))])
-            case "state":
+            case .state?:
                 let state = await host.perform { host in host.module(named: module)?.stateForReplacement(host: host) }
                 reply(id, ["state": state ?? .null])
-            case "restore":
+            case .restore?:
                 let state = message["state"] ?? .null
                 await host.perform { host in host.module(named: module)?.restore(state: state, host: host) }
                 reply(id, [:])

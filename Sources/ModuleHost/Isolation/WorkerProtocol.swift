@@ -471,6 +471,18 @@ package enum WorkerFrameReading {
     package static func jsonBody(_ message: JSONValue) -> [UInt8]? { WorkerFrame.encode(message).map { Array($0.dropFirst(4)) } }
 }
 
+/// What a frame between the daemon and a worker asks or tells, its `op` member: one
+/// spelling for both ends (docs/isolation.md, "The worker protocol").
+enum WorkerOp: String, Sendable {
+    // The daemon's requests to the worker.
+    case load, create, event, awaited, configure, info, state, restore, call
+    // What the worker tells or asks the daemon.
+    case ready, failed, log, post, locate
+
+    /// The op as the value of a frame's `op` member.
+    var json: JSONValue { .string(rawValue) }
+}
+
 /// The message of one frame: a JSON object, read by ModuleKit's strict parser
 /// (`parseKeepingMembers`, the rules of `JSONValue.parse`: a member given twice, invalid
 /// UTF-8... make the frame invalid), with its members in the order the frame gave them.
@@ -496,6 +508,10 @@ struct WorkerMessage: Sendable {
 
     /// Member `key` as text, nil otherwise.
     func text(_ key: String) -> String? { self[key]?.stringValue }
+
+    /// What the message asks or tells (its `op`), nil for a reply or an op this side does
+    /// not know.
+    var op: WorkerOp? { text("op").flatMap(WorkerOp.init(rawValue:)) }
 
     /// The message as a JSON object.
     var json: JSONValue { .object(Dictionary(uniqueKeysWithValues: zip(keys, values))) }
