@@ -257,10 +257,8 @@ public struct ControlCommand: Sendable {
         var loaded = present, passed: [PluginFile] = [], refused = refused
         var failed: [String: LoadFailure] = [:]
         for file in valid {
-            if let dependency = file.manifest.dependencies.first(where: { failed[$0] != nil }) {
-                let failure = LoadFailure(file: file.path, check: .dependency,
-                                          problem: "plugin \(file.name) needs \(dependency), which was refused (\(failed[dependency]!.check.rawValue))",
-                                          fix: "fix plugin \(dependency) first")
+            if let dependency = file.manifest.dependencies.first(where: { failed[$0] != nil }), let refusal = failed[dependency] {
+                let failure = LoadFailure.dependencyRefused(file.path, plugin: file.name, dependency: dependency, check: refusal.check)
                 failed[file.name] = failure
                 refused.append(failure)
                 continue

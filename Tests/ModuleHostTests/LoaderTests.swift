@@ -125,7 +125,7 @@ import TestSupport
         #expect(failure(report, "NeedsGhost")?.problem.contains("needs Ghost: dependency Ghost is not available") == true)
         let transitive = failure(report, "NeedsNeeder")
         #expect(transitive?.check == .dependency)
-        #expect(transitive?.problem.contains("dependency NeedsGhost was refused") == true)
+        #expect(transitive?.problem.contains("needs NeedsGhost, which was refused (dependency)") == true)
     }
 
     @Test func aCycleRefusesEveryMemberAndNamesIt() throws {

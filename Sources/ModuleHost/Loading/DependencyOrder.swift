@@ -93,12 +93,9 @@ public struct DependencyOrder: Sendable {
             }
         }
         var queue = refused.keys.sorted()
-        while let name = queue.popLast(), let reason = refused[name]?.check.rawValue {
+        while let name = queue.popLast(), let check = refused[name]?.check {
             for dependent in dependents[name] ?? [] where refused[dependent] == nil {
-                refused[dependent] = LoadFailure(
-                    file: byName[dependent]?.path ?? dependent, check: .dependency,
-                    problem: "plugin \(dependent) needs \(name): dependency \(name) was refused (\(reason))",
-                    fix: "fix plugin \(name) first")
+                refused[dependent] = .dependencyRefused(byName[dependent]?.path ?? dependent, plugin: dependent, dependency: name, check: check)
                 queue.append(dependent)
             }
         }

@@ -88,6 +88,13 @@ extension LoadFailure {
                     fix: "define the entry point in this plugin itself: " + entryDeclaration)
     }
 
+    /// `plugin` (in `file`) needs `dependency`, which was refused by check `check`: the one
+    /// wording of the daemon's load, its dependency order and `modhostctl verify`.
+    public static func dependencyRefused(_ file: String, plugin: String, dependency: String, check: Check) -> LoadFailure {
+        LoadFailure(file: file, check: .dependency, problem: "plugin \(plugin) needs \(dependency), which was refused (\(check.rawValue))",
+                    fix: "fix plugin \(dependency) first")
+    }
+
     /// The entry function returned NULL.
     static func entryReturnedNull(_ file: String) -> LoadFailure {
         LoadFailure(file: file, check: .descriptor, problem: "\(MODHOST_ENTRY_SYMBOL) returned NULL",

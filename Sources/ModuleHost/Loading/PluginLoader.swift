@@ -134,11 +134,8 @@ public struct PluginLoader: Sendable {
         registry.reserveCapacity(plugins: order.ordered.count, modules: order.ordered.reduce(0) { $0 + $1.manifest.modules.count })
         var failedNames: [String: LoadFailure] = [:]
         for file in order.ordered {
-            if let dependency = file.manifest.dependencies.first(where: { failedNames[$0] != nil }) {
-                let failure = LoadFailure(
-                    file: file.path, check: .dependency,
-                    problem: "plugin \(file.name) needs \(dependency), which was refused (\(failedNames[dependency]!.check.rawValue))",
-                    fix: "fix plugin \(dependency) first")
+            if let dependency = file.manifest.dependencies.first(where: { failedNames[$0] != nil }), let failed = failedNames[dependency] {
+                let failure = LoadFailure.dependencyRefused(file.path, plugin: file.name, dependency: dependency, check: failed.check)
                 failedNames[file.name] = failure
                 report.refused.append(failure)
                 continue
