@@ -568,13 +568,11 @@ public actor Daemon: DaemonControl {
         configuration = fresh
         owned.watchdog?.setBudget(fresh.shutdownBudget)
         LoggingSystem.setLevel(fresh.logLevel)
-        await plugins.setValidator(Validator(allowInsecure: options.allowInsecurePlugins || fresh.allowInsecurePlugins))
-        await plugins.setStopsPluginsWithUnsafeFiles(fresh.stopPluginsWithUnsafeFiles)
-        await plugins.setDirectories(fresh.pluginDirectories)
-        await plugins.setIsolation(Self.isolationPolicy(fresh, options))
-        if fresh.modules != old.modules {
-            await plugins.updateSettings(fresh.modules)
-        }
+        await plugins.reconfigure(directories: fresh.pluginDirectories,
+                                  validator: Validator(allowInsecure: options.allowInsecurePlugins || fresh.allowInsecurePlugins),
+                                  isolation: Self.isolationPolicy(fresh, options),
+                                  stopsPluginsWithUnsafeFiles: fresh.stopPluginsWithUnsafeFiles,
+                                  settings: fresh.modules != old.modules ? fresh.modules : nil)
         for directory in fresh.pluginDirectories where !old.pluginDirectories.contains(directory) {
             if let watcher = owned.watcher { follow(directory, with: watcher) }
         }

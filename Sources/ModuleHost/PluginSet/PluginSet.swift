@@ -19,13 +19,14 @@ import Synchronization
 /// disabling modules, and a snapshot of all of it (`snapshot()`).
 ///
 /// Guarantees:
-/// - **Threading.** An actor: every method may be called from any task. Changes to the set
-///   (`reconcile`, `start`, `updateSettings`, `setEnabled`, `shutdown` and every `set...`
-///   method) run one at a time, in the order they were called, each after the previous one
-///   has finished, so a rescan and a settings change never interleave halfway. Reads (`snapshot`, `plugin(named:)`)
-///   never wait for a whole change, a trial load or a module's callbacks, only for the
-///   step on this actor in progress (reading or copying one file, one `dlopen` and the
-///   plugin's entry point); `isStopping` and `stopChanges` never wait.
+/// - **Threading.** An actor: every method may be called from any task. Changes to the
+///   set (`reconcile`, `start`, `updateSettings`, `setEnabled`, `reconfigure`,
+///   `shutdown`, every `set...` method) run one at a time, in the order they were
+///   called, each after the previous one has finished, so a rescan and a settings
+///   change never interleave halfway. Reads (`snapshot`, `plugin(named:)`) never wait
+///   for a whole change, a trial load or a module's callbacks, only for the step on
+///   this actor in progress (reading or copying one file, one `dlopen` and the plugin's
+///   entry point); `isStopping` and `stopChanges` never wait.
 /// - **Order.** New plugins load in dependency order; a removal stops the plugins that
 ///   depend on the removed one first (in reverse load order); a replacement reloads its
 ///   dependents against the new version in the same update.
@@ -357,11 +358,19 @@ public actor PluginSet {
     /// this set ends. Throws, changing nothing, when no loaded plugin provides it.
     /// Enabling a module of a quarantined isolated plugin lets the plugin run again.
     public func setEnabled(_ enabled: Bool, module: String) async throws(UnknownModule) {
-        let factory = try registry.factory(named: module)
-        await changes.run {
-            await self.enable(enabled, module: module, of: factory.plugin)
+        let found = await changes.run { () async -> Result<Void, UnknownModule> in
+            // Looked up in the change's turn: a change before it may have removed the module.
+            let plugin: String
+            do throws(UnknownModule) {
+                plugin = try self.registry.factory(named: module).plugin
+            } catch {
+                return .failure(error)
+            }
+            await self.enable(enabled, module: module, of: plugin)
             await self.applySettings()
+            return .success(())
         }
+        try found.get()
     }
 
     /// From now on no plugin is loaded, replaced, removed or started; the plugin being
@@ -417,6 +426,24 @@ public actor PluginSet {
     /// The checks for files from the next `reconcile` on (e.g. `allowInsecure`).
     public func setValidator(_ validator: Validator) async {
         await changes.run { await self.inside { $0.validator = validator } }
+    }
+
+    /// Changes the directories, the checks for files, the isolation policy, whether unsafe
+    /// files stop their plugins and (when given) the module settings, all in one change: no
+    /// reconcile runs with some of them new and others old. As the setters of each, from
+    /// the next `reconcile` on (the settings at once).
+    public func reconfigure(directories: [String], validator: Validator, isolation: IsolationPolicy,
+                            stopsPluginsWithUnsafeFiles: Bool, settings: [String: ModuleSettings]? = nil) async {
+        await changes.run {
+            await self.inside { set in
+                set.directories = directories
+                set.validator = validator
+                set.isolationPolicy = isolation
+                set.stopsPluginsWithUnsafeFiles = stopsPluginsWithUnsafeFiles
+                if let settings { set.settings = settings }
+            }
+            if settings != nil { await self.applySettings() }
+        }
     }
 
     /// Runs `change` on this actor; called inside the serial change queue.
