@@ -213,22 +213,18 @@ public struct ControlCommand: Sendable {
             }
             return (directories, files)
         }
-        // The loader's own checks, duplicate names included, without loading anything; then
-        // the dependency order the daemon would load them in.
-        let loader = PluginLoader(validator: validator)
+        // What a daemon's start would load, without running any plugin code: the set's own
+        // listing, checks, names and dependency order; then, with --load, its trial loads.
         let (directories, files) = split(operands)
-        var (valid, refused) = loader.validate(directories: directories, files: files)
         var present: [String: PluginFile] = [:]
-        for file in others.flatMap({ loader.validate(directories: [$0]).valid }) where present[file.name] == nil {
+        for file in others.flatMap({ PluginPlan(directories: [$0], validator: validator).ordered }) where present[file.name] == nil {
             present[file.name] = file
         }
-        for file in valid { present[file.name] = nil }
-        let order = DependencyOrder(valid, loaded: Set(present.keys))
-        refused += order.refused
-        valid = order.ordered
+        var plan = PluginPlan(directories: directories, files: files, validator: validator, present: Set(present.keys))
         if load {
-            (valid, refused) = await trialLoad(valid, refused: refused, present: present)
+            await plan.trialLoad(with: ProcessTrialLoader(), present: Array(present.values))
         }
+        let (valid, refused) = (plan.ordered, plan.refused)
         let results = (valid.map { Verdict(file: $0.path, valid: true, warnings: $0.warnings, manifest: $0.manifest) }
             + refused.map(refusedVerdict)).sorted { $0.file < $1.file }
         if json {
@@ -246,42 +242,6 @@ public struct ControlCommand: Sendable {
             output.out("\(results.count - refused) valid, \(refused) refused")
         }
         return results.allSatisfy(\.valid) ? .success : .failure
-    }
-
-    /// Trial-loads `valid` (in dependency order) with the daemon's trial loader, each after
-    /// the files of the plugins it depends on (those verified with it, or of `present`, the
-    /// `--with` directories); a plugin whose dependency was refused is refused as the daemon
-    /// would.
-    func trialLoad(_ valid: [PluginFile], refused: [LoadFailure], present: [String: PluginFile]) async -> ([PluginFile], [LoadFailure]) {
-        let trial = ProcessTrialLoader()
-        var loaded = present, passed: [PluginFile] = [], refused = refused
-        var failed: [String: LoadFailure] = [:]
-        for file in valid {
-            if let dependency = file.manifest.dependencies.first(where: { failed[$0] != nil }), let refusal = failed[dependency] {
-                let failure = LoadFailure.dependencyRefused(file.path, plugin: file.name, dependency: dependency, check: refusal.check)
-                failed[file.name] = failure
-                refused.append(failure)
-                continue
-            }
-            // Its dependencies, and theirs, in load order, by absolute path (a bare name would
-            // be searched on the library path).
-            var needed: [PluginFile] = [], frontier = file.manifest.dependencies
-            while let name = frontier.popLast() {
-                guard let dependency = loaded[name], !needed.contains(where: { $0.name == name }) else { continue }
-                needed.append(dependency)
-                frontier += dependency.manifest.dependencies
-            }
-            let preloads = DependencyOrder(needed).ordered.map { PathText.absolute($0.resolvedPath) }
-            do throws(LoadFailure) {
-                try await trial.trialLoad(file.resolving(to: PathText.absolute(file.resolvedPath)), preloading: preloads)
-                loaded[file.name] = file
-                passed.append(file)
-            } catch {
-                failed[file.name] = error
-                refused.append(error)
-            }
-        }
-        return (passed, refused)
     }
 
     /// Text from a plugin file (or its name) for the terminal: control characters escaped,

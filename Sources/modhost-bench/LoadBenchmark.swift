@@ -97,12 +97,10 @@ struct LoadBenchmark {
         case "load-phases":
             // Diagnosis only: where the host's time goes, printed to stderr.
             let loader = PluginLoader()
-            var valid: [PluginFile] = []
-            let validate = seconds { valid = loader.validate(directories: [dir]).valid }
-            var order = DependencyOrder([])
-            let ordering = seconds { order = DependencyOrder(valid) }
+            var plan = PluginPlan(directories: [], validator: loader.validator)
+            let planning = seconds { plan = PluginPlan(directories: [dir], validator: loader.validator) }
             var opening = 0.0, registering = 0.0
-            for file in order.ordered {
+            for file in plan.ordered {
                 let start = monotonicNanoseconds()
                 let plugin = try loader.open(file)
                 let mid = monotonicNanoseconds()
@@ -111,10 +109,10 @@ struct LoadBenchmark {
                 opening += Double(mid - start) / 1e9
                 registering += Double(end - mid) / 1e9
             }
-            let n = Double(order.ordered.count)
-            StandardError.write(String(format: "validate %.1f us, order %.1f us, open (dlopen, entry, descriptor) %.1f us, register %.1f us per plugin\n",
-                                       validate / n * 1e6, ordering / n * 1e6, opening / n * 1e6, registering / n * 1e6))
-            return validate + ordering + opening + registering
+            let n = Double(plan.ordered.count)
+            StandardError.write(String(format: "plan (checks and order) %.1f us, open (dlopen, entry, descriptor) %.1f us, register %.1f us per plugin\n",
+                                       planning / n * 1e6, opening / n * 1e6, registering / n * 1e6))
+            return planning + opening + registering
         case "load-warm":
             // Diagnosis only: `WARM:DIR` first does WARM (untimed), then times the load of DIR,
             // so that the difference with load-host on DIR is what a process pays the first
@@ -129,14 +127,14 @@ struct LoadBenchmark {
                 let end = monotonicNanoseconds() + 3_000_000
                 while monotonicNanoseconds() < end {}
             } else if parts[0].hasPrefix("validate=") {
-                _ = PluginLoader().validate(directories: [String(parts[0].dropFirst("validate=".count))])
+                _ = PluginPlan(directories: [String(parts[0].dropFirst("validate=".count))], validator: Validator())
             } else {
                 _ = PluginLoader().load(directories: [parts[0]])
             }
             return try measure(ProcessInfo.processInfo.environment["MODHOST_BENCH_WARM_SIDE"] ?? "load-host", parts[1])
         case "load-validate":
             // Diagnosis only: the checks before dlopen, without loading.
-            return seconds { _ = PluginLoader().validate(directories: [dir]) }
+            return seconds { _ = PluginPlan(directories: [dir], validator: Validator()) }
         default:
             throw NSError(domain: "bench", code: 4, userInfo: [NSLocalizedDescriptionKey: "unknown child \(side)"])
         }

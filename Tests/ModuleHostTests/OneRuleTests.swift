@@ -233,11 +233,11 @@ import TestSupport
         let expected = LoadFailure(file: b, conflict: NameConflict(.moduleName(module: "shared", heldBy: .init(plugin: "DupRuleA", file: a))))
         #expect(expected.description.hasSuffix("duplicate name check failed: module shared is already provided by plugin DupRuleA (\(a)). Fix: rename the module or remove one of the two plugins"))
 
-        // Validating a directory (modhostctl verify).
+        // Planning a directory (modhostctl verify).
         let loader = PluginLoader()
-        let validated = loader.validate(directories: [dir.file("dup")])
-        #expect(validated.valid.map(\.path) == [a])
-        #expect(validated.refused == [expected])
+        let planned = PluginPlan(directories: [dir.file("dup")], validator: loader.validator)
+        #expect(planned.ordered.map(\.path) == [a])
+        #expect(planned.refused == [expected])
         // Ordering candidates.
         let files = try [a, b].map { try loader.validator.validate($0) }
         #expect(DependencyOrder(files).refused == [expected])

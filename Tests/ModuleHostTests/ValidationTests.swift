@@ -307,8 +307,8 @@ import TestSupport
     }
 
     @Test func theExamplePluginsAreValid() throws {
-        let (valid, refused) = PluginLoader().validate(directories: [BuildProducts.pluginDirectory])
-        #expect(refused.isEmpty, "\(refused)")
-        #expect(Set(valid.map(\.name)).isSuperset(of: ["Greeting", "Welcome", "Counter", "Calculator"]))
+        let plan = PluginPlan(directories: [BuildProducts.pluginDirectory], validator: Validator())
+        #expect(plan.refused.isEmpty, "\(plan.refused)")
+        #expect(Set(plan.ordered.map(\.name)).isSuperset(of: ["Greeting", "Welcome", "Counter", "Calculator"]))
     }
 }

@@ -70,70 +70,19 @@ public struct PluginLoader: Sendable {
         }
     }
 
-    /// Validates every candidate file of `directories` (and `files` named directly),
-    /// without loading any: what `modhostctl verify` reports.
-    public func validate(directories: [String], files: [String] = []) -> (valid: [PluginFile], refused: [LoadFailure]) {
-        var valid: [PluginFile] = []
-        var refused: [LoadFailure] = []
-        var found: [Candidate] = files.map { Candidate(path: $0, directory: nil) }
-        for (index, directory) in directories.enumerated() {
-            do {
-                found += try pluginCandidates(in: directory).map { Candidate(path: $0, directory: index) }
-            } catch {
-                refused.append(error)
-            }
-        }
-        // (A struct, not an array of `stat?`: the first such array in a process costs its type
-        // made at run time.)
-        let directoryStatus = directories.map { DirectoryStatus(status: Validator.status(of: $0)) }
-        valid.reserveCapacity(found.count)
-        var claims = NameClaims(capacity: found.count)
-        for candidate in found {
-            do throws(LoadFailure) {
-                let file = try validator.validate(candidate.path, in: candidate.directory.map { directories[$0] },
-                                                  directoryStatus: candidate.directory.flatMap { directoryStatus[$0].status })
-                if let conflict = claims.claimIfFree(plugin: file.name, modules: file.manifest.modules, file: file.path) {
-                    throw LoadFailure(file: file.path, conflict: conflict)
-                }
-                valid.append(file)
-            } catch {
-                refused.append(error)
-            }
-        }
-        return (valid, refused)
-    }
-
-    /// A file to check, with the index of its directory in `directories` (nil when named
-    /// directly). (Not a tuple: an array of tuples has its type made at run time.)
-    struct Candidate: Sendable {
-        var path: String
-        var directory: Int?
-    }
-
-    /// The `stat` of a plugin directory, nil when it has none.
-    struct DirectoryStatus: Sendable {
-        var status: stat?
-    }
-
-    /// Loads every valid plugin of `directories` in dependency order, registering its
-    /// modules. Plugins named in `loaded` count as present for dependencies.
-    ///
-    /// Every file is checked (`validate`) before the first `dlopen`, on this thread: no other
-    /// thread of the process runs while plugins are opened, since each `dlopen` of a process
-    /// with other running threads costs more (its mappings are flushed on every core).
+    /// Loads every valid plugin of `directories` (and `files`) in the order of their
+    /// `PluginPlan`, registering its modules; plugins named in `loaded` count as present for
+    /// dependencies. Every file is checked before the first `dlopen`. A plugin whose
+    /// dependency fails to open is refused too.
     public func load(directories: [String], files: [String] = [], loaded: Set<String> = [],
                      orderOverride: [String: Int] = [:]) -> LoadReport {
         var report = LoadReport()
-        let (valid, refused) = validate(directories: directories, files: files)
-        report.refused = refused
-        // Only files with warnings: mapping none would still make the tuple's type at run time.
-        for file in valid where !file.warnings.isEmpty { report.warnings += file.warnings.map { (file.path, $0) } }
-        // `validate` gave every name to one file already.
-        let order = DependencyOrder(valid, loaded: loaded, orderOverride: orderOverride, namesClaimed: true)
-        report.refused += order.refused
-        registry.reserveCapacity(plugins: order.ordered.count, modules: order.ordered.reduce(0) { $0 + $1.manifest.modules.count })
+        let plan = PluginPlan(directories: directories, files: files, validator: validator, present: loaded, orderOverride: orderOverride)
+        report.refused = plan.refused
+        for file in plan.ordered { report.warnings += file.warnings.map { (file.path, $0) } }
+        registry.reserveCapacity(plugins: plan.ordered.count, modules: plan.ordered.reduce(0) { $0 + $1.manifest.modules.count })
         var failedNames: [String: LoadFailure] = [:]
-        for file in order.ordered {
+        for file in plan.ordered {
             if let dependency = file.manifest.dependencies.first(where: { failedNames[$0] != nil }), let failed = failedNames[dependency] {
                 let failure = LoadFailure.dependencyRefused(file.path, plugin: file.name, dependency: dependency, check: failed.check)
                 failedNames[file.name] = failure

@@ -64,25 +64,33 @@ extension PluginSet {
         var claims: NameClaims
     }
 
-    /// The candidate files of the directories as they are when the scan starts (path to its
-    /// directory), and each directory's `stat`. A directory given twice (`d` and `d/.`, or
-    /// through a symlink) is read once, under its first spelling: otherwise each file would
-    /// claim its own names.
+    /// The candidate files of the directories as they are when the scan starts
+    /// (`candidates(in:)`); a directory that cannot be read is logged.
     private func candidates() -> (present: [String: String], directoryStatus: [String: stat]) {
-        let directories = self.directories
+        let listing = Self.candidates(in: directories)
+        for failure in listing.unreadable { logger.error("\(failure)", [("directory", failure.file)]) }
+        return (listing.present, listing.directoryStatus)
+    }
+
+    /// The candidate files of `directories` (path to its directory), each directory's
+    /// `stat`, and the directories that cannot be read. A directory given twice (`d` and
+    /// `d/.`, or through a symlink) is read once, under its first spelling: otherwise each
+    /// file would claim its own names.
+    static func candidates(in directories: [String]) -> (present: [String: String], directoryStatus: [String: stat], unreadable: [LoadFailure]) {
         var directoryStatus: [String: stat] = [:]
         for directory in directories { directoryStatus[directory] = Validator.status(of: directory) }
         var present: [String: String] = [:]
+        var unreadable: [LoadFailure] = []
         var seen: Set<[UInt64]> = []
         for directory in directories {
             if let status = directoryStatus[directory], !seen.insert([UInt64(status.st_dev), UInt64(status.st_ino)]).inserted { continue }
             do {
                 for path in try pluginCandidates(in: directory) { present[path] = directory }
             } catch {
-                logger.error("\(error)", [("directory", directory)])
+                unreadable.append(error)
             }
         }
-        return (present, directoryStatus)
+        return (present, directoryStatus, unreadable)
     }
 
     /// Removes the plugins whose files are gone (dependents first), and forgets what was
