@@ -353,28 +353,25 @@ extension PluginSet {
             refuse(error, identity, &none)
             return false
         }
-        var loaded: LoadedPlugin?
+        let loaded: LoadedPlugin
         do throws(LoadFailure) {
-            if isolated {
-                loaded = try await isolate(image.file)
-            } else {
-                crashGuard.begin(file: file.path, plugin: file.name, hash: hash, phase: "entry")
-                defer { crashGuard.end() }
-                mapped(file.name, nameGeneration: image.nameGeneration, image: image.file)
-                loaded = try PluginLoader(validator: validator, registry: registry, workers: workers, metrics: metrics).open(image.file)
-                FatalSignalRecorder.track(loaded!, file: file.path, hash: hash, guard: crashGuard)
-            }
-            if let displacing {
-                removed += await remove(displacing, reason: "its file \(file.path) now holds plugin \(file.name)")
-            }
-            try registry.register(loaded!)
+            loaded = try await openImage(image, of: file, hash: hash, isolated: isolated)
         } catch {
-            loaded?.isolated?.stop()
             deleteImage(image.file)
             refuse(error.relocated(to: file.path), identity, &none)
             return false
         }
-        guard let loaded else { return false }
+        do throws(LoadFailure) {
+            if let displacing {
+                removed += await remove(displacing, reason: "its file \(file.path) now holds plugin \(file.name)")
+            }
+            try registry.register(loaded)
+        } catch {
+            loaded.isolated?.stop()
+            deleteImage(image.file)
+            refuse(error.relocated(to: file.path), identity, &none)
+            return false
+        }
         generations[file.name] = generation
         refused[file.path] = nil
         waiting.remove(file.path)
@@ -386,6 +383,18 @@ extension PluginSet {
         logger.info("loaded plugin \(file.name) \(file.manifest.version)\(generation > 1 ? " (generation \(generation))" : "")\(loaded.isolated.map { Self.workerText($0.status) } ?? "")",
                     [("plugin", file.name), ("file", file.path), ("modules", loaded.modules.map(\.factory.name).joined(separator: ","))])
         return true
+    }
+
+    /// Opens `image`, the private copy of `file`: in a worker when `isolated`, else in this
+    /// process inside a crash-guard record, with the crash recorder told of its code.
+    private func openImage(_ image: PrivateImage, of file: PluginFile, hash: String, isolated: Bool) async throws(LoadFailure) -> LoadedPlugin {
+        if isolated { return try await isolate(image.file) }
+        crashGuard.begin(file: file.path, plugin: file.name, hash: hash, phase: "entry")
+        defer { crashGuard.end() }
+        mapped(file.name, nameGeneration: image.nameGeneration, image: image.file)
+        let loaded = try PluginLoader(validator: validator, registry: registry, workers: workers, metrics: metrics).open(image.file)
+        FatalSignalRecorder.track(loaded, file: file.path, hash: hash, guard: crashGuard)
+        return loaded
     }
 
     /// Where an isolated plugin runs, for the log: ` in worker process PID`, or what became
