@@ -5,6 +5,7 @@ import Testing
 import Glibc
 #endif
 
+@Suite(.timeLimit(.minutes(5)))
 struct BoundedFileTests {
     func write(_ bytes: [UInt8], to path: String) throws {
         try AtomicFile.write(bytes, to: path)

@@ -10,6 +10,7 @@ import Glibc
 
 /// The control socket with real clients: concurrent, malformed, oversized, slow, and of
 /// another uid.
+@Suite(.timeLimit(.minutes(5)))
 struct ControlServerTests {
     /// A server in a fresh directory with an echo handler that records who asked, and a
     /// rejection reply that records what it refused.

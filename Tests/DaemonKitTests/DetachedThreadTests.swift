@@ -5,6 +5,7 @@ import Testing
 import Glibc
 #endif
 
+@Suite(.timeLimit(.minutes(5)))
 struct DetachedThreadTests {
     /// What a thread started by `startThread` saw of itself.
     struct Seen: Sendable, Equatable {

@@ -7,6 +7,7 @@ import Glibc
 #endif
 
 /// Real inotify on real temporary directories.
+@Suite(.timeLimit(.minutes(5)))
 struct DirectoryWatcherTests {
     /// A watcher on fresh directories whose batches are collected in the background.
     final class Fixture: Sendable {

@@ -6,6 +6,7 @@ import Testing
 import Glibc
 #endif
 
+@Suite(.timeLimit(.minutes(5)))
 struct FileSystemTests {
     @Test func namesListsEveryEntryButDotAndDotDot() throws {
         let directory = try TemporaryDirectory()

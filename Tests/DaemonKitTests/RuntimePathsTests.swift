@@ -6,6 +6,7 @@ import Testing
 import Glibc
 #endif
 
+@Suite(.timeLimit(.minutes(5)))
 struct RuntimePathsTests {
     @Test func rootUsesSystemLocationsEvenWithXDGVariables() {
         let paths = RuntimePaths(environment: ["XDG_RUNTIME_DIR": "/run/user/0", "HOME": "/root"], uid: 0)
@@ -109,6 +110,7 @@ struct RuntimePathsTests {
 }
 
 /// Paths split as text, whatever their shape (Foundation's splitting traps on `s` and `s/`).
+@Suite(.timeLimit(.minutes(5)))
 struct PathTextTests {
     @Test(arguments: [
         ("/a/b", "/a", "b"), ("/a", "/", "a"), ("a", ".", "a"), ("s", ".", "s"), ("s/", ".", "s"), ("a/b/", "a", "b"),

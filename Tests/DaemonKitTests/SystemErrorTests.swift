@@ -5,6 +5,7 @@ import Testing
 import Glibc
 #endif
 
+@Suite(.timeLimit(.minutes(5)))
 struct SystemErrorTests {
     @Test func failingCallThrowsItsNameErrnoAndText() {
         do {

@@ -41,6 +41,7 @@ final class NotifySocket {
     }
 }
 
+@Suite(.timeLimit(.minutes(5)))
 struct SystemdNotifierTests {
     @Test func withoutNotifySocketEverythingIsANoOp() throws {
         let notifier = SystemdNotifier(environment: ["HOME": "/root"])

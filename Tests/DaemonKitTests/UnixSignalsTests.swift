@@ -7,7 +7,7 @@ import Glibc
 
 /// Real signals sent to this process with kill(2). Serialized: the suite owns SIGHUP,
 /// SIGUSR1, SIGUSR2, SIGTERM and SIGINT while it runs; no other suite touches them.
-@Suite(.serialized)
+@Suite(.timeLimit(.minutes(5)), .serialized)
 struct UnixSignalsTests {
     /// The raw handler pointer value installed for `signal` (0 = SIG_DFL, 1 = SIG_IGN).
     private func currentHandler(_ signal: Int32) -> Int {

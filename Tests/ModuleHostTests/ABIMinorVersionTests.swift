@@ -7,7 +7,7 @@ import TestSupport
 /// docs/abi.md, "Versioning policy": a newer host reads only the fields an older plugin
 /// compiled in (each struct says its size in `struct_size`), and refuses a struct too
 /// small to hold ABI 1.0's fields with one line.
-@Suite struct ABIMinorVersionTests {
+@Suite(.timeLimit(.minutes(5))) struct ABIMinorVersionTests {
     let dir = TemporaryDirectory("abi-minor")
     var factory: PluginFactory { PluginFactory(directory: dir.path) }
     var eventsFile: String { dir.file("events.txt") }

@@ -10,7 +10,7 @@ import TestSupport
 /// ModuleKits are built by `make abi-check` with the compile-time conditions only this test
 /// defines (Sources/ModuleKit/Sources/ModuleKit/ABIUpgradeTestChanges.swift), so the same
 /// builds also show that the ABI check passes additions and fails a removal.
-@Suite(.serialized) struct ABIUpgradeTests {
+@Suite(.timeLimit(.minutes(10)), .serialized) struct ABIUpgradeTests {
     /// The plugin: a module class that subclasses a base class of the plugin's own,
     /// conforms to ModuleKit's protocols (Module, PluginModule, Installable, SubBus), uses
     /// the Bus (Bus.new, install, access, a sub-bus), events (lifecycle, custom, awaited),

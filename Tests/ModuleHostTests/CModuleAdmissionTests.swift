@@ -8,7 +8,7 @@ import TestSupport
 /// name grammar and is not a lifecycle name (which only the host itself sends), however
 /// often it was given an admitted name before: the check is skipped for a name it admitted
 /// last, never for another.
-@Suite struct CModuleAdmissionTests {
+@Suite(.timeLimit(.minutes(5))) struct CModuleAdmissionTests {
     let dir = TemporaryDirectory("c-admission")
     var eventsFile: String { dir.file("events.txt") }
 

@@ -11,7 +11,7 @@ import TestSupport
 
 /// The control protocol end to end: `ControlService` behind a real `ControlServer` socket,
 /// `ControlClient` and the `modhostctl` executable as clients.
-@Suite struct ControlProtocolTests {
+@Suite(.timeLimit(.minutes(5))) struct ControlProtocolTests {
     /// A service for a fresh `RecordingDaemon`, served on a socket in a temporary directory.
     final class Fixture: Sendable {
         let directory = TemporaryDirectory("ctl")

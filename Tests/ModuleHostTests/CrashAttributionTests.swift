@@ -8,7 +8,7 @@ import TestSupport
 /// exit(), crash in a thread of their own, or kill the process outright. Each test checks
 /// what an operator sees: the daemon's exit status, the log line naming the plugin, the
 /// quarantine at the next start, and the other plugins still running.
-@Suite(.serialized) struct CrashAttributionTests {
+@Suite(.timeLimit(.minutes(5)), .serialized) struct CrashAttributionTests {
     /// A C plugin with one module named like the plugin in lower case; `handleBody` is the
     /// body of `handle_event(void *raw, const char *event, const char *payload)` (it may use
     /// `self->host`), `extra` goes before it (includes, statics, constructors).

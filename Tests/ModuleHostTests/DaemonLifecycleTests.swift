@@ -6,7 +6,7 @@ import TestSupport
 
 /// modhostd as operators run it: real binaries, a temporary plugin directory, files dropped,
 /// replaced and removed while it runs, controlled with modhostctl.
-@Suite(.serialized) struct DaemonLifecycleTests {
+@Suite(.timeLimit(.minutes(5)), .serialized) struct DaemonLifecycleTests {
     /// One daemon with its own directories.
     final class Harness: Sendable {
         let root = TemporaryDirectory("daemon-life")

@@ -6,7 +6,7 @@ import TestSupport
 /// What modhostd owns and follows: its state directory and control socket (taken before any
 /// plugin code runs), the listener modhostctl trusts, and plugin directories that vanish,
 /// come back or appear late.
-@Suite(.serialized) struct DaemonOwnershipTests {
+@Suite(.timeLimit(.minutes(5)), .serialized) struct DaemonOwnershipTests {
     typealias Harness = DaemonLifecycleTests.Harness
 
     /// A C plugin whose entry point (its first code to run) drops `marker-<pid>` into

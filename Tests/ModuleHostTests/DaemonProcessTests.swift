@@ -4,7 +4,7 @@ import Testing
 import TestSupport
 
 /// modhostd and modhostctl run as real processes, as operators run them.
-@Suite struct DaemonProcessTests {
+@Suite(.timeLimit(.minutes(5))) struct DaemonProcessTests {
     /// A plugin directory with copies of the example plugins plus one bad file.
     func pluginDirectory() throws -> TemporaryDirectory {
         let dir = TemporaryDirectory("daemon")

@@ -34,7 +34,7 @@ import TestSupport
 //   (an object with "pluginDirectories") through the daemon's configuration reader. Any
 //   other JSON block fails the test, so that no example goes unchecked by accident.
 // - ```c blocks that include a header compile with the flags plugin.mk uses, without a warning.
-@Suite("docs: examples against the real commands", .serialized)
+@Suite("docs: examples against the real commands", .timeLimit(.minutes(5)), .serialized)
 struct DocExamplesTests {
     /// A modhostd on a scratch copy of the example plugins, with wrappers that make
     /// `modhostctl` in a command line talk to it.

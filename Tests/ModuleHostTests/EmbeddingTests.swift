@@ -10,7 +10,7 @@ import TestSupport
 /// build/embedding/my-service, so its build cache is reused from one run to the next (a
 /// first build compiles the checkout's library targets once more: about a minute on two
 /// cores).
-@Suite("docs/embedding.md: a service of its own, built against this checkout", .serialized)
+@Suite("docs/embedding.md: a service of its own, built against this checkout", .timeLimit(.minutes(10)), .serialized)
 struct EmbeddingTests {
     /// The document's package, written where it is built; files are rewritten only when
     /// they changed, so that an unchanged package is not rebuilt.

@@ -7,7 +7,7 @@ import TestSupport
 /// (docs/isolation.md, "Floods"): the other modules, in process or isolated, still get
 /// what is posted to them within a bounded time, the control socket answers, the daemon's
 /// memory stays bounded, and the log names the plugin.
-@Suite(.serialized)
+@Suite(.timeLimit(.minutes(5)), .serialized)
 struct FloodTests {
     /// A C plugin `Flooder` (module `flooder`, which listens to `flood.tick`) that, on event
     /// `flood`, starts a thread posting `flood.tick` as fast as it can, forever; on

@@ -6,7 +6,7 @@ import TestSupport
 /// What an operator sees for hostile plugin files: garbled offsets near 2^64 and files far
 /// larger than any plugin are refused with one line, by `modhostctl` and by the daemon,
 /// which keeps running; nothing traps and memory stays small.
-@Suite(.serialized) struct HostileFileTests {
+@Suite(.timeLimit(.minutes(5)), .serialized) struct HostileFileTests {
     static let dir = TemporaryDirectory("hostile-files")
     static let good: String = {
         try! PluginFactory(directory: dir.path).buildC(

@@ -10,7 +10,7 @@ import TestSupport
 /// Names, numbers and JSON from outside, at every entry point an operator or a plugin
 /// author reaches: control requests, the configuration file, command-line flags,
 /// manifests dropped into a running daemon, `modhostctl verify` and plugin.mk.
-@Suite(.serialized) struct HostileInputTests {
+@Suite(.timeLimit(.minutes(5)), .serialized) struct HostileInputTests {
     typealias BadRequest = ControlProtocolTests.BadRequest
 
     static let badRequests: [BadRequest] = [

@@ -6,7 +6,7 @@ import TestSupport
 /// An isolated plugin's worker runs the plugin's code, which can write anything on the
 /// worker's sockets (docs/isolation.md, "The worker protocol"): what it writes is not
 /// believed, and a worker whose sockets no longer work is ended and restarted.
-@Suite(.serialized)
+@Suite(.timeLimit(.minutes(5)), .serialized)
 struct HostileWorkerTests {
     /// A C plugin `Liar` whose module notes `EVENT PID` in `events` for every event and:
     /// on event `lie`, writes a log frame of its own on the worker's control socket

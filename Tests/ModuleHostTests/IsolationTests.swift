@@ -14,7 +14,7 @@ import TestSupport
 /// real C and Swift plugins that crash, exit, block, fork and eat memory in their worker, while the
 /// set, its host and the other modules carry on. Plus "one suite, two modes": the same
 /// plugin file behaves the same in process and isolated.
-@Suite(.serialized)
+@Suite(.timeLimit(.minutes(5)), .serialized)
 struct IsolationTests {
     static var worker: String { BuildProducts.directory + "/bin/modhost-worker" }
 
@@ -1402,7 +1402,7 @@ private final class PongListener: Module {
 /// Isolated plugins in a real modhostd: configured with one line, listed with their worker,
 /// crashing without taking the daemon or the other modules along, and never outliving the
 /// daemon, even after `kill -9`.
-@Suite(.serialized)
+@Suite(.timeLimit(.minutes(5)), .serialized)
 struct IsolatedDaemonTests {
     typealias Harness = DaemonLifecycleTests.Harness
 

@@ -14,7 +14,7 @@ import TestSupport
 /// plugin.json through `modhostctl manifest`), the configuration file, control requests
 /// and their call arguments (on the real socket), `modhostctl send --payload`, and payloads
 /// C modules post.
-@Suite(.serialized) struct JSONEntryPointTests {
+@Suite(.timeLimit(.minutes(5)), .serialized) struct JSONEntryPointTests {
     /// A control request calling a function; each hostile document puts its problem in the
     /// call's arguments.
     static let head = Array(#"{"v":1,"id":1,"cmd":"call","plugin":"Calculator","function":"add","args":["#.utf8)

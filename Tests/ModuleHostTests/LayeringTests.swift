@@ -4,6 +4,7 @@ import TestSupport
 
 /// The targets are layers, and each depends only on those below it (README, "Layout"): the
 /// imports in `Sources/` and the dependency lists in Package.swift say the same thing.
+@Suite(.timeLimit(.minutes(5)))
 struct LayeringTests {
     /// What each layer may use, bottom to top; the system's modules (Glibc, Foundation,
     /// Dispatch, Synchronization) are always allowed. ModuleKit, the SDK, is the lowest layer

@@ -8,7 +8,7 @@ import TestSupport
 
 /// Loading real plugin files: the checks after dlopen, dependency order, the registry.
 /// Every test uses plugin names of its own: the dynamic loader remembers every image.
-@Suite struct LoaderTests {
+@Suite(.timeLimit(.minutes(5))) struct LoaderTests {
     let dir = TemporaryDirectory("loader")
     var factory: PluginFactory { PluginFactory(directory: dir.path) }
 
@@ -207,7 +207,7 @@ import TestSupport
 
 /// The example plugins of Plugins/, as `make` built them: Swift and C side by side, a
 /// protocol cast across two .so files, the registry.
-@Suite struct ExamplePluginTests {
+@Suite(.timeLimit(.minutes(5))) struct ExamplePluginTests {
     @Test func swiftAndCPluginsLoadSideBySide() async throws {
         let loader = PluginLoader()
         let report = loader.load(directories: [BuildProducts.pluginDirectory])
@@ -258,7 +258,7 @@ import TestSupport
 
 /// Host services a C module receives (libffi closures bound to the module) and exports
 /// checked at load time, through real C plugins.
-@Suite struct CModuleServicesTests {
+@Suite(.timeLimit(.minutes(5))) struct CModuleServicesTests {
     let dir = TemporaryDirectory("services")
 
     @Test func aCModuleLogsPostsAndAsksThroughItsBoundHostAPI() async throws {
@@ -348,7 +348,7 @@ import TestSupport
 
 /// Several host instances in one process share the loaded plugins' types but never their
 /// module objects or state.
-@Suite struct HostInstanceIsolationAcrossPluginsTests {
+@Suite(.timeLimit(.minutes(5))) struct HostInstanceIsolationAcrossPluginsTests {
     @Test func twoInstancesGetTheirOwnModulesFromTheSamePlugin() async throws {
         let report = PluginLoader().load(directories: [BuildProducts.pluginDirectory])
         let factories = report.loaded.filter { ["Greeting", "Welcome"].contains($0.name) }.flatMap { $0.modules.map(\.factory) }
@@ -372,7 +372,7 @@ import TestSupport
     }
 }
 
-@Suite struct DependencyOrderTests {
+@Suite(.timeLimit(.minutes(5))) struct DependencyOrderTests {
     func file(_ name: String, _ path: String, order: Int = 0, dependencies: [String] = []) -> PluginFile {
         PluginFile(path: path, resolvedPath: path,
                    manifest: Manifest(name: name, version: "1", abi: "1.0", language: .c, dependencies: dependencies,

@@ -3,6 +3,7 @@ import Foundation
 import ModuleKit
 import Testing
 
+@Suite(.timeLimit(.minutes(5)))
 struct LogBackendsTests {
     @Test func textLinesAreJournaldFriendly() {
         let backend = TextLogBackend()

@@ -8,7 +8,7 @@ import TestSupport
 /// `modhostctl metrics` (docs/daemon.md, "Metrics"): exact counts of what a real daemon did,
 /// in an exposition a strict parser of the Prometheus text format accepts, and the textfile
 /// collector recipe of the document.
-@Suite("metrics", .serialized)
+@Suite("metrics", .timeLimit(.minutes(5)), .serialized)
 struct MetricsTests {
     // MARK: Event names in labels
 

@@ -11,7 +11,7 @@ import TestSupport
 
 /// Rules that exist once and are applied the same way by every entry point that needs
 /// them: the loader in the daemon, `modhostctl verify`, the trial loader, calls by name.
-@Suite struct OneRuleTests {
+@Suite(.timeLimit(.minutes(5))) struct OneRuleTests {
     let dir = TemporaryDirectory("one-rule")
     var factory: PluginFactory { PluginFactory(directory: dir.path) }
     var trialLoader: String { BuildProducts.directory + "/bin/modhost-trial" }

@@ -8,7 +8,7 @@ import TestSupport
 
 /// The plugin author's kit as a newcomer uses it, out of tree: `modhostctl new`, the
 /// shipped plugin.mk, `modhostctl flags`, and what the README and docs/plugins.md show.
-@Suite(.serialized) struct OutOfTreeBuildTests {
+@Suite(.timeLimit(.minutes(5)), .serialized) struct OutOfTreeBuildTests {
     /// The SDK prefix `modhostctl` belongs to, as `new` writes it into the Makefile.
     static var sdk: String { realPath(BuildProducts.directory) ?? BuildProducts.directory }
 

@@ -7,7 +7,7 @@ import Testing
 import TestSupport
 
 /// What an operator installs: the example configuration, `make install` and `make deb`.
-@Suite(.serialized) struct PackagingTests {
+@Suite(.timeLimit(.minutes(10)), .serialized) struct PackagingTests {
     static let root = BuildProducts.packageRoot
     static let isRoot = geteuid() == 0
 

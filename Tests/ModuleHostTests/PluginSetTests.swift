@@ -12,7 +12,7 @@ import TestSupport
 // into one process is safe (this process's ModuleKit is not the built SDK, and Swift
 // images are never unloaded). Every test uses plugin names of its own: the process binds
 // a dependency by SONAME, so two tests' plugins must never share one.
-@Suite(.serialized)
+@Suite(.timeLimit(.minutes(5)), .serialized)
 struct PluginSetTests {
     /// A plugin directory, a state directory and a PluginSet over them; the C modules built
     /// here append one line per call (`MODULE EVENT tag=TAG provider=TAG`) to `events`.

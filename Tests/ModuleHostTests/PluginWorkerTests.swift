@@ -6,7 +6,7 @@ import Testing
 
 /// The worker that runs a C module's callbacks: what its callers may rely on once a job
 /// they waited for has returned.
-@Suite struct PluginWorkerTests {
+@Suite(.timeLimit(.minutes(5))) struct PluginWorkerTests {
     /// A caller woken by a finished job finds the worker idle: the next event is not
     /// refused, nor shutdown told the module is still busy, because of the job just done.
     @Test func aJobWaitedForIsNoLongerRunningWhenItsCallerWakes() {
@@ -263,7 +263,7 @@ import Testing
 }
 
 /// How a worker's limits are named in messages about a worker that stalled.
-@Suite struct WorkerLimitsTests {
+@Suite(.timeLimit(.minutes(5))) struct WorkerLimitsTests {
     @Test func theSummaryNamesTheLimitsSetAsTheConfigurationDoes() {
         #expect(WorkerLimits().summary == nil)
         #expect(WorkerLimits(addressSpaceBytes: 150_000_000, openFiles: 16).summary == "addressSpaceBytes 150000000, openFiles 16")

@@ -9,7 +9,7 @@ import TestSupport
 /// owner changes (the watcher reports IN_ATTRIB), `reload` tries every refused file again,
 /// and a loaded plugin whose file becomes writable by others is reported (and, when the
 /// configuration says so, stopped).
-@Suite struct RetryTests {
+@Suite(.timeLimit(.minutes(5))) struct RetryTests {
     let dir = TemporaryDirectory("retry")
 
     func control(_ socket: String, _ arguments: [String]) throws -> ProcessResult {

@@ -9,7 +9,7 @@ import TestSupport
 /// docs/daemon.md use the same words; a missing dependency is `waiting-for-dependency`;
 /// refused rows show what was read; `reload` lists every file that is not loaded; `call`
 /// needs a running module.
-@Suite struct StateVocabularyTests {
+@Suite(.timeLimit(.minutes(5))) struct StateVocabularyTests {
     let dir = TemporaryDirectory("states")
 
     /// A daemon on a plugin directory holding Counter and Calculator (copies of the

@@ -7,7 +7,7 @@ import TestSupport
 /// that hangs in init, a function called by name that never returns, and lifecycle names
 /// sent from outside. The control plane must keep answering from the daemon's own state,
 /// and SIGTERM must end the daemon within its shutdown budget.
-@Suite(.serialized) struct StuckModuleTests {
+@Suite(.timeLimit(.minutes(5)), .serialized) struct StuckModuleTests {
     typealias Harness = DaemonLifecycleTests.Harness
 
     /// A C plugin with one module per name; each logs `event NAME` for every event it gets

@@ -8,7 +8,7 @@ import TestSupport
 
 /// share/modhostd.service as systemd 252 (Debian 12) reads it, and what its ExecStart and
 /// ExecReload lines do against the real daemon.
-@Suite(.serialized) struct SystemdUnitTests {
+@Suite(.timeLimit(.minutes(5)), .serialized) struct SystemdUnitTests {
     static let unitSource = BuildProducts.packageRoot + "/share/modhostd.service"
 
     /// systemd-analyze, or nil: `make deps` installs Debian's systemd package (which works

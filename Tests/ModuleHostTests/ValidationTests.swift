@@ -6,7 +6,7 @@ import Testing
 import TestSupport
 
 /// Every check that runs before dlopen, each fed a real bad file made here.
-@Suite struct ValidationTests {
+@Suite(.timeLimit(.minutes(5))) struct ValidationTests {
     let dir = TemporaryDirectory("validation")
     var factory: PluginFactory { PluginFactory(directory: dir.path) }
 

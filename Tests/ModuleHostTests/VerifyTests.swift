@@ -9,7 +9,7 @@ import TestSupport
 /// `modhostctl verify` says what the daemon would say: each case is a plugin
 /// the daemon refuses at load time, which verify refuses with the same check and fix,
 /// statically or with `--load`; and `plugin.json` is strict.
-@Suite struct VerifyTests {
+@Suite(.timeLimit(.minutes(5))) struct VerifyTests {
     let dir = TemporaryDirectory("verify")
     var factory: PluginFactory { PluginFactory(directory: dir.path) }
 

@@ -7,7 +7,7 @@ import Testing
 /// The frames between the daemon and its worker processes (docs/isolation.md, "Frames"):
 /// what one end writes, the other reads back whole and the same, however the bytes arrive;
 /// what is no valid frame is refused, never guessed.
-@Suite struct WorkerFrameTests {
+@Suite(.timeLimit(.minutes(5))) struct WorkerFrameTests {
     /// Two connected stream sockets, closed at the end of the test.
     final class Pair {
         let ours: Int32

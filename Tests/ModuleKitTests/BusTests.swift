@@ -46,7 +46,7 @@ final class AudioBus: SubBus, Uninstallable {
     func postUninstall(from bus: Bus) { recorder.record("audio.postUninstall(\(bus.label))") }
 }
 
-@Suite("Bus")
+@Suite("Bus", .timeLimit(.minutes(5)))
 struct BusTests {
     // "install and uninstall any object or value; access by type (bus.access() as Foo?)".
     @Test func installAccessAndUninstallObjectsAndValuesByType() {
@@ -288,7 +288,7 @@ final class RaceService: Installable, Uninstallable {
 }
 
 /// Tests that install the process-wide Backdoor: serialized, as they share it.
-@Suite("Backdoor", .serialized)
+@Suite("Backdoor", .timeLimit(.minutes(5)), .serialized)
 struct BackdoorTests {
     // The Backdoor is a process-wide default bus, safe to use from many threads at once.
     @Test func backdoorIsAProcessWideBusSafeUnderConcurrency() {

@@ -65,7 +65,7 @@ struct DisposeRaceTotals {
 
 /// "Once `dispose()` returns, the observer is never called again, from any thread": every
 /// subscription kind, raced against a dispose from another thread while the host emits.
-@Suite("Dispose races", .serialized)
+@Suite("Dispose races", .timeLimit(.minutes(5)), .serialized)
 struct DisposeRaceTests {
     static let rounds = 600
     static let updatesPerRound = 6

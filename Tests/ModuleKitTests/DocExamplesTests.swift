@@ -152,7 +152,7 @@ final class NestedObserverModule: Module {
     }
 }
 
-@Suite("docs/modules.md examples")
+@Suite("docs/modules.md examples", .timeLimit(.minutes(5)))
 struct DocExamplesTests {
     // docs: "Threading rules", "Inside an observer, name the host".
     @Test func subscribingInsideAnObserverWithTheHostNamed() async {

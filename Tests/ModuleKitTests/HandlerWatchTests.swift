@@ -8,7 +8,7 @@ import Testing
 /// Serialized: a callback that blocks holds a thread of Swift concurrency, and two at once
 /// would hold every thread of a 2-CPU machine, the tests' own tasks included. The blocked
 /// callbacks also give up after 30 s, so that a starved run ends.
-@Suite("Handler watch", .serialized)
+@Suite("Handler watch", .timeLimit(.minutes(5)), .serialized)
 struct HandlerWatchTests {
     /// `host.overdueHandler` once it names a callback, or nil after 20 s.
     static func overdue(_ host: HostInstance) async -> OverdueHandler? {

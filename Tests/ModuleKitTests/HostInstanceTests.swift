@@ -4,7 +4,7 @@ import Synchronization
 import Testing
 
 /// Notifications, module info, logging, thread-safe snapshots and instance isolation.
-@Suite("Host instance")
+@Suite("Host instance", .timeLimit(.minutes(5)))
 struct HostInstanceTests {
     // "A module declares the extra notification names it listens to ... and receives only
     // those; the host and the modules can post them with a payload."

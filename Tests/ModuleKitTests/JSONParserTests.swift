@@ -2,7 +2,7 @@ import ModuleKit
 import Testing
 
 /// The strict JSON rules of `JSONValue.parse`, the parser every host entry point uses.
-@Suite struct StrictJSONTests {
+@Suite(.timeLimit(.minutes(5))) struct StrictJSONTests {
     /// `text` must be refused with `message` at byte `offset`.
     static func refused(_ bytes: [UInt8], offset: Int, _ message: String) {
         do {
@@ -126,7 +126,7 @@ import Testing
 
 /// `Codable` types to and from `JSONValue` (`init(encoding:)`, `decode(_:)`) and the
 /// indented writer.
-@Suite struct JSONValueCodingTests {
+@Suite(.timeLimit(.minutes(5))) struct JSONValueCodingTests {
     struct Row: Codable, Equatable {
         enum State: String, Codable { case running, stopped }
         var name: String

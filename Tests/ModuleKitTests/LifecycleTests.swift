@@ -2,7 +2,7 @@ import ModuleKit
 import Testing
 
 /// Lifecycle events (docs/modules.md, "The lifecycle"), configuration, removal and replacement.
-@Suite("Lifecycle events and configuration")
+@Suite("Lifecycle events and configuration", .timeLimit(.minutes(5)))
 struct LifecycleTests {
     // "1. .init — called once when module is registered; 2. .start — called after all modules
     // are initialized; 3. .deinit — called when SDK instance is being removed", deinit in

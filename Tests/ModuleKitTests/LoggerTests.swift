@@ -23,7 +23,7 @@ func capturingStandardError(_ body: () async -> Void) async -> String {
 }
 
 /// The default log backend, which an embedding service gets unless it installs another.
-@Suite struct LoggerTests {
+@Suite(.timeLimit(.minutes(5))) struct LoggerTests {
 
     /// One record is one line, whatever its text holds: a file named with a newline and a
     /// terminal escape sequence (a plugin set logs the names of the files it refuses) cannot

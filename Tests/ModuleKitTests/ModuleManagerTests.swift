@@ -4,7 +4,7 @@ import Testing
 
 /// The emission rules of ModuleManager (docs/modules.md, "Observing other modules"), one
 /// test per guarantee.
-@Suite("ModuleManager emission rules")
+@Suite("ModuleManager emission rules", .timeLimit(.minutes(5)))
 struct ModuleManagerTests {
     /// Subscribes `observeModules { $0 as? Probe }` on `host` and records "emit:<tags>".
     func watchProbes(_ host: HostInstance, into recorder: Recorder) async {

@@ -2,7 +2,7 @@ import Foundation
 import PluginCall
 import Testing
 
-@Suite("Byte buffers as base64")
+@Suite("Byte buffers as base64", .timeLimit(.minutes(5)))
 struct Base64Tests {
     @Test("bytes are written as Foundation writes them and read back")
     func foundationsText() throws {

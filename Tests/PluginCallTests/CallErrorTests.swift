@@ -2,7 +2,7 @@ import PluginCall
 import PluginFormat
 import Testing
 
-@Suite("Refused calls")
+@Suite("Refused calls", .timeLimit(.minutes(5)))
 struct CallErrorTests {
     @Test("arity, type, range and NUL errors are thrown before the plugin runs")
     func refusedBeforeCall() throws {

@@ -9,7 +9,7 @@ final class Recorder: Sendable {
     var all: [String] { lines.withLock { $0 } }
 }
 
-@Suite("libffi closures called from C")
+@Suite("libffi closures called from C", .timeLimit(.minutes(5)))
 struct ClosureTests {
     func pointerValue(_ pointer: UnsafeRawPointer) -> CallValue { .uint64(UInt64(UInt(bitPattern: pointer))) }
 

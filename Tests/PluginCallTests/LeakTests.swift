@@ -5,7 +5,7 @@ import Testing
 /// process's malloc). Other suites run in parallel and move the measure by up to about
 /// 1 MB, so payloads are 1000 bytes: a leak per call would show as ~30 MB over 30k calls,
 /// against a limit of 4 MB. The calibration test proves the measure sees such a leak.
-@Suite("No leaks from strings, buffers and closures", .serialized)
+@Suite("No leaks from strings, buffers and closures", .timeLimit(.minutes(5)), .serialized)
 struct LeakTests {
     static let calls = 30_000
 

@@ -3,7 +3,7 @@ import Testing
 
 /// Every type of the grammar through real C and Swift (`@_cdecl`) plugins, on both call
 /// paths (register path where eligible, and libffi forced).
-@Suite("Round trips through C and Swift plugins")
+@Suite("Round trips through C and Swift plugins", .timeLimit(.minutes(5)))
 struct RoundTripTests {
     static let targets: [(Fixtures.Language, CallPath)] = [
         (.c, .registers), (.c, .libffi), (.swift, .registers), (.swift, .libffi),

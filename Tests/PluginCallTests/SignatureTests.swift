@@ -1,7 +1,7 @@
 import PluginCall
 import Testing
 
-@Suite("Signature grammar")
+@Suite("Signature grammar", .timeLimit(.minutes(5)))
 struct SignatureTests {
     @Test("every type parses, as result and as argument")
     func everyType() throws {

@@ -2,7 +2,7 @@ import PluginCall
 import PluginFormat
 import Testing
 
-@Suite("Declared exports resolve in the plugin's own file")
+@Suite("Declared exports resolve in the plugin's own file", .timeLimit(.minutes(5)))
 struct SymbolOwnershipTests {
     @Test("a symbol only a dependency provides is refused, naming plugin, function and library")
     func fromDependency() throws {

@@ -6,7 +6,7 @@ import Testing
 import TestSupport
 
 /// Calls with typed Swift values (`CallScalar`) instead of `CallValue`s.
-@Suite struct TypedCallTests {
+@Suite(.timeLimit(.minutes(5))) struct TypedCallTests {
     let dir = TemporaryDirectory("typed-calls")
 
     func table() throws -> FunctionTable {

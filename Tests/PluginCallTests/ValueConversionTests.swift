@@ -1,7 +1,7 @@
 import PluginCall
 import Testing
 
-@Suite("Argument conversion from text and JSON")
+@Suite("Argument conversion from text and JSON", .timeLimit(.minutes(5)))
 struct ValueConversionTests {
     @Test("integer text: decimal, hex, signs, exact bounds of every width")
     func integerText() throws {

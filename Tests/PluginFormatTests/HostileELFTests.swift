@@ -5,7 +5,7 @@ import TestSupport
 
 /// Offsets, sizes and counts read from a file are checked before any arithmetic: a hostile
 /// value gives an `ELFError` naming the problem, never a trap.
-@Suite struct HostileELFTests {
+@Suite(.timeLimit(.minutes(5))) struct HostileELFTests {
     static let dir = TemporaryDirectory("hostile-elf")
     /// One real C plugin with a manifest, a SONAME, a NEEDED entry and a build id.
     static let good: String = {
@@ -139,7 +139,7 @@ import TestSupport
 
 /// Reading is bounded: only the ranges the checks need are read, and sizes past the limits
 /// are refused by name before anything is read.
-@Suite struct BoundedReadTests {
+@Suite(.timeLimit(.minutes(5))) struct BoundedReadTests {
     @Test func aHugeManifestSectionIsRefusedBySize() throws {
         let dir = TemporaryDirectory("bounded-manifest")
         let good = try PluginFactory(directory: dir.path).buildC(

@@ -4,7 +4,7 @@ import ModuleKit
 import Testing
 import TestSupport
 
-@Suite struct ManifestParsingTests {
+@Suite(.timeLimit(.minutes(5))) struct ManifestParsingTests {
     @Test func aCompleteManifestRoundTrips() throws {
         let text = #"""
             {"name":"Greeting","version":"1.0.0","description":"d \"quoted\" \u00e9","abi":"1.0","language":"swift",
@@ -77,7 +77,7 @@ import TestSupport
     }
 }
 
-@Suite struct DynamicStringPatchTests {
+@Suite(.timeLimit(.minutes(5))) struct DynamicStringPatchTests {
     @Test(arguments: [
         ("libGreeting.so", 1, "libGreeting.so"),
         ("libGreeting.so", 2, "libGreeting.02"),

@@ -4,7 +4,7 @@ import Testing
 
 /// The strict JSON rules (`JSONValue.parse`, tested in ModuleKitTests) as the manifest
 /// reader reports them.
-@Suite struct StrictManifestTests {
+@Suite(.timeLimit(.minutes(5))) struct StrictManifestTests {
     @Test func aManifestBreakingAnyRuleIsRefusedWithTheOffset() {
         let head = Array(#"{"name":"x","version":"1","abi":"1.0","language":"c","modules":["m"],"#.utf8)
         for (tail, expected) in [(Array(#""name":"y"}"#.utf8), "at byte 69: duplicate member name \"name\""),
@@ -21,7 +21,7 @@ import Testing
     }
 }
 
-@Suite struct NameGrammarTests {
+@Suite(.timeLimit(.minutes(5))) struct NameGrammarTests {
     static let accepted = ["Greeting", "a", "calc_add", "com.example.tool-2", "_x", "9lives", String(repeating: "n", count: 64)]
     static let refused = ["", "../../x", "a/b", "a\nb", "esc\u{1B}[31m", ".hidden", "..", "-flag", "sp ace", "é",
                           String(repeating: "n", count: 65)]
