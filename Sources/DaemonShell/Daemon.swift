@@ -103,7 +103,7 @@ public actor Daemon: DaemonControl {
 
     /// Moves to `next`, resuming the requests that waited for startup to finish.
     func enter(_ next: Lifecycle) {
-        if case .starting(let waiters) = lifecycle, !waiters.isEmpty {
+        if case .starting(let waiters) = lifecycle {
             for waiter in waiters { waiter.resume() }
         }
         lifecycle = next
@@ -257,7 +257,7 @@ public actor Daemon: DaemonControl {
 
     /// Locks the state directory, prepares the socket's directory, locks the socket path
     /// and binds the control socket: everything that makes this process the one daemon for
-    /// them. Throws `already_running` (naming the directory or socket and the other pid)
+    /// them. Throws `.alreadyRunning` (naming the directory or socket and the other pid)
     /// when another daemon has either.
     func takeOwnership() throws(DaemonError) {
         func alreadyRunning(_ what: String, _ pid: Int32?, lockFile: String? = nil) -> DaemonError {

@@ -159,6 +159,8 @@ typedef struct {
     const char *path, *image;
     const modhost_plugin *plugin;
     void *handle;
+    /* Why the load failed; dlerror's text is the loading thread's own. */
+    const char *problem;
 } loading;
 
 static void load(void *argument) {
@@ -166,7 +168,11 @@ static void load(void *argument) {
     load->handle = dlopen(load->image, RTLD_NOW | RTLD_LOCAL);
     modhost_plugin_entry_fn entry = load->handle ? (modhost_plugin_entry_fn)dlsym(load->handle, MODHOST_ENTRY_SYMBOL) : NULL;
     load->plugin = entry ? entry() : NULL;
-    if (load->plugin == NULL) return;
+    if (load->plugin == NULL) {
+        const char *error = dlerror();
+        load->problem = error ? strdup(error) : entry ? "the entry point returned NULL" : "no entry point";
+        return;
+    }
     running_module *grown = realloc(modules, (module_count + load->plugin->module_count) * sizeof *modules);
     if (grown == NULL) fail(load->path, "out of memory");
     modules = grown;
@@ -224,7 +230,7 @@ static void start_plugins(const char *directory) {
         begin(path, "load", hash);
         run(load, &plugin, path);
         end();
-        if (plugin.plugin == NULL) fail(path, plugin.handle ? "no plugin" : dlerror());
+        if (plugin.plugin == NULL) fail(path, plugin.problem);
         char record[4096 + 64];
         snprintf(record, sizeof record, "{\"file\":\"%s\",\"hash\":\"%016llx\"", path, (unsigned long long)hash);
         if (modhost_crash_recorder_add(plugin.handle, record) != 0) fail(path, "the crash recorder does not know the image");

@@ -237,7 +237,7 @@ public actor PluginSet {
     ///   read: a plugin that crashed it while it was loaded, initialized or started is
     ///   logged (error level, on `logger`) and its file refused until it changes.
     ///
-    /// Throws `PluginSetError` with code `state_directory` or `already_running`, a message
+    /// Throws `PluginSetError` with code `.stateDirectory` or `.alreadyRunning`, a message
     /// naming the directory, what is wrong and the fix; nothing is loaded or run then.
     /// Loads nothing until `reconcile` is called; the other arguments are those of
     /// `init(host:settings:directories:imagesDirectory:crashGuard:...)`.
@@ -267,8 +267,9 @@ public actor PluginSet {
     /// loads): each must be a real directory (not a symlink) of this process's user that
     /// group and others cannot write, and `directory` must not lie in another state
     /// directory's `images` (beside a `modhostd.lock`). Missing ones are created with
-    /// mode 0700 (parents as needed); existing ones are never changed. Throws `state_directory` naming the
-    /// directory, what is wrong and the fix (`alternative`: how to use another directory).
+    /// mode 0700 (parents as needed); existing ones are never changed. Throws
+    /// `.stateDirectory` naming the directory, what is wrong and the fix (`alternative`:
+    /// how to use another directory).
     public static func checkStateDirectory(_ directory: String, alternative: String = "use another state directory")
         throws(PluginSetError) {
         // Not inside another daemon's private copies (STATE/images): that daemon would count
