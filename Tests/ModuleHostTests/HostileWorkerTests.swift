@@ -32,11 +32,17 @@ struct HostileWorkerTests {
             #include <string.h>
             #include <unistd.h>
             static const char frame[] = "\(frame.replacingOccurrences(of: "\"", with: "\\\""))";
-            /* A compact answer, on descriptor fd, to request id, which the daemon never sent. */
+            /* Writes the frame of text on descriptor fd. */
+            static void frame_on(int fd, const char *text) {
+                size_t n = strlen(text);
+                unsigned char header[4] = {(unsigned char)(n >> 24), (unsigned char)(n >> 16), (unsigned char)(n >> 8), (unsigned char)n};
+                if (write(fd, header, 4) != 4 || write(fd, text, n) < 0) {}
+            }
+            /* An answer, on descriptor fd, to request id, which the daemon never sent. */
             static void phantom(int fd, uint64_t id) {
-                unsigned char f[13] = {0, 0, 0, 9, 2};
-                for (int i = 0; i < 8; i++) f[5 + i] = (unsigned char)(id >> (8 * i));
-                if (write(fd, f, sizeof f) < 0) {}
+                char text[64];
+                snprintf(text, sizeof text, "{\\\"id\\\":%llu}", (unsigned long long)id);
+                frame_on(fd, text);
             }
             static void *create(const modhost_host_api *host, const char *config) { (void)config; return (void *)host; }
             static void handle(void *instance, const char *event, const char *payload) {
@@ -76,8 +82,8 @@ struct HostileWorkerTests {
             static void destroy(void *instance) { (void)instance; }
             MODHOST_EXPORT int32_t liar_add(int32_t a, int32_t b) { return a + b; }
             MODHOST_EXPORT int32_t liar_slow(int32_t ms) { usleep((useconds_t)ms * 1000); return ms; }
-            /* Answers the calls numbered 1 to count itself, on socket 5, each with a compact
-               result of type str (liar_forge returns an i32), before the worker's own answer. */
+            /* Answers the calls numbered 1 to count itself, on socket 5, each with a result
+               of type str (liar_forge returns an i32), before the worker's own answer. */
             MODHOST_EXPORT int32_t liar_phantom(int32_t id) { phantom(5, (uint64_t)id); return 0; }
             /* Writes on socket 5 the start of a frame of 200 bytes, then n bytes of it, and
                returns: the worker's answer is taken for more of that frame, which stays unfinished. */
@@ -88,17 +94,10 @@ struct HostileWorkerTests {
                 return n;
             }
             MODHOST_EXPORT int32_t liar_forge(int32_t count) {
-                static const char value[] = "\\\"forged\\\"";
-                for (uint64_t id = 1; id <= (uint64_t)count; id++) {
-                    unsigned char f[64];
-                    size_t n = 0, body = 1 + 8 + 4 + 3 + sizeof value - 1;
-                    f[n++] = 0; f[n++] = 0; f[n++] = 0; f[n++] = (unsigned char)body;
-                    f[n++] = 4;
-                    for (int i = 0; i < 8; i++) f[n++] = (unsigned char)(id >> (8 * i));
-                    f[n++] = 3; f[n++] = 0; f[n++] = 0; f[n++] = 0;
-                    memcpy(f + n, "str", 3); n += 3;
-                    memcpy(f + n, value, sizeof value - 1); n += sizeof value - 1;
-                    if (write(5, f, n) < 0) {}
+                for (int32_t id = 1; id <= count; id++) {
+                    char text[64];
+                    snprintf(text, sizeof text, "{\\\"type\\\":\\\"str\\\",\\\"value\\\":\\\"forged\\\",\\\"id\\\":%d}", (int)id);
+                    frame_on(5, text);
                 }
                 return 7;
             }

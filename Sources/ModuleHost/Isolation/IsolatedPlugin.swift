@@ -200,15 +200,8 @@ public final class IsolatedPlugin: Sendable {
             }
         }
         let given = workers.beginIsolated(module: module, event: event)
-        if let compact = CompactFrame.Kind(kind) {
-            // The hot path: a compact frame (`CompactFrame`), the same request in bytes.
-            _ = requestOutcome(what: event, module: module) { id in
-                CompactFrame.event(id: id, kind: compact, module: module, event: event, payload: payload)
-            }
-        } else {
-            _ = request(["op": WorkerOp.event.json, "module": .string(module), "kind": .string(kind), "event": .string(event), "payload": payload],
-                        what: event, module: module)
-        }
+        _ = request(["op": WorkerOp.event.json, "module": .string(module), "kind": .string(kind), "event": .string(event), "payload": payload],
+                    what: event, module: module)
         workers.endIsolated(module: module, given)
         if kind == "deinit" { state.withLock { $0.modules.removeAll { $0.name == module } } }
     }
@@ -304,10 +297,14 @@ public final class IsolatedPlugin: Sendable {
         if let busy = connection.overrunCall {
             throw PluginSetError(.pluginBusy, "plugin \(name) is busy: \(busy.function) has been running for \((ContinuousClock.now - busy.since).secondsText) in its worker; it gets no new call until that returns")
         }
-        let arguments: CompactFrame.Arguments = if let texts { .texts(texts) } else if let json { .json(json) } else { .none }
+        let arguments: (String, JSONValue)? = if let texts { ("texts", .array(texts.map { .string($0) })) } else if let json { ("json", .array(json)) } else { nil }
         let outcome: WorkerConnection.Outcome
         switch await connection.call(function: function, deadline: deadline, frame: { id in
-            CompactFrame.call(id: id, function: function, arguments: arguments)
+            if let (key, value) = arguments {
+                WorkerFrame.encode(members: ["op": WorkerOp.call.json, "function": .string(function), key: value], id: .number(Double(id)))
+            } else {
+                WorkerFrame.encode(members: ["op": WorkerOp.call.json, "function": .string(function)], id: .number(Double(id)))
+            }
         }) {
         case .outcome(let answered):
             outcome = answered

@@ -361,11 +361,7 @@ final class WorkerService: Sendable {
                 case .custom, .notification:
                     let id = message["id"] ?? .null
                     let stuck = delivery.deliverHere(event)?.what
-                    if let answer = CompactFrame.answer(id: id, stuck: stuck) {
-                        send(answer, replying: id, on: channel)
-                    } else {
-                        reply(id, members: stuck.map { ["stuck": .string($0)] } ?? [:], on: channel)
-                    }
+                    reply(id, members: stuck.map { ["stuck": .string($0)] } ?? [:], on: channel)
                     continue
                 default:
                     break
@@ -398,11 +394,7 @@ final class WorkerService: Sendable {
             let id = message["id"] ?? .null
             switch call(message) {
             case .success(let value):
-                if let frame = CompactFrame.result(id: id, type: value.type.rawValue, value: value.json) {
-                    send(frame, replying: id, on: channel)
-                } else {
-                    reply(id, members: ["type": .string(value.type.rawValue), "value": value.json], on: channel)
-                }
+                reply(id, members: ["type": .string(value.type.rawValue), "value": value.json], on: channel)
             case .failure(let error):
                 reply(id, members: ["error": ["code": .string(error.code.rawValue), "message": .string(error.message)]], on: channel)
             }

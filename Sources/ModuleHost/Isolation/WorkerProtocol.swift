@@ -6,9 +6,9 @@ import Synchronization
 /// The wire format between `modhostd` and a `modhost-worker` (docs/isolation.md): over
 /// each of three UNIX stream sockets (socketpairs; descriptors 3, 4 and 5 in the worker), a
 /// sequence of frames, each a 4-byte big-endian length N (1 ≤ N ≤ `maximumSize`) followed
-/// by N bytes of one JSON object (ModuleKit's strict parser), or of a compact frame that
-/// stands for one (`CompactFrame`). What a frame says is in docs/isolation.md;
-/// this file only moves frames.
+/// by N bytes of one JSON object (ModuleKit's strict parser): one encoding for every
+/// frame, both ways. What a frame says is in docs/isolation.md; this file only moves
+/// frames.
 enum WorkerFrame {
     /// The largest frame body, in bytes (16 MiB): a payload, a state or a call result
     /// larger than this is refused, not read.
@@ -416,7 +416,6 @@ struct FrameReader {
     /// The message of frame body `body` (a slice of the reader's buffer, read before the
     /// buffer changes again).
     static func message(_ body: ArraySlice<UInt8>) throws(End) -> WorkerMessage {
-        if CompactFrame.isCompact(body) { return try CompactFrame.message(body) }
         let document: JSONValue.TopLevel
         do {
             document = try JSONValue.parseKeepingMembers(Array(body))
@@ -464,7 +463,7 @@ struct FrameReader {
 /// How the daemon and its workers read a frame's body, for the worker-frame fuzz target
 /// (Tests/Fuzzing): what a plugin's code writes on a worker socket reaches the daemon here.
 package enum WorkerFrameReading {
-    /// The JSON object `body` reads as (a JSON or a compact frame), nil when it is invalid.
+    /// The JSON object `body` reads as, nil when it is invalid.
     package static func message(_ body: [UInt8]) -> JSONValue? { try? FrameReader.message(body[...]).json }
 
     /// The body of the JSON frame that carries `message` (an object), nil when too large.

@@ -1,9 +1,8 @@
 // Fuzz target: the body of a frame on a worker socket, as the daemon reads what an isolated
-// plugin's worker (and so the plugin's own code) writes there: strict JSON, or a compact
-// frame (docs/isolation.md, "Compact frames").
+// plugin's worker (and so the plugin's own code) writes there: strict JSON
+// (docs/isolation.md, "The worker protocol").
 // Promises under test: any bytes are read as one JSON object or refused, never a trap; and
-// a compact frame says nothing JSON could not: the message read, written back as a JSON
-// frame, reads as the same message.
+// the message read, written back as a frame, reads as the same message.
 import FuzzSupport
 import ModuleHost
 import ModuleKit
