@@ -138,4 +138,32 @@ import Testing
         refused(Self.header(0), "length 0 is outside 1...\(WorkerFrame.maximumSize)")
         refused(Self.header(WorkerFrame.maximumSize + 1), "length \(WorkerFrame.maximumSize + 1) is outside")
     }
+
+    /// Every request the daemon writes reads back, in the worker, as the same request:
+    /// the two ends share one spelling of each member. What is not a request is nil.
+    @Test func everyRequestReadsBackAsItself() throws {
+        let payload: JSONValue = ["text": "é\u{1B}\"", "list": [1, 2.5, nil, true]]
+        let requests: [DaemonRequest] = [
+            .create(module: "echo", configuration: ["limit": 3], running: ["a", "b"]),
+            .event(module: "echo", kind: .start, name: "start", payload: nil),
+            .event(module: "echo", kind: .deinitialize, name: "deinit", payload: nil),
+            .event(module: "naïve", kind: .notification, name: "", payload: payload),
+            .event(module: "echo", kind: .custom, name: "tick", payload: 7),
+            .awaited(module: "echo", event: "willUnload", payload: nil),
+            .configure(module: "echo", configuration: ["level": "debug"]),
+            .info(module: "echo"), .state(module: "echo"), .restore(module: "echo", state: payload),
+            .call(function: "now", arguments: .none), .call(function: "greet", arguments: .texts(["a b", "ü"])),
+            .call(function: "echo_add", arguments: .json([2, 3])),
+        ]
+        for (index, request) in requests.enumerated() {
+            let frame = try #require(request.frame(id: index + 1))
+            let message = try FrameReader.message(frame[4...])
+            #expect(message.integer("id") == index + 1)
+            #expect(DaemonRequest(message) == request, "\(message.json.jsonText)")
+        }
+        for text in [#"{"op":"event","module":"m","kind":"later","event":"e","id":1}"#, #"{"op":"info","id":1}"#,
+                     #"{"op":"call","function":"f","texts":[1],"id":1}"#, #"{"op":"launch","id":1}"#, #"{"id":1}"#] {
+            #expect(DaemonRequest(try FrameReader.message(Array(text.utf8)[...])) == nil, "\(text)")
+        }
+    }
 }

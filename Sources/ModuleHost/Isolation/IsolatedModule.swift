@@ -36,10 +36,10 @@ final class IsolatedModule: ModuleInAnotherProcess {
         switch event {
         // The worker's own host sent these already (create initializes, configure changes).
         case .initialize, .configurationChanged: return
-        case .start: plugin.deliver(moduleName, kind: "start", event: "start", payload: .null)
-        case .deinitialize: plugin.deliver(moduleName, kind: "deinit", event: "deinit", payload: .null)
-        case .notification(let name, let payload): plugin.deliver(moduleName, kind: "notification", event: name, payload: payload)
-        case .custom(let name, let payload): plugin.deliver(moduleName, kind: "custom", event: name, payload: payload)
+        case .start: plugin.deliver(moduleName, kind: .start, event: "start", payload: .null)
+        case .deinitialize: plugin.deliver(moduleName, kind: .deinitialize, event: "deinit", payload: .null)
+        case .notification(let name, let payload): plugin.deliver(moduleName, kind: .notification, event: name, payload: payload)
+        case .custom(let name, let payload): plugin.deliver(moduleName, kind: .custom, event: name, payload: payload)
         @unknown default: return
         }
     }

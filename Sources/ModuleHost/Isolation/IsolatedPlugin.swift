@@ -179,8 +179,7 @@ public final class IsolatedPlugin: Sendable {
             state.modules.removeAll { $0.name == module }
             state.modules.append((module, ModuleRecord(configuration: configuration)))
         }
-        let reply = request(["op": WorkerOp.create.json, "module": .string(module), "configuration": configuration,
-                             "running": .array(running.map { .string($0) })], what: "create of \(module)", module: module)
+        let reply = request(.create(module: module, configuration: configuration, running: running), what: "create of \(module)", module: module)
         guard let reply else { return (nil, []) }
         if reply["created"]?.boolValue != true {
             state.withLock { $0.modules.removeAll { $0.name == module } }
@@ -193,17 +192,16 @@ public final class IsolatedPlugin: Sendable {
     }
 
     /// Delivers a synchronous event; returns once the worker has (or could not).
-    func deliver(_ module: String, kind: String, event: String, payload: JSONValue) {
-        if kind == "start" {
+    func deliver(_ module: String, kind: DaemonRequest.EventKind, event: String, payload: JSONValue) {
+        if kind == .start {
             state.withLock { state in
                 if let index = state.modules.firstIndex(where: { $0.name == module }) { state.modules[index].record.started = true }
             }
         }
         let given = workers.beginIsolated(module: module, event: event)
-        _ = request(["op": WorkerOp.event.json, "module": .string(module), "kind": .string(kind), "event": .string(event), "payload": payload],
-                    what: event, module: module)
+        _ = request(.event(module: module, kind: kind, name: event, payload: payload), what: event, module: module)
         workers.endIsolated(module: module, given)
-        if kind == "deinit" { state.withLock { $0.modules.removeAll { $0.name == module } } }
+        if kind == .deinitialize { state.withLock { $0.modules.removeAll { $0.name == module } } }
     }
 
     /// Delivers an awaited event and waits for it: the host instance goes on at the event
@@ -217,7 +215,7 @@ public final class IsolatedPlugin: Sendable {
             return
         }
         let given = workers.beginIsolated(module: module, event: event)
-        let outcome = await connection.requestAsync(["op": WorkerOp.awaited.json, "module": .string(module), "event": .string(event), "payload": payload],
+        let outcome = await connection.requestAsync(.awaited(module: module, event: event, payload: payload),
                                                     what: event, deadline: deadline + min(deadline, .seconds(1)))
         // The host instance counts an awaited event it stopped waiting for as an overrun; the
         // worker's host, which gives up a little earlier (`workerDeadline`), says when it did.
@@ -233,7 +231,7 @@ public final class IsolatedPlugin: Sendable {
         state.withLock { state in
             if let index = state.modules.firstIndex(where: { $0.name == module }) { state.modules[index].record.configuration = configuration }
         }
-        guard let reply = request(["op": WorkerOp.configure.json, "module": .string(module), "configuration": configuration], what: "configurationChanged")
+        guard let reply = request(.configure(module: module, configuration: configuration), what: "configurationChanged")
         else { return true }
         return reply["running"]?.boolValue ?? true
     }
@@ -243,7 +241,7 @@ public final class IsolatedPlugin: Sendable {
     /// last info it had).
     func info(_ module: String) -> ModuleInfo? {
         let phase = state.withLock { $0.phase }
-        let outcome = requestOutcome(["op": WorkerOp.info.json, "module": .string(module)], what: "info of \(module)")
+        let outcome = requestOutcome(.info(module: module), what: "info of \(module)")
         guard case .reply(let reply)? = outcome else {
             let why = switch outcome {
             case .timedOut?: "did not answer within \(deadline.secondsText)"
@@ -271,13 +269,13 @@ public final class IsolatedPlugin: Sendable {
     }
 
     func stateForReplacement(_ module: String) -> JSONValue? {
-        guard let state = request(["op": WorkerOp.state.json, "module": .string(module)], what: "stateForReplacement")?["state"], state != .null
+        guard let state = request(.state(module: module), what: "stateForReplacement")?["state"], state != .null
         else { return nil }
         return state
     }
 
     func restore(_ module: String, state: JSONValue) {
-        _ = request(["op": WorkerOp.restore.json, "module": .string(module), "state": state], what: "restore")
+        _ = request(.restore(module: module, state: state), what: "restore")
     }
 
     /// Calls `function` in the worker with arguments as text (`texts`) or JSON values
@@ -297,15 +295,9 @@ public final class IsolatedPlugin: Sendable {
         if let busy = connection.overrunCall {
             throw PluginSetError(.pluginBusy, "plugin \(name) is busy: \(busy.function) has been running for \((ContinuousClock.now - busy.since).secondsText) in its worker; it gets no new call until that returns")
         }
-        let arguments: (String, JSONValue)? = if let texts { ("texts", .array(texts.map { .string($0) })) } else if let json { ("json", .array(json)) } else { nil }
+        let arguments: DaemonRequest.CallArguments = if let texts { .texts(texts) } else if let json { .json(json) } else { .none }
         let outcome: WorkerConnection.Outcome
-        switch await connection.call(function: function, deadline: deadline, frame: { id in
-            if let (key, value) = arguments {
-                WorkerFrame.encode(members: ["op": WorkerOp.call.json, "function": .string(function), key: value], id: .number(Double(id)))
-            } else {
-                WorkerFrame.encode(members: ["op": WorkerOp.call.json, "function": .string(function)], id: .number(Double(id)))
-            }
-        }) {
+        switch await connection.call(function: function, arguments: arguments, deadline: deadline) {
         case .outcome(let answered):
             outcome = answered
         case .notStarted(let ahead):
@@ -346,25 +338,20 @@ public final class IsolatedPlugin: Sendable {
         state.withLock { $0.phase == .running ? $0.connection : nil }
     }
 
-    /// Sends `message` and waits for its reply up to the event deadline; nil when no worker
+    /// Sends `request` and waits for its reply up to the event deadline; nil when no worker
     /// runs or it did not answer (it is then killed and restarted).
-    private func request(_ message: KeyValuePairs<String, JSONValue>, what: String, module: String? = nil) -> WorkerMessage? {
-        if case .reply(let reply)? = requestOutcome(message, what: what, module: module) { return reply }
+    private func request(_ request: DaemonRequest, what: String, module: String? = nil) -> WorkerMessage? {
+        if case .reply(let reply)? = requestOutcome(request, what: what, module: module) { return reply }
         return nil
     }
 
     /// `request`, saying what became of it; nil when no worker ran to send it to.
-    private func requestOutcome(_ message: KeyValuePairs<String, JSONValue>, what: String, module: String? = nil) -> WorkerConnection.Outcome? {
-        requestOutcome(what: what, module: module) { id in WorkerFrame.encode(members: message, id: .number(Double(id))) }
-    }
-
-    /// `requestOutcome` of the frame `frame(id)` makes for request `id`.
-    private func requestOutcome(what: String, module: String?, frame: (Int) -> [UInt8]?) -> WorkerConnection.Outcome? {
+    private func requestOutcome(_ request: DaemonRequest, what: String, module: String? = nil) -> WorkerConnection.Outcome? {
         guard let connection = currentConnection else {
             if let module { notDelivered(module, what) }
             return nil
         }
-        let outcome = connection.request(deadline: deadline, frame: frame)
+        let outcome = connection.request(request, deadline: deadline)
         check(outcome, connection, what: what, module: module)
         return outcome
     }
@@ -527,12 +514,11 @@ public final class IsolatedPlugin: Sendable {
         logger.info("restarted plugin \(name)'s worker (pid \(connection.pid), restart \(restarts))", [("pid", "\(connection.pid)")])
         let running = host.runningModuleNames
         for (module, record) in modules {
-            let reply = connection.request(["op": WorkerOp.create.json, "module": .string(module), "configuration": record.configuration,
-                                            "running": .array(running.map { .string($0) })], deadline: deadline)
+            let reply = connection.request(.create(module: module, configuration: record.configuration, running: running), deadline: deadline)
             check(reply, connection, what: "create of \(module)")
             guard case .reply(let created) = reply, created["created"]?.boolValue == true else { continue }
             if record.started {
-                check(connection.request(["op": WorkerOp.event.json, "module": .string(module), "kind": "start", "event": "start"], deadline: deadline),
+                check(connection.request(.event(module: module, kind: .start, name: "start", payload: .null), deadline: deadline),
                       connection, what: "start")
             }
         }

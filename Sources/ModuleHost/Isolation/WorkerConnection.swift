@@ -298,13 +298,8 @@ final class WorkerConnection: Sendable {
     /// all told, for its reply, which this thread reads itself. After a request that timed
     /// out or failed, the socket is out of step: every later one is `gone` (the caller kills
     /// the worker on `timedOut`; `reap` ends the socket when it ends).
-    func request(_ message: KeyValuePairs<String, JSONValue>, deadline: Duration) -> Outcome {
-        request(deadline: deadline) { id in WorkerFrame.encode(members: message, id: .number(Double(id))) }
-    }
-
-    /// `request(_:deadline:)` of the frame `frame(id)` makes for request `id` (nil: too
-    /// large, `gone`).
-    func request(deadline: Duration, frame: (Int) -> [UInt8]?) -> Outcome {
+    /// A request whose frame is too large is `gone`.
+    func request(_ request: DaemonRequest, deadline: Duration) -> Outcome {
         let until = ContinuousClock.now + deadline
         // A timeout already past tries the gate without reading the clock (it is nearly always
         // free: one thread at a time sends the plugin its events).
@@ -315,7 +310,7 @@ final class WorkerConnection: Sendable {
             guard reader != nil else { return .gone }
             let id = nextID.add(1, ordering: .relaxed).oldValue
             var outcome = Outcome.gone
-            switch ordered.send(frame: frame(id), until: until) {
+            switch ordered.send(frame: request.frame(id: id), until: until) {
             case .sent:
                 do throws(FrameReader.End) {
                     let reply = try reader!.next(until: until)
@@ -367,9 +362,10 @@ final class WorkerConnection: Sendable {
 
     /// Sends an awaited event `what` (the control socket) and awaits its reply, up to
     /// `deadline` all told: a worker that has not read it by then is killed (`timedOut`).
-    func requestAsync(_ message: JSONValue, what: String, deadline: Duration) async -> Outcome {
+    func requestAsync(_ request: DaemonRequest, what: String, deadline: Duration) async -> Outcome {
         let until = ContinuousClock.now + deadline
-        guard let (id, numbered) = numbered(message) else { return .gone }
+        let id = nextID.add(1, ordering: .relaxed).oldValue
+        let numbered = request.frame(id: id)
         let waiter = Waiter()
         guard pending.withLock({ pending -> Bool in
             guard !pending.closed else { return false }
@@ -387,8 +383,7 @@ final class WorkerConnection: Sendable {
         return await waiter.wait(upTo: max(until - .now, .zero), unread: { control.hasUnreadInput }, grace: deadline)
     }
 
-    /// Sends call `function` (socket 5), the frame `frame(id)` makes for request `id` (nil:
-    /// too large, `gone`), and waits for its reply, up to `deadline` if given:
+    /// Sends call `function` with `arguments` (socket 5; a frame too large is `gone`), and waits for its reply, up to `deadline` if given:
     /// `timedOut` then (the function goes on in the worker; its late reply is dropped). Its
     /// frame must be written whole by `deadline`, or else by the event deadline: a worker
     /// that has not read it by then is killed (it no longer reads, or the stream is out of
@@ -403,7 +398,7 @@ final class WorkerConnection: Sendable {
     /// A call is sent only once the call before it has been answered (the worker runs them
     /// one at a time): one whose turn has not come by its deadline is `notStarted`, never
     /// sent, and never runs; one that overran keeps the turn until its reply comes.
-    func call(function: String, deadline: Duration?, frame: (Int) -> [UInt8]?) async -> CallOutcome {
+    func call(function: String, arguments: DaemonRequest.CallArguments, deadline: Duration?) async -> CallOutcome {
         let start = ContinuousClock.now
         let id = nextID.add(1, ordering: .relaxed).oldValue
         let until = deadline.map { start + $0 }
@@ -412,7 +407,7 @@ final class WorkerConnection: Sendable {
         case .notStarted(let ahead): return .notStarted(ahead: ahead)
         case .gone: return .outcome(.gone)
         }
-        let numbered = frame(id)
+        let numbered = DaemonRequest.call(function: function, arguments: arguments).frame(id: id)
         let waiter = Waiter()
         guard callReplies.withLock({ replies -> Bool in
             guard !replies.closed else { return false }
@@ -504,13 +499,6 @@ final class WorkerConnection: Sendable {
     /// The oldest call that overran its deadline and is still running in the worker.
     var overrunCall: (function: String, since: ContinuousClock.Instant)? {
         callReplies.withLock { $0.overrun.values.min { $0.since < $1.since } }
-    }
-
-    /// A new request id, and the frame of `message` (an object) with it (nil: too large).
-    private func numbered(_ message: JSONValue) -> (Int, [UInt8]?)? {
-        guard case .object = message else { return nil }
-        let id = nextID.add(1, ordering: .relaxed).oldValue
-        return (id, WorkerFrame.encode(message, id: .number(Double(id))))
     }
 
     /// Call `id` waits no more (`overran`: it did not return by its deadline, and its reply

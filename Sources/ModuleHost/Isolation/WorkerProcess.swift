@@ -104,7 +104,7 @@ public enum WorkerProcess {
                     service.answers.receive(message.json)
                     continue
                 }
-                continuation.yield(WorkerRequest(message: message, replyTo: channel))
+                continuation.yield(WorkerRequest(message, replyTo: channel))
             } catch {
                 // The daemon closed the socket (or ended): the C callbacks already queued (a
                 // destroy after deinit) get the event deadline to finish, then everything of
@@ -173,10 +173,20 @@ public enum WorkerProcess {
     }
 }
 
-/// A request from the daemon and the socket its reply goes to.
+/// A request from the daemon, its id and the socket its reply goes to; `request` is nil
+/// for a message that is no request the worker knows (answered `invalid_request`).
 struct WorkerRequest: Sendable {
-    let message: WorkerMessage
+    let id: JSONValue
+    let request: DaemonRequest?
+    let op: String?
     let replyTo: WorkerChannel
+
+    init(_ message: WorkerMessage, replyTo: WorkerChannel) {
+        id = message["id"] ?? .null
+        request = DaemonRequest(message)
+        op = message.text("op")
+        self.replyTo = replyTo
+    }
 }
 
 /// The daemon's running module names, as of the last `create` (`has_module`).
@@ -355,19 +365,15 @@ final class WorkerService: Sendable {
     func serveOrdered(_ channel: WorkerChannel, slowPath: AsyncStream<WorkerRequest>.Continuation) {
         var reader = FrameReader(fd: channel.fd)
         while let message = next(from: &reader, "its socket of ordered requests (4)") {
-            if message.op == .event, let module = message.text("module"),
-               let delivery = direct.withLock({ $0[module] }), let event = Self.event(message) {
-                switch event {
-                case .custom, .notification:
-                    let id = message["id"] ?? .null
-                    let stuck = delivery.deliverHere(event)?.what
-                    reply(id, members: stuck.map { ["stuck": .string($0)] } ?? [:], on: channel)
-                    continue
-                default:
-                    break
-                }
+            let received = WorkerRequest(message, replyTo: channel)
+            if case .event(let module, let kind, let name, let payload)? = received.request, kind == .custom || kind == .notification,
+               let delivery = direct.withLock({ $0[module] }) {
+                let event: ModuleEvent = kind == .custom ? .custom(name: name, payload: payload) : .notification(name: name, payload: payload)
+                let stuck = delivery.deliverHere(event)?.what
+                reply(received.id, members: stuck.map { ["stuck": .string($0)] } ?? [:], on: channel)
+                continue
             }
-            slowPath.yield(WorkerRequest(message: message, replyTo: channel))
+            slowPath.yield(received)
         }
         // The daemon closed it: the control thread sees the same and ends the process.
     }
@@ -392,7 +398,7 @@ final class WorkerService: Sendable {
         var reader = FrameReader(fd: channel.fd)
         while let message = next(from: &reader, "its socket of calls (5)") {
             let id = message["id"] ?? .null
-            switch call(message) {
+            switch call(DaemonRequest(message)) {
             case .success(let value):
                 reply(id, members: ["type": .string(value.type.rawValue), "value": value.json], on: channel)
             case .failure(let error):
@@ -405,21 +411,17 @@ final class WorkerService: Sendable {
     /// answering when it is done.
     func serve(_ stream: AsyncStream<WorkerRequest>) async {
         var settings: [String: ModuleSettings] = [:]
-        for await request in stream {
-            let message = request.message
-            let channel = request.replyTo
-            func reply(_ id: JSONValue, _ body: JSONValue) { self.reply(id, body, on: channel) }
-            let id = message["id"] ?? .null
-            let module = message.text("module") ?? ""
-            switch message.op {
-            case .create?:
-                if case .array(let names) = message["running"] ?? .null {
-                    daemonModules.names.withLock { $0 = Set(names.compactMap(\.stringValue)) }
-                }
-                settings[module] = ModuleSettings(configuration: message["configuration"] ?? [:])
+        for await received in stream {
+            let channel = received.replyTo
+            let id = received.id
+            func reply(_ body: JSONValue) { self.reply(id, body, on: channel) }
+            switch received.request {
+            case .create(let module, let configuration, let running)?:
+                daemonModules.names.withLock { $0 = Set(running) }
+                settings[module] = ModuleSettings(configuration: configuration)
                 await host.updateSettings(settings)
-                reply(id, await createAnswer(module))
-            case .event? where message.text("kind") == "deinit":
+                reply(await createAnswer(module))
+            case .event(let module, .deinitialize, _, _)?:
                 // The daemon's module is gone (disabled, removed, replaced, shut down; it had
                 // its willUnload): so is this one, and a later create makes a new instance.
                 // Answered once a C module's destroy (queued after its deinit) has returned,
@@ -429,38 +431,35 @@ final class WorkerService: Sendable {
                 settings[module] = nil
                 await host.removeUnloaded(moduleNamed: [module])
                 if workers.stuck(module: module) == nil { await finish(queues) }
-                reply(id, stuckReply(module))
-            case .event? where message.text("kind") == "start":
+                reply(stuckReply(module))
+            case .event(let module, .start, _, _)?:
                 // Through the host, so that what it held for the module until its start (a
                 // custom event one of this plugin's modules sent it) is delivered now.
                 await host.start(moduleNamed: module)
-                reply(id, stuckReply(module))
-            case .event?:
-                let event = Self.event(message)
-                await host.perform { host in
-                    if let event { host.module(named: module)?.handle(event, host: host) }
-                }
-                reply(id, stuckReply(module))
-            case .info?:
+                reply(stuckReply(module))
+            case .event(let module, let kind, let name, let payload)?:
+                let event: ModuleEvent = kind == .custom ? .custom(name: name, payload: payload) : .notification(name: name, payload: payload)
+                await host.perform { host in host.module(named: module)?.handle(event, host: host) }
+                reply(stuckReply(module))
+            case .info(let module)?:
                 let info = await host.perform { host in host.module(named: module)?.info }
-                reply(id, ["info": info.flatMap { try? JSONValue(encoding: $0) } ?? .null])
-            case .awaited?:
+                reply(["info": info.flatMap { try? JSONValue(encoding: $0) } ?? .null])
+            case .awaited(let module, let event, let payload)?:
                 // Answered from a task of its own: the next request does not wait for it.
-                Task { self.reply(id, await self.awaited(message, module: module), on: channel) }
-            case .configure?:
-                settings[module] = ModuleSettings(configuration: message["configuration"] ?? [:])
+                Task { self.reply(id, await self.awaited(event, payload: payload, module: module), on: channel) }
+            case .configure(let module, let configuration)?:
+                settings[module] = ModuleSettings(configuration: configuration)
                 await host.updateSettings(settings)
                 await updateDirect(module)
-                reply(id, ["running": .bool(host.isRunning(moduleNamed: module))])
-            case .state?:
+                reply(["running": .bool(host.isRunning(moduleNamed: module))])
+            case .state(let module)?:
                 let state = await host.perform { host in host.module(named: module)?.stateForReplacement(host: host) }
-                reply(id, ["state": state ?? .null])
-            case .restore?:
-                let state = message["state"] ?? .null
+                reply(["state": state ?? .null])
+            case .restore(let module, let state)?:
                 await host.perform { host in host.module(named: module)?.restore(state: state, host: host) }
-                reply(id, [:])
-            default:
-                reply(id, ["error": ["code": "invalid_request", "message": .string("unknown op \(message.text("op") ?? "none")")]])
+                reply([:])
+            case .call?, nil:
+                reply(["error": ["code": "invalid_request", "message": .string("unknown op \(received.op ?? "none") on this socket, or a member missing")]])
             }
         }
     }
@@ -479,12 +478,12 @@ final class WorkerService: Sendable {
 
     /// Sends `module` the awaited event `message` names and says how it went, with whether
     /// this host gave up on it at its deadline (the daemon counts the overrun).
-    private func awaited(_ message: WorkerMessage, module: String) async -> JSONValue {
+    private func awaited(_ name: String, payload: JSONValue, module: String) async -> JSONValue {
         let event: AsyncModuleEvent
-        switch message.text("event") ?? "" {
+        switch name {
         case "willUnload": event = .willUnload
         case "willTerminate": event = .willTerminate
-        case let name: event = .custom(name: name, payload: message["payload"] ?? .null)
+        default: event = .custom(name: name, payload: payload)
         }
         let metrics = host.metrics.module(named: module)
         let overruns = metrics.snapshot().deadlineOverruns
@@ -535,34 +534,21 @@ final class WorkerService: Sendable {
         return [:]
     }
 
-    private static func event(_ message: WorkerMessage) -> ModuleEvent? {
-        let payload = message["payload"] ?? .null
-        let name = message.text("event") ?? ""
-        switch message.text("kind") {
-        case "start": return .start
-        case "notification": return .notification(name: name, payload: payload)
-        case "custom": return .custom(name: name, payload: payload)
-        default: return nil
-        }
-    }
-
     /// Calls a function by name (on the calls thread): its value, or the error the daemon
     /// would give in process.
-    private func call(_ message: WorkerMessage) -> Result<CallValue, PluginSetError> {
-        let function = message.text("function") ?? ""
+    private func call(_ request: DaemonRequest?) -> Result<CallValue, PluginSetError> {
+        guard case .call(let function, let arguments)? = request else {
+            return .failure(PluginSetError(.callFailed, "the worker was sent a frame on its socket of calls that is no call"))
+        }
         guard let table = plugin.functions else {
             return .failure(PluginSetError(.unknownFunction, "plugin \(plugin.name) exports no functions for calling by name"))
         }
         do throws(CallError) {
-            let value: CallValue
-            if case .array(let texts) = message["texts"] ?? .null {
-                value = try table.call(function, texts: texts.compactMap(\.stringValue))
-            } else if case .array(let values) = message["json"] ?? .null {
-                value = try table.call(function, json: values)
-            } else {
-                value = try table.call(function, json: [])
+            switch arguments {
+            case .none: return .success(try table.call(function, json: []))
+            case .texts(let texts): return .success(try table.call(function, texts: texts))
+            case .json(let values): return .success(try table.call(function, json: values))
             }
-            return .success(value)
         } catch {
             return .failure(PluginSetError(error))
         }
