@@ -20,7 +20,11 @@ import Testing
     @Test func aJobAwaitedIsNoLongerRunningWhenItsCallerResumes() async {
         let worker = PluginWorker(label: "async")
         for round in 0..<300 {
-            #expect(await worker.run("job \(round)", deadline: .seconds(30)) { round } == round)
+            guard case .returned(let value) = await worker.attempt("job \(round)", deadline: .seconds(30), { round }) else {
+                Issue.record("job \(round) did not return")
+                return
+            }
+            #expect(value == round)
             #expect(worker.busy == nil, "after job \(round)")
         }
     }
@@ -65,7 +69,7 @@ import Testing
                 seen.callersDone.add(1, ordering: .releasing)
             }
             group.addTask {
-                for _ in 0..<1000 { await worker.run("async", deadline: .seconds(30)) { Self.runAlone(seen, "async") } }
+                for _ in 0..<1000 { _ = await worker.attempt("async", deadline: .seconds(30)) { Self.runAlone(seen, "async") } }
                 seen.callersDone.add(1, ordering: .releasing)
             }
         }
@@ -152,7 +156,7 @@ import Testing
         }
         worker.submit("deinit", deadline: .seconds(30)) { order.withLock { $0.append("deinit") } }
         release.signal()
-        _ = await worker.run("last", deadline: .seconds(30)) { 0 }
+        _ = await worker.attempt("last", deadline: .seconds(30)) { 0 }
         #expect(order.withLock { $0 } == ["lane", "deinit"])
         #expect(worker.stuck == nil)
     }
@@ -181,7 +185,7 @@ import Testing
                 }
             }
         }
-        _ = await worker.run("last", deadline: .seconds(30)) { 0 }
+        _ = await worker.attempt("last", deadline: .seconds(30)) { 0 }
         let overlaps = seen.overlapped.load(ordering: .sequentiallyConsistent)
         #expect(!overlaps)
         #expect(seen.ran.withLock { $0 } == seen.submitted.withLock { $0 })

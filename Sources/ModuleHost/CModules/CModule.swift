@@ -120,8 +120,9 @@ final class CModule: RelayedModule {
         let instance = instance
         let name = event.name
         let payload = event.payload
-        // Awaited without holding a thread; the host's own deadline decides when it stops waiting.
-        await worker.run(name, deadline: deadline) { instance.deliver(kind, name, payload) }
+        // Awaited without holding a thread, up to the deadline the host keeps too: one still
+        // running then leaves the module stuck until it returns.
+        _ = await worker.attempt(name, deadline: deadline) { instance.deliver(kind, name, payload) }
     }
 
     func updateConfiguration(_ configuration: JSONValue, host: isolated HostInstance) -> (any Module)? {

@@ -6,19 +6,28 @@ import Synchronization
 /// Where plugin code that the host cannot interrupt runs: one serial queue, its own thread
 /// while a job runs (libdispatch gives a blocked serial queue a thread of its own, never
 /// one of Swift concurrency's cooperative threads), so a C function that never returns
-/// holds this worker and nothing else. A job a caller waits for (`run`, synchronous) runs
-/// on the same queue from the `SyncRunner`'s thread when that thread is free.
+/// holds this worker and nothing else.
 ///
 /// Jobs run one at a time, in submission order. Each job has a deadline; a job still
 /// running past it makes the worker *stuck* (`stuck`), which callers use to give it no
 /// more work until it returns. A C call cannot be preempted: the thread stays where the
 /// plugin left it, the caller does not.
 ///
-/// A relay's lane (`CModuleRelay`) may also run a call on its own thread in the worker's
-/// place (`claim`, `release`): only while no job of the queue runs or waits, and a job of
-/// the queue that starts meanwhile waits for it to be released, so the worker still runs
-/// one job at a time, in order. A claim is two atomic operations when nothing else runs,
-/// with no lock: it is taken once per module per event.
+/// Plugin code reaches a worker in one of two ways:
+/// - **queued**, run on the worker's thread, which lets the caller keep its deadline
+///   whatever the plugin does: `submit` (nobody waits), `run` (a synchronous caller blocks
+///   up to the deadline; the `SyncRunner`'s thread runs the job when it is free) and
+///   `attempt` (a task suspends up to the deadline; a job whose turn has not come by then
+///   is dropped);
+/// - **in the worker's place**, on the calling thread, in the worker's order: `runHere`,
+///   for a thread that may block as long as the plugin's code runs (an isolated plugin's
+///   ordered thread, whose daemon kills the process at its deadline), and `claim` and
+///   `release`, for a relay's lane (`CModuleRelay`), whose caller keeps the deadline and
+///   hands the rest of its batch to another lane. No other thread is woken: a hand-off to
+///   another thread and back costs more than most C callbacks take. A lane claims only
+///   while no job of the queue runs or waits, and a job of the queue that starts meanwhile
+///   waits for the claim to be released; a claim is two atomic operations when nothing
+///   else runs, with no lock: it is taken once per module per event.
 package final class PluginWorker: Sendable {
     /// What the worker is for, e.g. "module hang" or "plugin Spin" (log lines).
     let label: String
@@ -374,21 +383,27 @@ package final class PluginWorker: Sendable {
     }
 
     /// Runs `job` if its turn comes within `deadline` (counted from now), and waits for it
-    /// up to then, holding no thread. A job whose turn has not come by the deadline is
-    /// dropped: it never runs, so its caller's failure is the whole story. One still
-    /// running then goes on (plugin code cannot be interrupted), the worker is stuck on it
-    /// from that instant, and `returnedLate` runs on the worker once it has returned, with
-    /// how long it ran.
+    /// up to then, holding no thread: the one way to await plugin code. A job whose turn has
+    /// not come by the deadline is dropped: it never runs, so its caller's failure is the
+    /// whole story. One still running then goes on (plugin code cannot be interrupted), the
+    /// worker is stuck on it from that instant, and `returnedLate` runs on the worker once
+    /// it has returned, with how long it ran. A caller resumed with its result finds the
+    /// worker no longer running the job.
     package func attempt<T: Sendable>(_ what: String, deadline: Duration, _ job: @escaping @Sendable () -> T,
-                                      returnedLate: @escaping @Sendable (Duration) -> Void) async -> Attempt<T> {
+                                      returnedLate: (@Sendable (Duration) -> Void)? = nil) async -> Attempt<T> {
         let waitingSince = ContinuousClock.now
         let turn = Turn()
         let outcome = FirstResult<Attempt<T>>()
+        let ran = FirstResult<(value: T, took: Duration)>()
         let id = submit(what, deadline: deadline, {
             guard turn.take() else { return }
             let started = ContinuousClock.now
             let value = job()
-            if !outcome.finish(.returned(value)) { returnedLate(ContinuousClock.now - started) }
+            ran.finish((value, ContinuousClock.now - started))
+        }, finished: {
+            // Told once the worker no longer counts the job as running.
+            guard let (value, took) = ran.value else { return }  // dropped: it never ran
+            if !outcome.finish(.returned(value)) { returnedLate?(took) }
         })
         // Weak: a result already returned is not kept until the deadline.
         DispatchQueue.global().asyncAfter(deadline: .now() + deadline.dispatchInterval) { [self, weak outcome] in
@@ -416,15 +431,6 @@ package final class PluginWorker: Sendable {
         private let state = Atomic<UInt8>(0)  // 0 waiting, 1 taken, 2 dropped
         func take() -> Bool { state.compareExchange(expected: 0, desired: 1, ordering: .acquiringAndReleasing).exchanged }
         func drop() -> Bool { state.compareExchange(expected: 0, desired: 2, ordering: .acquiringAndReleasing).exchanged }
-    }
-
-    /// Runs `job` and suspends (without holding a thread) until it returns, however long
-    /// that takes. Callers race it against their own deadline (see `withDeadline`).
-    package func run<T: Sendable>(_ what: String, deadline: Duration, _ job: @escaping @Sendable () -> T) async -> T {
-        let result = FirstResult<T>()
-        return await withCheckedContinuation { continuation in
-            submit(what, deadline: deadline, { result.finish(job()) }, finished: { continuation.resume(returning: result.value!) })
-        }
     }
 }
 

@@ -335,7 +335,7 @@ final class WorkerService: Sendable {
         for queue in queues {
             let left = until - .now
             guard left > .zero else { return }
-            _ = await withDeadline(left) { await queue.run("after destroy", deadline: left) {} }
+            _ = await queue.attempt("after destroy", deadline: left) {}
         }
     }
 
