@@ -70,11 +70,30 @@ final class WorkerConnection: Sendable {
     /// has stopped (a request made then is `gone` at once).
     private let pending = Mutex((waiters: [Int: Waiter](), closed: false))
     private let nextID = Atomic<Int>(1)
-    /// Set once the poller has seen the end (then the pid may be reused: never signal it).
-    /// `laterReason`: why the poller kills the worker if it has not ended by the time a
-    /// `killLater` gave (a socket of it no longer works, but it still runs); `stopping`
-    /// once `stop` has been called (its sockets are then closed on purpose).
-    private let life = Mutex((ended: false, killReason: String?.none, laterReason: String?.none, stopping: false, hung: false))
+    private let life = Mutex(Life.running(doomed: nil))
+
+    /// Where the worker process is in its life, as the daemon knows it. Only `reap` makes it
+    /// `ended`, and nothing signals the pid from then on: it may be another process's.
+    private enum Life {
+        /// It runs; `doomed`: why the poller kills it if it has not ended by the time
+        /// `killLater` gave (a socket of it no longer works, but it still runs).
+        case running(doomed: String?)
+        /// `stop` closed its sockets on purpose: it kills its own group, or the poller does
+        /// a second later (saying `doomed`, if it was already).
+        case stopping(doomed: String?)
+        /// Sent SIGKILL because it misbehaved, for `reason`; `hung`: because it did not
+        /// answer (or read) within its deadline.
+        case killed(reason: String, hung: Bool)
+        /// Reaped, after a kill for `reason` if there was one.
+        case ended(reason: String?, hung: Bool)
+
+        var hung: Bool {
+            switch self {
+            case .killed(_, let hung), .ended(_, let hung): hung
+            case .running, .stopping: false
+            }
+        }
+    }
     private let readiness = Waiter()
     /// Completed by `reap` with `{"ending": TEXT}` once the worker has been reaped.
     private let finished = Waiter()
@@ -658,10 +677,11 @@ final class WorkerConnection: Sendable {
     /// its process group, reaps it and reports how it ended.
     func reap() {
         let reason = life.withLock { life -> String? in
-            life.ended = true
             // Whatever the plugin forked dies with it.
             Glibc.kill(-pid, SIGKILL)
-            return life.killReason
+            let reason: String? = if case .killed(let reason, _) = life { reason } else { nil }
+            life = .ended(reason: reason, hung: life.hung)
+            return reason
         }
         // Forgotten while the zombie still holds its pid (no new worker can have it yet).
         plugin.workerRecords.ended(pid)
@@ -712,10 +732,10 @@ final class WorkerConnection: Sendable {
     /// counts toward quarantine for longer (`IsolatedPlugin.quarantineWindow`).
     func kill(reason: String, afterItsDeadline: Bool = false) {
         life.withLock { life in
-            guard !life.ended else { return }
-            if life.killReason == nil {
-                life.killReason = "killed because \(reason)"
-                life.hung = afterItsDeadline
+            switch life {
+            case .ended: return
+            case .killed: break  // the first reason stands
+            case .running, .stopping: life = .killed(reason: "killed because \(reason)", hung: afterItsDeadline)
             }
             Glibc.kill(-pid, SIGKILL)
             Glibc.kill(pid, SIGKILL)
@@ -727,8 +747,8 @@ final class WorkerConnection: Sendable {
     /// ended, or when its plugin closed it, when it would never answer again.
     func killLater(reason: String) {
         let first = life.withLock { life -> Bool in
-            guard !life.ended, !life.stopping, life.laterReason == nil else { return false }
-            life.laterReason = reason
+            guard case .running(doomed: nil) = life else { return false }
+            life = .running(doomed: reason)
             return true
         }
         if first { WorkerPoller.shared.kill(self, after: .seconds(1)) }
@@ -737,7 +757,9 @@ final class WorkerConnection: Sendable {
     /// Ends the worker on purpose: closing the socket makes it kill its process group; one
     /// that has not ended after a second is killed.
     func stop() {
-        life.withLock { $0.stopping = true }
+        life.withLock { life in
+            if case .running(let doomed) = life { life = .stopping(doomed: doomed) }
+        }
         shutDown()
         WorkerPoller.shared.kill(self, after: .seconds(1))
     }
@@ -746,8 +768,11 @@ final class WorkerConnection: Sendable {
     /// after `stop`).
     func killUnlessEnded() {
         life.withLock { life in
-            guard !life.ended else { return }
-            if life.killReason == nil, let reason = life.laterReason { life.killReason = "killed because \(reason)" }
+            switch life {
+            case .ended: return
+            case .running(let doomed?), .stopping(let doomed?): life = .killed(reason: "killed because \(doomed)", hung: false)
+            case .running(nil), .stopping(nil), .killed: break
+            }
             Glibc.kill(-pid, SIGKILL)
         }
     }
