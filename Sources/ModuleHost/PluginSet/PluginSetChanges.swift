@@ -213,7 +213,9 @@ extension PluginSet {
         }
     }
 
-    /// Loads the new plugins of `plan`, in dependency order.
+    /// Loads the new plugins of `plan`, in dependency order. A plugin whose dependency is
+    /// refused while loading in this pass is refused before any of its code runs, naming
+    /// the check that refused the dependency (`LoadFailure.dependencyRefused`).
     private func loadNew(_ plan: ScanPlan, trial: Bool, _ summary: inout PluginChanges) async {
         let order = DependencyOrder(plan.fresh, loaded: Set(records.keys).subtracting(plan.displacing.values))
         let waits = plan.unidentified > 0 ? waitingForUnknown(plan.fresh, order: order) : [:]
@@ -227,19 +229,27 @@ extension PluginSet {
         // While they load, these show as `loading`, not as a stale refusal.
         loading = Set(order.ordered.map(\.path))
         defer { loading = [] }
+        // The plugins of this pass refused while loading (trial, copy, dlopen, entry point),
+        // by name: their dependents say which check refused them.
+        var failed: [String: LoadFailure] = [:]
         for file in order.ordered {
             defer { loading.remove(file.path) }
             if stopRequested { break }
             guard let (hash, identity, version) = plan.hashes[file.path] else { continue }
             if let dependency = file.manifest.dependencies.first(where: { records[$0] == nil || plan.displacing.values.contains($0) }) {
-                refuse(LoadFailure(file: file.path, check: .dependency, problem: "plugin \(file.name) needs \(dependency), which is not loaded",
-                                   fix: "fix plugin \(dependency) first"), identity, &summary)
+                let failure = failed[dependency].map {
+                    LoadFailure.dependencyRefused(file.path, plugin: file.name, dependency: dependency, check: $0.check)
+                } ?? LoadFailure(file: file.path, check: .dependency, problem: "plugin \(file.name) needs \(dependency), which is not loaded",
+                                 fix: "fix plugin \(dependency) first")
+                failed[file.name] = failure
+                refuse(failure, identity, &summary)
                 continue
             }
             if await add(file, version: version, hash: hash, identity: identity, trial: trial,
                          displacing: plan.displacing[file.path], removed: &summary.removed) {
                 summary.added.append(file.name)
             } else {
+                failed[file.name] = refused[file.path]?.failure
                 summary.refused.append(file.path)
             }
         }
