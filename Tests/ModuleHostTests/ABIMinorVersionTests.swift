@@ -64,19 +64,18 @@ import TestSupport
         let file = try build("OlderMinor", olderPlugin("OlderMinor", fields: Self.fieldsBeforeSwiftType,
                                                        modules: [("older-a", "1.0"), ("older-b", "2.0")]),
                              modules: ["older-a", "older-b"])
-        let report = PluginLoader().load(directories: [dir.path])
-        #expect(report.refused.isEmpty, "\(report.refused)")
-        let plugin = try #require(report.loaded.first { $0.file.path == file })
+        let load = try await StartupLoad(directories: [dir.path], host: HostInstance(name: "abi-minor"))
+        #expect(load.refused.isEmpty, "\(load.refused)")
+        let plugin = try #require(await load.set.plugin(named: "OlderMinor"))
+        #expect(plugin.file.path == file)
         // The second module is read at the plugin's stride (56 bytes), not the host's (72).
         #expect(plugin.modules.map(\.factory.name) == ["older-a", "older-b"])
         #expect(plugin.modules.map(\.factory.version) == ["1.0", "2.0"])
         #expect(MemoryLayout<modhost_module>.size > ModuleDescriptor.minimumSize)
 
         // Its modules run in a host: every event reaches the function the plugin set.
-        let host = HostInstance(name: "abi-minor")
-        await host.add(plugin.modules.map(\.factory))
-        await host.start()
-        await host.shutdown()
+        await load.set.start()
+        await load.shutdown()
         let events = try String(contentsOfFile: eventsFile, encoding: .utf8).split(separator: "\n")
         for module in ["older-a", "older-b"] {
             #expect(events.filter { $0.hasPrefix(module + " ") }.map { String($0.dropFirst(module.count + 1)) }.prefix(2) == ["init", "start"])
@@ -122,16 +121,15 @@ import TestSupport
     /// Loads the one plugin in `dir`, runs it in a host through every kind of event, and
     /// returns the lines its module wrote.
     func runThroughEveryKindOfEvent(module: String) async throws -> [String] {
-        let report = PluginLoader().load(directories: [dir.path])
-        #expect(report.refused.isEmpty, "\(report.refused)")
-        let plugin = try #require(report.loaded.first)
-        let host = HostInstance(name: "abi-kinds")
-        await host.add(plugin.modules.map(\.factory))
-        await host.start()
+        let load = try await StartupLoad(directories: [dir.path], host: HostInstance(name: "abi-kinds"))
+        #expect(load.refused.isEmpty, "\(load.refused)")
+        try #require(load.loaded.count == 1)
+        let host = load.host
+        await load.set.start()
         await host.post(notification: "ping", payload: ["n": 1])
         await host.send(ModuleEvent.custom(name: "ping", payload: 2), to: module)
         await host.send(AsyncModuleEvent.custom(name: "willLogout", payload: .null))
-        await host.shutdown()
+        await load.shutdown()
         return try String(contentsOfFile: eventsFile, encoding: .utf8).split(separator: "\n").map(String.init)
     }
 
@@ -168,19 +166,26 @@ import TestSupport
     /// Tests/Fixtures, next to this test target.
     static let fixtures = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().path + "/Fixtures"
 
-    @Test func aModuleStructTooSmallForANameAndVersionIsRefusedWithOneLine() throws {
+    /// The refusal of `file` when the plugins of `dir` load as the daemon loads them.
+    func refusal(of file: String) async throws -> LoadFailure? {
+        let load = try await StartupLoad(directories: [dir.path])
+        await load.shutdown()
+        return load.refused.first { $0.file == file }
+    }
+
+    @Test func aModuleStructTooSmallForANameAndVersionIsRefusedWithOneLine() async throws {
         let file = try build("TinyModule", olderPlugin("TinyModule", fields: "uint32_t struct_size; uint32_t kind; const char *name;",
                                                        modules: [("tiny", "1.0")]).replacingOccurrences(of: ", \"1.0\", notes, create, handle, destroy", with: ""),
                              modules: ["tiny"])
-        let refused = try #require(PluginLoader().load(directories: [dir.path]).refused.first { $0.file == file })
+        let refused = try #require(try await refusal(of: file))
         #expect(refused.description == "\(file): descriptor check failed: module descriptors are 16 bytes, ABI 1.0 needs at least 24 (through version). Fix: initialise struct_size with sizeof(modhost_module)")
     }
 
-    @Test func aPluginStructTooSmallIsRefusedWithOneLineByTheLoaderAndTheTrial() throws {
+    @Test func aPluginStructTooSmallIsRefusedWithOneLineByTheLoaderAndTheTrial() async throws {
         let file = try build("TinyPlugin", olderPlugin("TinyPlugin", fields: Self.fieldsBeforeSwiftType, pluginSize: "12",
                                                        modules: [("tinyplugin", "1.0")]),
                              modules: ["tinyplugin"])
-        let refused = try #require(PluginLoader().load(directories: [dir.path]).refused.first { $0.file == file })
+        let refused = try #require(try await refusal(of: file))
         #expect(refused.description == "\(file): ABI version check failed: the plugin descriptor's struct_size is 12 bytes, ABI 1.0 descriptors have at least 32 (through modules). Fix: rebuild the plugin against this host's modulehost.h (MODHOST_PLUGIN_INIT sets struct_size)")
 
         let trial = try run(BuildProducts.directory + "/bin/modhost-trial", [file, "TinyPlugin"])
@@ -188,11 +193,11 @@ import TestSupport
         #expect(trial.standardOutput == "descriptor: the plugin descriptor's struct_size is 12 bytes, smaller than ABI 1.0's\n")
     }
 
-    @Test func aPluginBuiltForANewerMinorIsRefused() throws {
+    @Test func aPluginBuiltForANewerMinorIsRefused() async throws {
         let file = try build("NewerMinor", olderPlugin("NewerMinor", fields: Self.fieldsBeforeSwiftType, minor: "MODHOST_ABI_MINOR + 1",
                                                        modules: [("newerminor", "1.0")]),
                              modules: ["newerminor"])
-        let refused = try #require(PluginLoader().load(directories: [dir.path]).refused.first { $0.file == file })
+        let refused = try #require(try await refusal(of: file))
         #expect(refused.check == .abi)
         #expect(refused.problem == "the descriptor says ABI 1.\(HostSDK.abiMinor + 1), this host provides 1.\(HostSDK.abiMinor)")
     }

@@ -36,11 +36,10 @@ import TestSupport
     @Test func aLifecycleOrInvalidNameIsRefusedRightAfterAnAdmittedOne() async throws {
         _ = try PluginFactory(directory: dir.path).buildC("Listener", source: source,
                                                           manifest: PluginFactory.manifest(plugin: "Listener", modules: ["listener"]))
-        let report = PluginLoader().load(directories: [dir.path])
-        let plugin = try #require(report.loaded.first, "\(report.refused)")
-        let host = HostInstance(name: "c-admission")
-        await host.add(plugin.modules.map(\.factory))
-        await host.start()
+        let load = try await StartupLoad(directories: [dir.path], host: HostInstance(name: "c-admission"))
+        try #require(load.loaded == ["Listener"], "\(load.refused)")
+        let host = load.host
+        await load.set.start()
         // Through the host instance (CModule.handle) and from an isolated plugin's ordered
         // thread (CModule.Delivery.deliverHere): each refused name right after "tick" was
         // admitted, and "tick" again after each refusal.
@@ -58,7 +57,7 @@ import TestSupport
             #expect(delivery.deliverHere(.custom(name: name, payload: .null)) == nil)
         }
         let notDelivered = host.metrics.module(named: "listener").snapshot().errors[.notDelivered]
-        await host.shutdown()
+        await load.shutdown()
         let events = try String(contentsOfFile: eventsFile, encoding: .utf8).split(separator: "\n").map(String.init)
         #expect(events == ["init", "start"] + Array(repeating: "tick", count: 5) + Array(repeating: "tock", count: 5) + ["willTerminate", "deinit"])
         #expect(notDelivered == UInt64(1 + refused.count * 3))
@@ -75,11 +74,10 @@ import TestSupport
         #expect(slow != source)
         _ = try PluginFactory(directory: dir.path).buildC("Listener", source: slow,
                                                           manifest: PluginFactory.manifest(plugin: "Listener", modules: ["listener"]))
-        let report = PluginLoader().load(directories: [dir.path])
-        let plugin = try #require(report.loaded.first, "\(report.refused)")
-        let host = HostInstance(name: "c-admission", eventDeadline: .milliseconds(100))
-        await host.add(plugin.modules.map(\.factory))
-        await host.start()
+        let load = try await StartupLoad(directories: [dir.path], host: HostInstance(name: "c-admission", eventDeadline: .milliseconds(100)))
+        try #require(load.loaded == ["Listener"], "\(load.refused)")
+        let host = load.host
+        await load.set.start()
         let delivery = try #require(await host.perform { ($0.module(named: "listener") as? CModule)?.delivery })
         #expect(delivery.worker.stuck?.what == "create", "create (1 s) overran the deadline of 0.1 s")
         var returned = false
@@ -89,7 +87,7 @@ import TestSupport
         }
         #expect(returned, "create returned within 10 s")
         await host.send(ModuleEvent.custom(name: "tick", payload: .null), to: "listener")
-        await host.shutdown()
+        await load.shutdown()
         let events = try String(contentsOfFile: eventsFile, encoding: .utf8).split(separator: "\n").map(String.init)
         #expect(events == ["init", "start", "tick", "willTerminate", "deinit"])
     }

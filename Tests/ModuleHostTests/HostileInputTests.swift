@@ -270,7 +270,7 @@ import TestSupport
 
     /// A version is free-form but bounded: a longer one is refused by the manifest check,
     /// and a C module's version in its descriptor by the loader, each with one line.
-    @Test func aVersionLongerThan64BytesIsRefused() throws {
+    @Test func aVersionLongerThan64BytesIsRefused() async throws {
         let scratch = TemporaryDirectory("long-version")
         let factory = PluginFactory(directory: scratch.path)
         let long = String(repeating: "9", count: 65)
@@ -291,9 +291,10 @@ import TestSupport
         let trial = try run(BuildProducts.modhostctl, ["verify", "--load", plugins])
         #expect(trial.status == 1)
         #expect(trial.standardOutput.contains("module tall's version is longer than 64 bytes"), "\(trial.standardOutput)")
-        let report = PluginLoader().load(directories: [plugins])
-        #expect(report.loaded.isEmpty)
-        #expect(report.refused.map(\.description) == [
+        let load = try await StartupLoad(directories: [plugins])
+        await load.shutdown()
+        #expect(load.loaded.isEmpty)
+        #expect(load.refused.map(\.description) == [
             "\(plugins)/libTall.so: descriptor check failed: module \"tall\"'s version is \"\(long)\", 65 bytes: versions are at most 64 bytes. Fix: give the module a version of at most 64 bytes, such as \"1.0.0\""
         ])
     }

@@ -6,8 +6,9 @@ import ModuleKit
 import Testing
 import TestSupport
 
-/// Loading real plugin files: the checks after dlopen, dependency order, the registry.
-/// Every test uses plugin names of its own: the dynamic loader remembers every image.
+/// Loading real plugin files as the daemon does (a `PluginSet`'s first reconcile): the
+/// checks after dlopen, dependency order, the registry. Every test uses plugin names of its
+/// own: the dynamic loader remembers every image.
 @Suite(.timeLimit(.minutes(5))) struct LoaderTests {
     let dir = TemporaryDirectory("loader")
     var factory: PluginFactory { PluginFactory(directory: dir.path) }
@@ -22,31 +23,37 @@ import TestSupport
             flags: flags)
     }
 
-    func load() -> LoadReport { PluginLoader().load(directories: [dir.path]) }
+    /// The plugins of `dir` loaded as modhostd's start loads them; shut down when done.
+    func loadDirectory() async throws -> StartupLoad { try await StartupLoad(directories: [dir.path]) }
 
-    func failure(_ report: LoadReport, _ name: String) -> LoadFailure? {
-        report.refused.first { $0.file.hasSuffix("/lib\(name).so") }
+    func failure(_ load: StartupLoad, _ name: String) -> LoadFailure? {
+        load.failure(endingWith: "/lib\(name).so")
     }
 
-    @Test func anUnresolvedSymbolIsRefusedByDlopen() throws {
+    @Test func anUnresolvedSymbolIsRefusedByDlopen() async throws {
         try plugin("Dangling", source: PluginFactory.cSource(
             plugin: "Dangling", modules: ["dangling"],
             extra: "int nowhere_to_be_found(void); __attribute__((visibility(\"default\"))) int use(void) { return nowhere_to_be_found(); }"))
-        let refused = failure(load(), "Dangling")
+        let load = try await loadDirectory()
+        let refused = failure(load, "Dangling")
         #expect(refused?.check == .dlopen)
         #expect(refused?.problem.contains("undefined symbol: nowhere_to_be_found") == true)
+        #expect(load.loaded.isEmpty)
+        await load.shutdown()
     }
 
-    @Test func aMissingEntrySymbolIsRefused() throws {
+    @Test func aMissingEntrySymbolIsRefused() async throws {
         let source = PluginFactory.cSource(plugin: "Silent", modules: ["silent"])
             .replacingOccurrences(of: "MODHOST_PLUGIN_ENTRY {", with: "static const modhost_plugin *unused(void) {")
         try plugin("Silent", source: source + "\nvoid *keep = (void *)unused;")
-        let refused = failure(load(), "Silent")
+        let load = try await loadDirectory()
+        let refused = failure(load, "Silent")
         #expect(refused?.check == .entrySymbol)
         #expect(refused?.problem.contains("does not export modhost_plugin_entry_v1") == true)
+        await load.shutdown()
     }
 
-    @Test func anEntrySymbolFromAnotherLibraryIsRefused() throws {
+    @Test func anEntrySymbolFromAnotherLibraryIsRefused() async throws {
         // Borrower has no entry of its own, but links EntryLender, which has one.
         let lender = dir.directory("lib")
         try PluginFactory(directory: lender).buildC(
@@ -56,9 +63,11 @@ import TestSupport
         try plugin("Borrower", source: source + "\nvoid *keep = (void *)unused;",
                    flags: "-L '\(lender)' -Wl,--no-as-needed -lEntryLender -Wl,-rpath,'\(lender)'")
         // The validator reads the file's own dynamic symbols: it has no entry point.
-        let refused = failure(load(), "Borrower")
+        let load = try await loadDirectory()
+        let refused = failure(load, "Borrower")
         #expect(refused?.check == .entrySymbol)
         #expect(refused?.problem == "the file does not export modhost_plugin_entry_v1", "\(String(describing: refused))")
+        await load.shutdown()
         // The loader, should it be given the file unchecked, finds the lender's and says so.
         let path = dir.path + "/libBorrower.so"
         let file = PluginFile(path: path, resolvedPath: path,
@@ -71,103 +80,119 @@ import TestSupport
         }
     }
 
-    @Test func anEntryReturningNullIsRefused() throws {
+    @Test func anEntryReturningNullIsRefused() async throws {
         try plugin("Nothing", source: PluginFactory.cSource(plugin: "Nothing", modules: ["nothing"], entryBody: "return NULL;"))
-        let refused = failure(load(), "Nothing")
+        let load = try await loadDirectory()
+        let refused = failure(load, "Nothing")
         #expect(refused?.check == .descriptor)
         #expect(refused?.problem.contains("returned NULL") == true)
+        await load.shutdown()
     }
 
-    @Test func aDescriptorThatDisagreesWithTheManifestIsRefused() throws {
+    @Test func aDescriptorThatDisagreesWithTheManifestIsRefused() async throws {
         // The manifest lists "listed"; the code describes "described".
         try factory.buildC("Liar", source: PluginFactory.cSource(plugin: "Liar", modules: ["described"]),
                            manifest: PluginFactory.manifest(plugin: "Liar", modules: ["listed"]))
-        let refused = failure(load(), "Liar")
+        let load = try await loadDirectory()
+        let refused = failure(load, "Liar")
         #expect(refused?.check == .descriptor)
         #expect(refused?.problem.contains("describes modules [described], the manifest lists [listed]") == true)
+        await load.shutdown()
     }
 
-    @Test func aDescriptorWithAnotherABIMajorIsRefused() throws {
+    @Test func aDescriptorWithAnotherABIMajorIsRefused() async throws {
         try plugin("OldCode", source: PluginFactory.cSource(plugin: "OldCode", modules: ["oldcode"], abiMajor: "7"))
-        let refused = failure(load(), "OldCode")
+        let load = try await loadDirectory()
+        let refused = failure(load, "OldCode")
         #expect(refused?.check == .abi)
         #expect(refused?.problem.contains("descriptor says ABI 7.\(HostSDK.abiMinor)") == true)
+        await load.shutdown()
     }
 
-    @Test func aDuplicateModuleNameRefusesTheSecondPlugin() throws {
+    @Test func aDuplicateModuleNameRefusesTheSecondPlugin() async throws {
         try plugin("DupA", modules: ["shared-name"])
         try plugin("DupB", modules: ["shared-name"])
-        let report = load()
-        #expect(report.loaded.map(\.name) == ["DupA"])
-        let refused = failure(report, "DupB")
+        let load = try await loadDirectory()
+        #expect(load.loaded == ["DupA"])
+        let refused = failure(load, "DupB")
         #expect(refused?.check == .duplicate)
         #expect(refused?.problem.contains("module shared-name is already provided by") == true)
+        #expect(await load.host.moduleNames == ["shared-name"])
+        #expect(await load.set.plugin(named: "DupA")?.modules.map(\.factory.plugin) == ["DupA"])
+        await load.shutdown()
     }
 
-    @Test func pluginsLoadInDependencyOrderThenOrderThenName() throws {
+    @Test func pluginsLoadInDependencyOrderThenOrderThenName() async throws {
         try plugin("OrdBase", order: 50)
         try plugin("OrdMiddle", dependencies: ["OrdBase"], order: 1)
         try plugin("OrdTop", dependencies: ["OrdMiddle"], order: 0)
         try plugin("OrdFirst", order: 10)
         try plugin("OrdAlpha", order: 10)
-        let report = load()
-        #expect(report.refused.isEmpty, "\(report.refused)")
+        let load = try await loadDirectory()
+        #expect(load.refused.isEmpty, "\(load.refused)")
         // OrdBase has the highest order but OrdMiddle and OrdTop need it first.
-        #expect(report.loaded.map(\.name) == ["OrdAlpha", "OrdFirst", "OrdBase", "OrdMiddle", "OrdTop"])
+        #expect(load.loaded == ["OrdAlpha", "OrdFirst", "OrdBase", "OrdMiddle", "OrdTop"])
+        await load.shutdown()
     }
 
-    @Test func aMissingDependencyRefusesItsDependentsAndLoadsTheRest() throws {
+    @Test func aMissingDependencyRefusesItsDependentsAndLoadsTheRest() async throws {
         try plugin("NeedsGhost", dependencies: ["Ghost"])
         try plugin("NeedsNeeder", dependencies: ["NeedsGhost"])
         try plugin("Independent")
-        let report = load()
-        #expect(report.loaded.map(\.name) == ["Independent"])
-        #expect(failure(report, "NeedsGhost")?.problem.contains("needs Ghost: dependency Ghost is not available") == true)
-        let transitive = failure(report, "NeedsNeeder")
+        let load = try await loadDirectory()
+        #expect(load.loaded == ["Independent"])
+        #expect(failure(load, "NeedsGhost")?.problem.contains("needs Ghost: dependency Ghost is not available") == true)
+        let transitive = failure(load, "NeedsNeeder")
         #expect(transitive?.check == .dependency)
         #expect(transitive?.problem.contains("needs NeedsGhost, which was refused (dependency)") == true)
+        // Both wait for what they need, and are tried again at every scan.
+        #expect(await load.set.filesNotLoaded() == [.waitingForDependency: [dir.file("libNeedsGhost.so"), dir.file("libNeedsNeeder.so")]])
+        await load.shutdown()
     }
 
-    @Test func aCycleRefusesEveryMemberAndNamesIt() throws {
+    @Test func aCycleRefusesEveryMemberAndNamesIt() async throws {
         try plugin("CycA", dependencies: ["CycB"])
         try plugin("CycB", dependencies: ["CycC"])
         try plugin("CycC", dependencies: ["CycA"])
         try plugin("CycSelf", dependencies: ["CycSelf"])
         try plugin("CycFree")
-        let report = load()
-        #expect(report.loaded.map(\.name) == ["CycFree"])
+        let load = try await loadDirectory()
+        #expect(load.loaded == ["CycFree"])
         for name in ["CycA", "CycB", "CycC"] {
-            let refused = failure(report, name)
+            let refused = failure(load, name)
             #expect(refused?.check == .cycle)
             #expect(refused?.problem.contains("CycA -> CycB -> CycC -> CycA") == true)
         }
-        #expect(failure(report, "CycSelf")?.problem.contains("CycSelf -> CycSelf") == true)
+        #expect(failure(load, "CycSelf")?.problem.contains("CycSelf -> CycSelf") == true)
+        await load.shutdown()
     }
 
-    @Test func aRefusedDependencyAtDlopenRefusesItsDependents() throws {
+    @Test func aRefusedDependencyAtDlopenRefusesItsDependents() async throws {
         try plugin("BrokenBase", source: PluginFactory.cSource(plugin: "BrokenBase", modules: ["brokenbase"], entryBody: "return NULL;"))
         try plugin("OnBroken", dependencies: ["BrokenBase"])
-        let report = load()
-        #expect(report.loaded.isEmpty)
-        #expect(failure(report, "OnBroken")?.problem.contains("needs BrokenBase, which was refused (descriptor)") == true)
+        let load = try await loadDirectory()
+        #expect(load.loaded.isEmpty)
+        #expect(failure(load, "BrokenBase")?.check == .descriptor)
+        let dependent = failure(load, "OnBroken")
+        #expect(dependent?.check == .dependency)
+        #expect(dependent?.problem.contains("needs BrokenBase, which was refused (descriptor)") == true)
+        await load.shutdown()
     }
 
     @Test func oneFileMayProvideSeveralModules() async throws {
         try plugin("Multi", modules: ["multi-one", "multi-two", "multi-three"])
-        let report = load()
-        #expect(report.loaded.first?.modules.map(\.factory.name) == ["multi-one", "multi-two", "multi-three"])
-        let host = HostInstance(name: "multi")
-        await host.add(report.loaded.flatMap { $0.modules.map(\.factory) })
+        let load = try await loadDirectory()
+        #expect(await load.modules(of: "Multi") == ["multi-one", "multi-two", "multi-three"])
         // Equal orders: the host sorts by name.
-        #expect(await host.moduleNames == ["multi-one", "multi-three", "multi-two"])
-        await host.shutdown()
+        #expect(await load.host.moduleNames == ["multi-one", "multi-three", "multi-two"])
+        await load.shutdown()
     }
 
     /// A directory of 20 files with every kind of refusal: the refusals and their order, the
     /// registration order, and no code run from a refused file (each plugin's constructor
     /// appends its name to a log, in the order `dlopen` ran it; only PipeBroken, refused by
     /// its entry point, runs and is refused).
-    @Test func manyFilesLoadWithEveryKindOfRefusalInOrder() throws {
+    @Test func manyFilesLoadWithEveryKindOfRefusalInOrder() async throws {
         let log = dir.path + "/constructors.log"
         func build(_ file: String, _ name: String, manifestName: String? = nil, dependencies: [String] = [], order: Int = 0,
                    entryBody: String? = nil) throws {
@@ -193,15 +218,30 @@ import TestSupport
         try build("18", "PipeGhostly", dependencies: ["PipeGhost"])
         try build("19", "PipeLate", order: -1)
 
-        let report = load()
-        #expect(report.loaded.map(\.name) == ["PipeLate"] + independent.reversed() + ["PipeBase", "PipeTop"])
-        let refused = report.refused.map { "\(URL(fileURLWithPath: $0.file).lastPathComponent): \($0.check.rawValue)" }
+        let load = try await loadDirectory()
+        #expect(load.loaded == ["PipeLate"] + independent.reversed() + ["PipeBase", "PipeTop"])
+        let refused = load.refused.map { "\(URL(fileURLWithPath: $0.file).lastPathComponent): \($0.check.rawValue)" }
         #expect(refused == ["lib03-junk.so: ELF format", "lib17-PipeTwin.so: duplicate name", "lib18-PipeGhostly.so: dependency",
                             "lib01-PipeBroken.so: descriptor", "lib02-PipeOnBroken.so: dependency"])
-        #expect(failure(report, "02-PipeOnBroken")?.problem.contains("needs PipeBroken, which was refused (descriptor)") == true)
+        #expect(failure(load, "02-PipeOnBroken")?.problem.contains("needs PipeBroken, which was refused (descriptor)") == true)
         let ran = try String(contentsOfFile: log, encoding: .utf8).split(separator: "\n").map(String.init)
-        #expect(Set(ran) == Set(report.loaded.map(\.name) + ["PipeBroken"]), "no refused file's constructor runs but PipeBroken's")
+        #expect(Set(ran) == Set(load.loaded + ["PipeBroken"]), "no refused file's constructor runs but PipeBroken's")
         #expect(try #require(ran.firstIndex(of: "PipeBase")) < #require(ran.firstIndex(of: "PipeTop")))
+        await load.shutdown()
+    }
+}
+
+/// The example plugins of Plugins/, as `make` built them, loaded once for the whole test
+/// process and started: every Swift image a process maps stays mapped, so each further
+/// load would map another copy of the same Swift types.
+enum ExamplePlugins {
+    static let loaded = Task { () throws -> StartupLoad in
+        let load = try await StartupLoad(directories: [BuildProducts.pluginDirectory], host: HostInstance(name: "examples"))
+        await load.set.start()
+        // Never released (a static): its state directory goes now, as nothing writes
+        // there after the start without a further reconcile.
+        try FileManager.default.removeItem(atPath: load.state.path)
+        return load
     }
 }
 
@@ -209,49 +249,42 @@ import TestSupport
 /// protocol cast across two .so files, the registry.
 @Suite(.timeLimit(.minutes(5))) struct ExamplePluginTests {
     @Test func swiftAndCPluginsLoadSideBySide() async throws {
-        let loader = PluginLoader()
-        let report = loader.load(directories: [BuildProducts.pluginDirectory])
-        #expect(report.refused.isEmpty, "\(report.refused)")
-        let names = report.loaded.map(\.name)
+        let load = try await ExamplePlugins.loaded.value
+        #expect(load.refused.isEmpty, "\(load.refused)")
         // Welcome depends on Greeting, so it loads after it whatever the orders say.
-        #expect(try #require(names.firstIndex(of: "Greeting")) < #require(names.firstIndex(of: "Welcome")))
-        #expect(Set(names) == ["Greeting", "Welcome", "Counter", "Calculator"])
+        #expect(try #require(load.loaded.firstIndex(of: "Greeting")) < #require(load.loaded.firstIndex(of: "Welcome")))
+        #expect(Set(load.loaded) == ["Greeting", "Welcome", "Counter", "Calculator"])
 
-        let host = HostInstance(name: "examples")
-        await host.add(report.loaded.flatMap { $0.modules.map(\.factory) })
-        await host.start()
-        #expect(await host.moduleNames == ["greeting", "welcome", "counter", "calculator"])
+        #expect(await load.host.moduleNames == ["greeting", "welcome", "counter", "calculator"])
         // Welcome found Greeting's module through a cast to Greeting's protocol: two .so
         // files, one ModuleKit.
-        let welcome = try #require(await host.infos().first { $0.name == "welcome" })
+        let welcome = try #require(await load.host.infos().first { $0.name == "welcome" })
         #expect(welcome.metadata["greeter"] == "greeting")
         #expect(welcome.metadata["lastGreeting"] == "Hello, operator!")
-        await host.shutdown()
     }
 
-    @Test func theRegistryAnswersByName() throws {
-        let loader = PluginLoader()
-        _ = loader.load(directories: [BuildProducts.pluginDirectory])
-        let type = try #require(loader.registry.moduleType(named: "greeting"))
+    @Test func theRegistryAnswersByName() async throws {
+        let registry = try await ExamplePlugins.loaded.value.set.registry
+        let type = try #require(registry.moduleType(named: "greeting"))
         #expect(type.name == "greeting")
         #expect(type.version == "1.0.0")
-        #expect(loader.registry.moduleType(named: "counter") == nil)  // a C module has no Swift type
-        #expect(try loader.registry.factory(named: "counter").plugin == "Counter")
-        #expect(loader.registry.entry(named: "no-such-module") == nil)
-        #expect(throws: UnknownModule.self) { try loader.registry.factory(named: "no-such-module") }
+        #expect(registry.moduleType(named: "counter") == nil)  // a C module has no Swift type
+        #expect(try registry.factory(named: "counter").plugin == "Counter")
+        #expect(registry.entry(named: "no-such-module") == nil)
+        #expect(throws: UnknownModule.self) { try registry.factory(named: "no-such-module") }
         do {
-            _ = try loader.registry.factory(named: "no-such-module")
+            _ = try registry.factory(named: "no-such-module")
         } catch {
             #expect(error.description == "no module named no-such-module is registered; known modules: calculator, counter, greeting, welcome")
         }
     }
 
-    @Test func swiftPluginsLinkTheOneSharedSDK() throws {
-        let report = PluginLoader().load(directories: [BuildProducts.pluginDirectory])
-        let greeting = try #require(report.loaded.first { $0.name == "Greeting" })
+    @Test func swiftPluginsLinkTheOneSharedSDK() async throws {
+        let set = try await ExamplePlugins.loaded.value.set
+        let greeting = try #require(await set.plugin(named: "Greeting"))
         #expect(greeting.file.dynamic.needed.contains("libModuleKit.so"))
         #expect(greeting.file.dynamic.soname == "libGreeting.so")
-        let welcome = try #require(report.loaded.first { $0.name == "Welcome" })
+        let welcome = try #require(await set.plugin(named: "Welcome"))
         #expect(welcome.file.dynamic.needed.contains("libGreeting.so"))
     }
 }
@@ -298,14 +331,14 @@ import TestSupport
             """#
         try PluginFactory(directory: dir.path).buildC(
             "Services", source: source, manifest: PluginFactory.manifest(plugin: "Services", modules: ["services", "other"]))
-        let report = PluginLoader().load(directories: [dir.path])
-        #expect(report.refused.isEmpty, "\(report.refused)")
-        let host = HostInstance(name: "services", settings: [
+        let settings = [
             "services": ModuleSettings(configuration: ["out": .string(out)]),
             "other": ModuleSettings(configuration: ["out": .string(dir.file("other.txt"))]),
-        ])
-        await host.add(report.loaded.flatMap { $0.modules.map(\.factory) })
-        await host.start()
+        ]
+        let load = try await StartupLoad(directories: [dir.path], host: HostInstance(name: "services", settings: settings),
+                                         settings: settings)
+        #expect(load.refused.isEmpty, "\(load.refused)")
+        await load.set.start()
         // The notifications are delivered asynchronously, on the host's context: one posted
         // by each module's start, both to "services" (the listener), before the shutdown.
         var text = ""
@@ -314,7 +347,7 @@ import TestSupport
             if text.components(separatedBy: "ping {\"n\":1}").count == 3 { break }
             try await Task.sleep(for: .milliseconds(10))
         }
-        await host.shutdown()
+        await load.shutdown()
         text = try String(contentsOfFile: out, encoding: .utf8)
         #expect(text.hasPrefix("init -\nstart -\nhas self 1, has other 1, has nothing 0\n"), "\(text)")
         #expect(text.contains("ping {\"n\":1}"))
@@ -324,25 +357,31 @@ import TestSupport
         #expect(!other.contains("ping"))
     }
 
-    @Test func aDeclaredExportMissingFromThePluginIsRefused() throws {
+    @Test func aDeclaredExportMissingFromThePluginIsRefused() async throws {
         try PluginFactory(directory: dir.path).buildC(
             "NoExport", source: PluginFactory.cSource(plugin: "NoExport", modules: ["noexport"]),
             manifest: PluginFactory.manifest(plugin: "NoExport", modules: ["noexport"], exports: [("missing_function", "i32(i32)")]))
-        let refused = PluginLoader().load(directories: [dir.path]).refused.first
+        let load = try await StartupLoad(directories: [dir.path])
+        let refused = load.refused.first
+        #expect(load.refused.count == 1 && load.loaded.isEmpty)
         #expect(refused?.check == .exports)
         #expect(refused?.problem.contains("missing_function") == true, "\(String(describing: refused))")
+        await load.shutdown()
     }
 
-    @Test func aPluginLinkingAnotherModuleKitIsRefusedBeforeDlopen() throws {
+    @Test func aPluginLinkingAnotherModuleKitIsRefusedBeforeDlopen() async throws {
         let lib = dir.directory("lib")
         try PluginFactory(directory: lib).buildC("ModuleKitOld", source: "int old_sdk(void) { return 1; }\n", manifest: nil)
         try PluginFactory(directory: dir.path).buildC(
             "OtherSDK", source: PluginFactory.cSource(plugin: "OtherSDK", modules: ["othersdk"]),
             manifest: PluginFactory.manifest(plugin: "OtherSDK", modules: ["othersdk"]),
             flags: "-L '\(lib)' -Wl,--no-as-needed -lModuleKitOld")
-        let refused = PluginLoader().load(directories: [dir.path]).refused.first
+        let load = try await StartupLoad(directories: [dir.path])
+        let refused = load.refused.first
+        #expect(load.refused.count == 1 && load.loaded.isEmpty)
         #expect(refused?.check == .sdkLinkage)
         #expect(refused?.problem.contains("links ModuleKit as libModuleKitOld.so") == true)
+        await load.shutdown()
     }
 }
 
@@ -350,8 +389,9 @@ import TestSupport
 /// module objects or state.
 @Suite(.timeLimit(.minutes(5))) struct HostInstanceIsolationAcrossPluginsTests {
     @Test func twoInstancesGetTheirOwnModulesFromTheSamePlugin() async throws {
-        let report = PluginLoader().load(directories: [BuildProducts.pluginDirectory])
-        let factories = report.loaded.filter { ["Greeting", "Welcome"].contains($0.name) }.flatMap { $0.modules.map(\.factory) }
+        let set = try await ExamplePlugins.loaded.value.set
+        var factories: [ModuleFactory] = []
+        for name in ["Greeting", "Welcome"] { factories += try #require(await set.plugin(named: name)).modules.map(\.factory) }
         let first = HostInstance(name: "first")
         let second = HostInstance(name: "second", settings: ["welcome": ModuleSettings(enabled: false)])
         await first.add(factories)

@@ -10,7 +10,7 @@ import Testing
 import TestSupport
 
 /// Rules that exist once and are applied the same way by every entry point that needs
-/// them: the loader in the daemon, `modhostctl verify`, the trial loader, calls by name.
+/// them: the daemon's plugin set, `modhostctl verify`, the trial loader, calls by name.
 @Suite(.timeLimit(.minutes(5))) struct OneRuleTests {
     let dir = TemporaryDirectory("one-rule")
     var factory: PluginFactory { PluginFactory(directory: dir.path) }
@@ -25,7 +25,7 @@ import TestSupport
 
     // MARK: - Symbol ownership
 
-    @Test func anEntrySymbolBorrowedFromADependencyIsRefusedByTheLoaderAndTheTrialNamingTheLender() throws {
+    @Test func anEntrySymbolBorrowedFromADependencyIsRefusedByTheLoaderAndTheTrialNamingTheLender() async throws {
         let lender = dir.directory("lender")
         let lenderFile = try PluginFactory(directory: lender).buildC(
             "OwnLender", source: PluginFactory.cSource(plugin: "OwnLender", modules: ["ownlender"]), manifest: nil)
@@ -35,8 +35,9 @@ import TestSupport
             flags: "-L '\(lender)' -Wl,--no-as-needed -lOwnLender -Wl,-rpath,'\(lender)'")
 
         // The validator reads the file's own symbols: it exports no entry point.
-        let report = PluginLoader().load(directories: [dir.path])
-        let refused = try #require(report.refused.first { $0.file == borrower })
+        let load = try await StartupLoad(directories: [dir.path])
+        await load.shutdown()
+        let refused = try #require(load.refused.first { $0.file == borrower })
         #expect(refused.check == .entrySymbol)
         #expect(refused.problem == "the file does not export modhost_plugin_entry_v1")
 
@@ -50,7 +51,7 @@ import TestSupport
                 == "modhost_plugin_entry_v1 resolves from \(lenderFile), not from this file")
     }
 
-    @Test func anEntrySymbolInNoLoadedObjectIsRefusedByTheLoaderAndTheTrialWithoutBeingCalled() throws {
+    @Test func anEntrySymbolInNoLoadedObjectIsRefusedByTheLoaderAndTheTrialWithoutBeingCalled() async throws {
         // An absolute symbol: dlsym returns 0x1000, an address no object contains. Calling
         // it would crash the process that loads the plugin.
         let plugin = try factory.buildC(
@@ -59,8 +60,9 @@ import TestSupport
                 """),
             manifest: PluginFactory.manifest(plugin: "OwnAbsolute", modules: ["ownabsolute"]))
 
-        let report = PluginLoader().load(directories: [dir.path])
-        let refused = try #require(report.refused.first { $0.file == plugin })
+        let load = try await StartupLoad(directories: [dir.path])
+        await load.shutdown()
+        let refused = try #require(load.refused.first { $0.file == plugin })
         #expect(refused.check == .entrySymbol)
         #expect(refused.problem == "modhost_plugin_entry_v1 resolves to an address in no loaded object, not in this file")
 
@@ -235,17 +237,18 @@ import TestSupport
 
         // Planning a directory (modhostctl verify).
         let loader = PluginLoader()
-        let planned = PluginPlan(directories: [dir.file("dup")], validator: loader.validator)
+        let planned = PluginPlan(directories: [dir.file("dup")], validator: Validator())
         #expect(planned.ordered.map(\.path) == [a])
         #expect(planned.refused == [expected])
         // Ordering candidates.
-        let files = try [a, b].map { try loader.validator.validate($0) }
+        let files = try [a, b].map { try Validator().validate($0) }
         #expect(DependencyOrder(files).refused == [expected])
         #expect(DependencyOrder(files).ordered.map(\.path) == [a])
         #expect(!FileManager.default.fileExists(atPath: opened))  // nothing so far ran B's code
         // Registering modules.
-        try loader.registry.register(try loader.open(files[0]))
-        #expect(throws: expected) { try loader.registry.register(try loader.open(files[1])) }
+        let registry = ModuleRegistry()
+        try registry.register(try loader.open(files[0]))
+        #expect(throws: expected) { try registry.register(try loader.open(files[1])) }
         // A manifest that lists a module twice.
         let twice = PluginFactory.manifest(plugin: "DupTwice", modules: ["m", "n", "m"])
         #expect(throws: ManifestError(reason: "field \"modules\": module m is listed twice")) { try Manifest.parse(Array(twice.utf8)) }

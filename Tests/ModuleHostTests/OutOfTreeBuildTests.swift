@@ -327,7 +327,7 @@ import TestSupport
     /// function returning `int`, cut the pointer to 32 bits, and the first call crashed the
     /// daemon. The flags now declare what glibc offers by default (`_DEFAULT_SOURCE`) and
     /// make a call to an undeclared function an error.
-    @Test func strdupAsTheDocsSayBuildsAndReturnsItsString() throws {
+    @Test func strdupAsTheDocsSayBuildsAndReturnsItsString() async throws {
         let root = TemporaryDirectory("strdup")
         let dir = root.file("Hello")
         try scaffold("c", "Hello", in: dir)
@@ -340,9 +340,10 @@ import TestSupport
         let build = try make(dir)
         #expect(build.status == 0 && !build.standardOutput.contains("warning"), "\(build.standardOutput)")
         try #require(build.status == 0)
-        let report = PluginLoader().load(directories: [], files: [dir + "/build/libHello.so"])
-        let functions = try #require(report.loaded.first?.functions, "\(report.refused)")
+        let load = try await StartupLoad(directories: [dir + "/build"])
+        let functions = try #require(await load.set.plugin(named: "Hello")?.functions, "\(load.refused)")
         #expect(try functions.call("hello_copy", texts: ["a string from the heap"]) == .string("a string from the heap"))
+        await load.shutdown()
 
         // A function nobody declared is an error at build time, not a guess.
         try (source + "\nint guess(void) { return undeclared_function(); }\n").write(toFile: dir + "/hello.c", atomically: true, encoding: .utf8)
