@@ -90,7 +90,7 @@ struct Bench {
         }
         if arguments.first == "--child", arguments.count == 3 {
             do {
-                print(try LoadBenchmark.measure(arguments[1], arguments[2]))
+                print(try await LoadBenchmark.measure(arguments[1], arguments[2]))
                 exit(0)
             } catch {
                 print("\(error)")

@@ -3,14 +3,15 @@ import Glibc
 import ModuleHost
 import ModuleKit
 import Synchronization
+import TestSupport
 
 /// Discover + validate + load + register per plugin, for N generated trivial C plugins,
 /// against a plain loop of dlopen + dlsym over a copy of the same files in the same run.
 ///
 /// Two copies of every file: glibc returns an already-loaded image for a path (and for the
 /// same file) it has seen, so each side must open files nobody opened before.
-/// `internal.` rows: they time `PluginLoader.load(directories:)`, which modhostd does not run
-/// (peer.start_to_ready times the daemon's own start).
+/// `internal.` rows: they time a `PluginSet`'s first reconcile, modhostd's start without
+/// the daemon around it (peer.start_to_ready times the daemon's own start).
 struct LoadBenchmark {
     let sdk: String
     let work: String
@@ -47,7 +48,7 @@ struct LoadBenchmark {
             perPlugin[size] = hostMicros
             rows.append(BenchRow(
                 name: "internal.load.per_plugin.n\(size)", value: hostMicros, unit: "us", baseline: baseMicros,
-                baselineDescription: "dlopen(RTLD_NOW)+dlsym per plugin over the same files, fresh process each, best of 7",
+                baselineDescription: "dlopen(RTLD_NOW)+dlsym per plugin over the same files, fresh process each, best of 7; value: a PluginSet's first reconcile without trial loads (checks, private copy, dlopen, entry point, registry, module create and init), as modhostd starts",
                 target: 1.3))
         }
         rows.append(BenchRow(
@@ -73,38 +74,35 @@ struct LoadBenchmark {
     }
 
     /// The child's side of `child`: load every plugin of `dir` and print the seconds taken.
-    static func measure(_ side: String, _ dir: String) throws -> Double {
+    static func measure(_ side: String, _ dir: String) async throws -> Double {
         switch side {
         case "load-baseline":
             return try plainLoop(dir)
         case "load-baseline-busy":
             // Diagnosis only: the baseline while another thread of this process runs (spins,
             // with no system call); a thread that sleeps, or a busy other process, costs the
-            // loop nothing. Why the loader checks files before it opens plugins rather than
-            // beside (PluginLoader.load).
+            // loop nothing. Why the plugin set checks files before it opens plugins rather
+            // than beside.
             let spinner = Spinner()
             Thread.detachNewThread { spinner.spin() }
             defer { spinner.stop() }
             return try plainLoop(dir)
         case "load-host":
             // The host reads its own directory listing: discovery is part of its cost.
-            return try seconds {
-                let report = PluginLoader().load(directories: [dir])
-                guard report.refused.isEmpty else {
-                    throw NSError(domain: "bench", code: 2, userInfo: [NSLocalizedDescriptionKey: "\(report.refused.first!)"])
-                }
-            }
+            return try await startupLoad(dir)
         case "load-phases":
-            // Diagnosis only: where the host's time goes, printed to stderr.
+            // Diagnosis only: where the time of the checks, dlopen and registry goes, printed
+            // to stderr (a plugin set also copies each file and creates its modules).
             let loader = PluginLoader()
-            var plan = PluginPlan(directories: [], validator: loader.validator)
-            let planning = seconds { plan = PluginPlan(directories: [dir], validator: loader.validator) }
+            let registry = ModuleRegistry()
+            var plan = PluginPlan(directories: [], validator: Validator())
+            let planning = seconds { plan = PluginPlan(directories: [dir], validator: Validator()) }
             var opening = 0.0, registering = 0.0
             for file in plan.ordered {
                 let start = monotonicNanoseconds()
                 let plugin = try loader.open(file)
                 let mid = monotonicNanoseconds()
-                try loader.registry.register(plugin)
+                try registry.register(plugin)
                 let end = monotonicNanoseconds()
                 opening += Double(mid - start) / 1e9
                 registering += Double(end - mid) / 1e9
@@ -129,15 +127,39 @@ struct LoadBenchmark {
             } else if parts[0].hasPrefix("validate=") {
                 _ = PluginPlan(directories: [String(parts[0].dropFirst("validate=".count))], validator: Validator())
             } else {
-                _ = PluginLoader().load(directories: [parts[0]])
+                _ = try await startupLoad(parts[0])
             }
-            return try measure(ProcessInfo.processInfo.environment["MODHOST_BENCH_WARM_SIDE"] ?? "load-host", parts[1])
+            return try await measure(ProcessInfo.processInfo.environment["MODHOST_BENCH_WARM_SIDE"] ?? "load-host", parts[1])
         case "load-validate":
             // Diagnosis only: the checks before dlopen, without loading.
             return seconds { _ = PluginPlan(directories: [dir], validator: Validator()) }
         default:
             throw NSError(domain: "bench", code: 4, userInfo: [NSLocalizedDescriptionKey: "unknown child \(side)"])
         }
+    }
+
+    /// Loads every plugin of `dir` as modhostd's start does (a `PluginSet`'s first
+    /// `reconcile`, without trial loads, on a fresh state directory) and returns the seconds
+    /// the reconcile took; the set is shut down afterwards, untimed. Throws when a file is
+    /// refused.
+    static func startupLoad(_ dir: String) async throws -> Double {
+        // Warnings and errors only: an info line per plugin would time the terminal.
+        LoggingSystem.setLevel(.warning)
+        let state = TemporaryDirectory("bench-load-state")
+        let set = try PluginSet(host: HostInstance(name: "bench-load"), directories: [dir], stateDirectory: state.file("state"),
+                                trialLoader: nil)
+        let start = monotonicNanoseconds()
+        let changes = await set.reconcile(trial: false)
+        let elapsed = Double(monotonicNanoseconds() - start) / 1e9
+        let refused = await set.snapshot().files.first
+        await set.shutdown()
+        if let refused {
+            throw NSError(domain: "bench", code: 2, userInfo: [NSLocalizedDescriptionKey: "\(refused.failure)"])
+        }
+        guard !changes.added.isEmpty else {
+            throw NSError(domain: "bench", code: 2, userInfo: [NSLocalizedDescriptionKey: "no plugin loaded from \(dir)"])
+        }
+        return elapsed
     }
 
     /// The baseline: dlopen(RTLD_NOW) + dlsym of every `.so` of `dir`, in name order.
