@@ -66,7 +66,8 @@ public struct NameClaims: Sendable {
     }
 
     /// `conflict(plugin:modules:file:)`, and when there is none, `claim(plugin:modules:file:)`,
-    /// looking each name up once instead of twice (a load pass claims every plugin's names).
+    /// looking each name up once instead of twice (a plan, an order and a registry claim
+    /// every plugin's names).
     public mutating func claimIfFree(plugin: String, modules: [String], file: String) -> NameConflict? {
         if let holder = plugins.updateValue(file, forKey: plugin) {
             plugins[plugin] = holder

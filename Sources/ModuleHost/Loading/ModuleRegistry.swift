@@ -25,7 +25,7 @@ public final class ModuleRegistry: Sendable {
     public init() {}
 
     /// Makes room for `plugins` plugins providing `modules` modules when nothing is
-    /// registered yet, so that a load pass registers them without rehashing.
+    /// registered yet, so that a plugin set's first scan registers them without rehashing.
     public func reserveCapacity(plugins: Int, modules: Int) {
         state.withLock { state in
             guard state.entries.isEmpty, state.claims.isEmpty else { return }

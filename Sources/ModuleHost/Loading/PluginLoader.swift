@@ -30,21 +30,15 @@ public struct LoadedPlugin: Sendable {
     }
 }
 
-/// What one load pass did: plugins loaded in dependency order, and every file refused
-/// with its reason.
-public struct LoadReport: Sendable {
-    public var loaded: [LoadedPlugin] = []
-    public var refused: [LoadFailure] = []
-    /// Tolerated problems (insecure permissions with --allow-insecure-plugins).
-    public var warnings: [(file: String, message: String)] = []
-}
-
-/// Finds, validates, orders and opens plugins, and registers their modules.
+/// Opens validated plugin files (`open`): the checks that need the plugin's code, right
+/// after `dlopen`. A `PluginSet` finds, validates and orders the files and registers what
+/// this opens (`PluginPlan` plans the same without opening anything); an isolated plugin's
+/// worker opens its one plugin with it.
 ///
-/// Every check that needs no plugin code runs before `dlopen`; the rest run right after
-/// it. A refused file never stops the others.
+/// A value type holding only shared, thread-safe state: `open` may be called from any
+/// thread, and never registers anything.
 public struct PluginLoader: Sendable {
-    public var validator: Validator
+    /// A registry for the caller's use; `open` does not register in it.
     public let registry: ModuleRegistry
     /// Makes the host service table each C module instance receives.
     public var hostServices: @Sendable (_ moduleName: String, _ host: HostInstance) throws -> CHostServices
@@ -54,12 +48,10 @@ public struct PluginLoader: Sendable {
     /// Where the calls by name into the plugins it opens are counted; nil counts nothing.
     public let metrics: PluginSetMetrics?
 
-    public init(validator: Validator = Validator(), registry: ModuleRegistry = ModuleRegistry(),
-                workers: PluginWorkers = PluginWorkers(),
+    public init(registry: ModuleRegistry = ModuleRegistry(), workers: PluginWorkers = PluginWorkers(),
                 hostServices: (@Sendable (String, HostInstance) throws -> CHostServices)? = nil,
                 metrics: PluginSetMetrics? = nil) {
         self.metrics = metrics
-        self.validator = validator
         self.registry = registry
         self.workers = workers
         self.hostServices = hostServices ?? { (name: String, host: HostInstance) throws -> CHostServices in
@@ -68,37 +60,6 @@ public struct PluginLoader: Sendable {
                 post: { notification, payload in host.postFromAnywhere(notification: notification, payload: payload) },
                 hasModule: { host.isRunning(moduleNamed: $0) })
         }
-    }
-
-    /// Loads every valid plugin of `directories` (and `files`) in the order of their
-    /// `PluginPlan`, registering its modules; plugins named in `loaded` count as present for
-    /// dependencies. Every file is checked before the first `dlopen`. A plugin whose
-    /// dependency fails to open is refused too.
-    public func load(directories: [String], files: [String] = [], loaded: Set<String> = [],
-                     orderOverride: [String: Int] = [:]) -> LoadReport {
-        var report = LoadReport()
-        let plan = PluginPlan(directories: directories, files: files, validator: validator, present: loaded, orderOverride: orderOverride)
-        report.refused = plan.refused
-        for file in plan.ordered { report.warnings += file.warnings.map { (file.path, $0) } }
-        registry.reserveCapacity(plugins: plan.ordered.count, modules: plan.ordered.reduce(0) { $0 + $1.manifest.modules.count })
-        var failedNames: [String: LoadFailure] = [:]
-        for file in plan.ordered {
-            if let dependency = file.manifest.dependencies.first(where: { failedNames[$0] != nil }), let failed = failedNames[dependency] {
-                let failure = LoadFailure.dependencyRefused(file.path, plugin: file.name, dependency: dependency, check: failed.check)
-                failedNames[file.name] = failure
-                report.refused.append(failure)
-                continue
-            }
-            do {
-                let plugin = try open(file)
-                try registry.register(plugin)
-                report.loaded.append(plugin)
-            } catch {
-                failedNames[file.name] = error
-                report.refused.append(error)
-            }
-        }
-        return report
     }
 
     /// Opens one validated plugin: `dlopen` with RTLD_NOW, finds the entry symbol in the

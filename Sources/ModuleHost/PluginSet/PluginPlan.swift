@@ -5,7 +5,7 @@ import PluginFormat
 /// What a plugin set would load from plugin directories and files, found and checked as
 /// `PluginSet.reconcile` finds and checks them, without running any plugin code: the valid
 /// files in load order, and every refusal with its check, problem and fix. `modhostctl
-/// verify` reports it (a dry run of a daemon's start); `PluginLoader.load` opens it.
+/// verify` reports it (a dry run of a daemon's start).
 public struct PluginPlan: Sendable {
     /// The files that would load, in load order (what each depends on first).
     public var ordered: [PluginFile] = []

@@ -226,6 +226,7 @@ extension PluginSet {
                 refuse(failure, plan.hashes[failure.file]?.identity, &summary)
             }
         }
+        registry.reserveCapacity(plugins: order.ordered.count, modules: order.ordered.reduce(0) { $0 + $1.manifest.modules.count })
         // While they load, these show as `loading`, not as a stale refusal.
         loading = Set(order.ordered.map(\.path))
         defer { loading = [] }
@@ -402,7 +403,7 @@ extension PluginSet {
         crashGuard.begin(file: file.path, plugin: file.name, hash: hash, phase: "entry")
         defer { crashGuard.end() }
         mapped(file.name, nameGeneration: image.nameGeneration, image: image.file)
-        let loaded = try PluginLoader(validator: validator, registry: registry, workers: workers, metrics: metrics).open(image.file)
+        let loaded = try PluginLoader(registry: registry, workers: workers, metrics: metrics).open(image.file)
         FatalSignalRecorder.track(loaded, file: file.path, hash: hash, guard: crashGuard)
         return loaded
     }
@@ -616,7 +617,7 @@ extension PluginSet {
                 crashGuard.begin(file: update.file.path, plugin: update.file.name, hash: update.hash, phase: "entry")
                 defer { crashGuard.end() }
                 mapped(name, nameGeneration: image.nameGeneration, image: image.file)
-                let plugin = try PluginLoader(validator: validator, registry: registry, workers: workers, metrics: metrics).open(image.file)
+                let plugin = try PluginLoader(registry: registry, workers: workers, metrics: metrics).open(image.file)
                 FatalSignalRecorder.track(plugin, file: record.source, hash: update.hash(of: name, record), guard: crashGuard)
                 opened.append(plugin)
             }
