@@ -93,16 +93,6 @@ extension PluginSet {
         return numbers.count <= 2 && numbers.allSatisfy { !$0.isEmpty && $0.allSatisfy { $0.isASCII && $0.isNumber } }
     }
 
-    /// Hashes `contents` (the file at `path`) in bounded chunks.
-    func hashContents(_ contents: ReadOnlyFile, of path: String) throws(LoadFailure) -> String {
-        do {
-            return try contentHash(of: contents)
-        } catch {
-            throw LoadFailure(file: path, check: .fileType, problem: "cannot read the file to fingerprint it: \(error)",
-                              fix: "check the file is readable and not being rewritten in place")
-        }
-    }
-
     /// Copies a plugin under a path no other version uses (glibc returns the old image for a
     /// path it has loaded, and a file overwritten in place crashes the code mapped from it).
     /// An image this process maps (`inMemory`) is a sealed memory file, named by the path

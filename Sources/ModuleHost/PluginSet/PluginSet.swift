@@ -66,6 +66,9 @@ public actor PluginSet {
     nonisolated let workerRecords: WorkerRecords
     nonisolated let imagesDirectory: String
     nonisolated let trialLoader: (any TrialLoader)?
+    /// Where its files and their code come from: the plugin directories and `dlopen`
+    /// (`DirectoryPluginSource`), unless a test gives another.
+    nonisolated let pluginSource: any PluginSource
     nonisolated let logger: Logger
     /// The state directory's lock, held while this set exists, until `shutdown()` returns
     /// (`init(stateDirectory:)`).
@@ -208,8 +211,10 @@ public actor PluginSet {
 
     init(host: HostInstance, settings: [String: ModuleSettings], directories: [String], imagesDirectory: String,
          crashGuard: CrashGuard, validator: Validator, registry: ModuleRegistry, workers: PluginWorkers,
-         trialLoader: (any TrialLoader)?, isolation: IsolationPolicy = IsolationPolicy(), logger: Logger, stateLock: ExclusiveLock?) {
+         trialLoader: (any TrialLoader)?, isolation: IsolationPolicy = IsolationPolicy(), logger: Logger, stateLock: ExclusiveLock?,
+         pluginSource: any PluginSource = DirectoryPluginSource()) {
         self.stateLock = stateLock
+        self.pluginSource = pluginSource
         self.isolationPolicy = isolation
         self.host = host
         self.settings = settings

@@ -67,7 +67,7 @@ extension PluginSet {
     /// The candidate files of the directories as they are when the scan starts
     /// (`candidates(in:)`); a directory that cannot be read is logged.
     private func candidates() -> (present: [String: String], directoryStatus: [String: stat]) {
-        let listing = Self.candidates(in: directories)
+        let listing = pluginSource.candidates(in: directories)
         for failure in listing.unreadable { logger.error("\(failure)", [("directory", failure.file)]) }
         return (listing.present, listing.directoryStatus)
     }
@@ -112,17 +112,14 @@ extension PluginSet {
     /// refuses it, or leaves it (unchanged, or refused before and not changed since).
     private func consider(_ path: String, in directory: String, directoryStatus: stat?, retryingRefused: Bool,
                           into plan: inout ScanPlan, _ summary: inout PluginChanges) async {
-        guard let identity = FileIdentity(path: path, directory: directoryStatus) else {
-            // Listed, but stat cannot follow it: validation names why (a dangling symlink
-            // is refused by name). One removed since the listing is simply gone.
-            var entry = stat()
-            if lstat(path, &entry) == 0 {
-                do {
-                    _ = try validator.validateReading(path, in: directory, directoryStatus: directoryStatus)
-                } catch {
-                    refuse(error, nil, &summary)
-                }
+        let identity: FileIdentity
+        do throws(LoadFailure) {
+            guard let current = try pluginSource.identity(of: path, in: directory, directoryStatus: directoryStatus, validator: validator) else {
+                return  // gone since the listing
             }
+            identity = current
+        } catch {
+            refuse(error, nil, &summary)
             return
         }
         // Unchanged since it was loaded; unless it was found unsafe since (its mode or
@@ -141,17 +138,15 @@ extension PluginSet {
             return
         }
         // From the first read on, a crash is attributed to this file (by path and identity
-        // until it is hashed). The file the checks read is the one hashed, in chunks; its
-        // version (inode, size, modification time) is what the private copy is made from
-        // later, or refused.
+        // until it is hashed). The version the checks read (inode, size, modification time)
+        // is what the private copy is made from later, or refused.
         let file: PluginFile
         let version: FileIdentity
         let hash: String
         do {
             (file, version, hash) = try crashGuard.during(file: path, plugin: "", hash: "", phase: "validation",
                                                           identity: identity.key) { () throws(LoadFailure) in
-                let (checked, contents) = try validator.validateReading(path, in: directory, directoryStatus: directoryStatus)
-                return (checked, FileIdentity(status: contents.status), try hashContents(contents, of: path))
+                try pluginSource.read(path, in: directory, directoryStatus: directoryStatus, validator: validator)
             }
         } catch {
             if error.check == .permissions, let record = records.values.first(where: { $0.source == path }) {
@@ -159,7 +154,7 @@ extension PluginSet {
                 return
             }
             // What the file's manifest says, if the refusal came after it was read.
-            manifestsRead[path] = Manifest.embedded(in: path).map { ($0.name, $0.version) }
+            manifestsRead[path] = pluginSource.manifest(of: path).map { ($0.name, $0.version) }
             refuse(error, identity, &summary)
             plan.unidentified += 1
             return
@@ -348,7 +343,8 @@ extension PluginSet {
             let names = try nameGeneration(of: file.name, path: file.path, inThisProcess: !isolated)
             // The trial runs apart (a child process): only the copy is this process's own work.
             image = try crashGuard.during(file: file.path, plugin: file.name, hash: hash, phase: "copy") { () throws(LoadFailure) in
-                try privateImage(of: file, version: version, generation: generation, nameGeneration: names, hash: hash, inMemory: !isolated)
+                try pluginSource.image(of: file, version: version, generation: generation, nameGeneration: names, hash: hash,
+                                       renames: [:], inMemory: !isolated, for: self)
             }
         } catch {
             refuse(error, identity, &none)
@@ -402,8 +398,7 @@ extension PluginSet {
         if isolated { return try await isolate(image.file) }
         crashGuard.begin(file: file.path, plugin: file.name, hash: hash, phase: "entry")
         defer { crashGuard.end() }
-        mapped(file.name, nameGeneration: image.nameGeneration, image: image.file)
-        let loaded = try PluginLoader(registry: registry, workers: workers, metrics: metrics).open(image.file)
+        let loaded = try pluginSource.open(image, for: self)
         FatalSignalRecorder.track(loaded, file: file.path, hash: hash, guard: crashGuard)
         return loaded
     }
@@ -584,18 +579,18 @@ extension PluginSet {
         for (name, record) in chain {
             let generation = (generations[name] ?? record.generation) + 1
             // A dependent is reloaded from its current image, renamed once more.
-            let (source, version) = name == update.file.name ? (update.file, Optional(update.version)) : (record.loaded.file, nil)
-            let inThisProcess = isolationPolicy.isolation(of: source.manifest) == .inProcess
+            let (file, version) = name == update.file.name ? (update.file, Optional(update.version)) : (record.loaded.file, nil)
+            let inThisProcess = isolationPolicy.isolation(of: file.manifest) == .inProcess
             let nameGeneration = try nameGeneration(of: name, path: update.file.path, inThisProcess: inThisProcess)
             let next = DynamicStringPatch.generationName(record.originalSoname, generation: nameGeneration) ?? record.originalSoname
             if next != record.soname { renames[record.soname] = next }
             let hash = update.hash(of: name, record)
             let image = try crashGuard.during(file: record.source, plugin: name, hash: hash, phase: "copy") { () throws(LoadFailure) in
-                try privateImage(of: source, version: version, generation: generation, nameGeneration: nameGeneration,
-                                 hash: hash, renames: renames, inMemory: inThisProcess)
+                try pluginSource.image(of: file, version: version, generation: generation, nameGeneration: nameGeneration,
+                                       hash: hash, renames: renames, inMemory: inThisProcess, for: self)
             }
             images.append(image)
-            try checkIsolation(of: source)
+            try checkIsolation(of: file)
             if inThisProcess {
                 try await trialLoad(image.file, preloading: images.dropLast().map(\.file.resolvedPath))
             }
@@ -616,8 +611,7 @@ extension PluginSet {
                 }
                 crashGuard.begin(file: update.file.path, plugin: update.file.name, hash: update.hash, phase: "entry")
                 defer { crashGuard.end() }
-                mapped(name, nameGeneration: image.nameGeneration, image: image.file)
-                let plugin = try PluginLoader(registry: registry, workers: workers, metrics: metrics).open(image.file)
+                let plugin = try pluginSource.open(image, for: self)
                 FatalSignalRecorder.track(plugin, file: record.source, hash: update.hash(of: name, record), guard: crashGuard)
                 opened.append(plugin)
             }
