@@ -38,8 +38,6 @@ public struct LoadedPlugin: Sendable {
 /// A value type holding only shared, thread-safe state: `open` may be called from any
 /// thread, and never registers anything.
 public struct PluginLoader: Sendable {
-    /// A registry for the caller's use; `open` does not register in it.
-    public let registry: ModuleRegistry
     /// Makes the host service table each C module instance receives.
     public var hostServices: @Sendable (_ moduleName: String, _ host: HostInstance) throws -> CHostServices
     /// Where the C modules of the plugins this loader opens run their code (one worker per
@@ -48,11 +46,10 @@ public struct PluginLoader: Sendable {
     /// Where the calls by name into the plugins it opens are counted; nil counts nothing.
     public let metrics: PluginSetMetrics?
 
-    public init(registry: ModuleRegistry = ModuleRegistry(), workers: PluginWorkers = PluginWorkers(),
+    public init(workers: PluginWorkers = PluginWorkers(),
                 hostServices: (@Sendable (String, HostInstance) throws -> CHostServices)? = nil,
                 metrics: PluginSetMetrics? = nil) {
         self.metrics = metrics
-        self.registry = registry
         self.workers = workers
         self.hostServices = hostServices ?? { (name: String, host: HostInstance) throws -> CHostServices in
             try CHostServices(

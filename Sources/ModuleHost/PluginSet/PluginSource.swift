@@ -93,6 +93,6 @@ struct DirectoryPluginSource: PluginSource {
 
     func open(_ image: PluginSet.PrivateImage, for set: isolated PluginSet) throws(LoadFailure) -> LoadedPlugin {
         set.mapped(image.file.name, nameGeneration: image.nameGeneration, image: image.file)
-        return try PluginLoader(registry: set.registry, workers: set.workers, metrics: set.metrics).open(image.file)
+        return try PluginLoader(workers: set.workers, metrics: set.metrics).open(image.file)
     }
 }

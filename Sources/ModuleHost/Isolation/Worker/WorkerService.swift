@@ -148,7 +148,7 @@ final class WorkerService: Sendable {
         }
         let daemonModules = self.daemonModules
         let channelForPost = channel
-        let loader = PluginLoader(registry: ModuleRegistry(), workers: workers) { name, host in
+        let loader = PluginLoader(workers: workers) { name, host in
             try CHostServices(
                 moduleName: name, logger: host.logger(for: name),
                 post: { notification, payload in
