@@ -117,6 +117,8 @@ struct IsolationTests {
                 if (a == 14) _exit(3);
                 return a + b;
             }
+            __attribute__((visibility("default"))) void faulty_tick(void) {}
+            __attribute__((visibility("default"))) double faulty_negative_zero(void) { return -0.0; }
             static const char *const notes[] = {"ping", NULL};
             static const modhost_module modules[] = {{
                 .struct_size = sizeof(modhost_module), .kind = MODHOST_MODULE_C, .name = "\(module)", .version = "2.5",
@@ -126,7 +128,9 @@ struct IsolationTests {
             MODHOST_PLUGIN_ENTRY { return &plugin; }
             """
         return try PluginFactory(directory: directory).buildC(
-            name, source: source, manifest: PluginFactory.manifest(plugin: name, modules: [module], exports: [("faulty_add", "i32(i32,i32)")]),
+            name, source: source,
+            manifest: PluginFactory.manifest(plugin: name, modules: [module],
+                                             exports: [("faulty_add", "i32(i32,i32)"), ("faulty_tick", "void()"), ("faulty_negative_zero", "f64()")]),
             flags: "-lpthread")
     }
 
@@ -1179,10 +1183,10 @@ struct IsolationTests {
         #expect(await f.until { f.lines() == expected }, "\(f.lines())")
 
         let loaded = try #require(await f.set.plugin(named: name))
-        func call(_ texts: [String]) async -> String {
+        func call(_ texts: [String], _ function: String = "faulty_add") async -> String {
             do {
-                if let isolated = loaded.isolated { return "\(try await isolated.call("faulty_add", texts: texts))" }
-                return "\(try loaded.functions!.call("faulty_add", texts: texts))"
+                if let isolated = loaded.isolated { return "\(try await isolated.call(function, texts: texts))" }
+                return "\(try loaded.functions!.call(function, texts: texts))"
             } catch let error as PluginSetError {
                 return "\(error.code.rawValue): \(error.message)"
             } catch let error as CallError {
@@ -1194,6 +1198,13 @@ struct IsolationTests {
         #expect(await call(["20", "22"]) == "i32:42")
         #expect(await call(["1"]) == "invalid_arguments: faulty_add: expected 2 arguments for i32(i32,i32), got 1")
         #expect(await call(["x", "1"]).hasPrefix("invalid_arguments: faulty_add: argument 1:"))
+        // Every return type comes back as in process, and none ends the worker.
+        let tick = await call([], "faulty_tick")
+        #expect(tick == "void:", "\(tick)")
+        let negativeZero = await call([], "faulty_negative_zero")
+        #expect(negativeZero == "f64:-0.0", "\(negativeZero)")
+        let worker = await f.worker(name)
+        #expect(worker.map { $0.restarts == 0 && $0.crashes == 0 } ?? true, "\(String(describing: worker))")
         let nope: String
         do {
             if let isolated = loaded.isolated {

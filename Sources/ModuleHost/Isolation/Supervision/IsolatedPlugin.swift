@@ -315,7 +315,7 @@ public final class IsolatedPlugin: Sendable {
             // invalid frame does.
             let declared = returnTypes[function]
             guard let type = reply.text("type").flatMap(ValueType.init(rawValue:)), type == declared,
-                  let value = try? type.value(fromJSON: reply["value"] ?? .null)
+                  let value = Self.result(of: type, reply["value"] ?? .null)
             else {
                 let given = reply.text("type").map { JSONValue.escapingControlCharacters(String($0.prefix(40))) }
                 let reason = given == declared?.rawValue
@@ -333,6 +333,14 @@ public final class IsolatedPlugin: Sendable {
             let ending = await connection.ending(within: .seconds(2))
             throw PluginSetError(.callFailed, "plugin \(name)'s worker ended during the call of \(function)\(ending.map { " (\($0))" } ?? ""); it is restarted")
         }
+    }
+
+    /// The value a worker's answer `json` gives for a function returning `type`: a `void`
+    /// function's answer is `null` (`CallValue.void` as JSON); nil when `json` is no value
+    /// of the type.
+    static func result(of type: ValueType, _ json: JSONValue) -> CallValue? {
+        if type == .void { return json == .null ? .void : nil }
+        return try? type.value(fromJSON: json)
     }
 
     private var currentConnection: WorkerConnection? {
