@@ -30,6 +30,7 @@ struct IsolationTests {
     /// then blocks), fatal (aborts), spin (loops on the CPU); and two that probe limits and
     /// return: files (opens /dev/null until it fails, then notes `opened COUNT ERRNO`),
     /// forkmany (forks children that sleep until fork fails, then notes `forked COUNT
+    /// ERRNO`), secret (opens the file EVENTS.secret and notes `read 1 OK` or `read 0
     /// ERRNO`); and halfframe, which writes the start of a frame on the worker's control
     /// socket and blocks. It exports `faulty_add(a, b)` (i32(i32,i32)), which segfaults when a is
     /// 13 and exits with status 3 when a is 14, and posts notification `pong` when it gets notification `ping`. With `crashInCreate`,
@@ -87,6 +88,11 @@ struct IsolationTests {
                     snprintf(text, sizeof text, "%d %s", count, errno_name());
                     for (int i = 0; i < count; i++) close(fds[i]);
                     note("opened", text);
+                }
+                if (strcmp(event, "secret") == 0) {
+                    int fd = open("\(events).secret", O_RDONLY | O_CLOEXEC);
+                    note("read", fd >= 0 ? "1 OK" : errno == EACCES ? "0 EACCES" : "0 other");
+                    if (fd >= 0) close(fd);
                 }
                 if (strcmp(event, "forkmany") == 0) {
                     int count = 0;
@@ -801,7 +807,7 @@ struct IsolationTests {
         await f.set.start()
         let pid = try #require(await f.worker("Faulty")?.pid)
         let identity = try Self.identity(of: pid)
-        #expect(identity.uid == 65534 && identity.gid == 65534 && identity.groups.isEmpty, "\(identity)")
+        #expect(identity.uid == 65534 && identity.gid == 65534 && identity.groups == [65534], "\(identity)")
         #expect(await f.knock("faulty", "hello"))
         #expect(try await f.call("Faulty", 2, 3) == .int32(5))
         await f.host.send(ModuleEvent.custom(name: "segv", payload: .null), to: "faulty")
@@ -809,6 +815,30 @@ struct IsolationTests {
         let restarted = try #require(await f.worker("Faulty")?.pid)
         #expect(try Self.identity(of: restarted).uid == 65534)
         #expect(await f.knock("faulty", "again"))
+        await f.set.shutdown()
+    }
+
+    /// A numeric `user` alone takes that account's group and groups, as a login does, never
+    /// the daemon's: a file only root's group may read is closed to the worker. A `group`
+    /// without a `user`, which would leave the worker root, is refused.
+    @Test(.enabled(if: geteuid() == 0, "a worker takes another user only when the daemon runs as root"))
+    func aNumericUserTakesItsAccountsGroupsNotRoots() async throws {
+        let f = try Fixture(plugins: ["Faulty": PluginIsolationSettings(user: "65534"), "Calm": PluginIsolationSettings(group: "nogroup")])
+        try await f.add("Faulty")
+        try await f.add("Calm")
+        let secret = f.events + ".secret"
+        #expect(FileManager.default.createFile(atPath: secret, contents: Data("root's group only\n".utf8)))
+        #expect(chown(secret, 0, 0) == 0 && chmod(secret, 0o640) == 0)
+        let changes = await f.set.reconcile()
+        #expect(changes.added == ["Faulty"] && changes.refused == [f.plugins + "/libCalm.so"], "\(changes)")
+        let failure = try #require(await f.set.snapshot().files.first { $0.path.hasSuffix("/libCalm.so") }?.failure)
+        #expect(failure.check == .isolation && failure.problem.contains("without a user"), "\(failure.problem)")
+        await f.set.start()
+        let pid = try #require(await f.worker("Faulty")?.pid)
+        let identity = try Self.identity(of: pid)
+        #expect(identity.uid == 65534 && identity.gid == 65534 && identity.groups == [65534], "\(identity)")
+        let read = try #require(await f.probe("secret", notes: "read"))
+        #expect(read.count == 0 && read.error == "EACCES", "\(read)")
         await f.set.shutdown()
     }
 

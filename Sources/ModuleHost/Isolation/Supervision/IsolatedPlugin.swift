@@ -131,11 +131,13 @@ public final class IsolatedPlugin: Sendable {
         if let manifest = try? JSONValue(encoding: file.manifest) { load["manifest"] = manifest }
         if geteuid() == 0 {
             do {
-                let (uid, gid) = try Self.identity(user: settings.user, group: settings.group)
-                if let uid { load["uid"] = .number(Double(uid)) }
-                if let gid { load["gid"] = .number(Double(gid)) }
+                if let identity = try Self.identity(user: settings.user, group: settings.group) {
+                    load["uid"] = .number(Double(identity.uid))
+                    load["gid"] = .number(Double(identity.gid))
+                    load["groups"] = .array(identity.groups.map { .number(Double($0)) })
+                }
             } catch {
-                throw fail(error.description, "name an existing user and group in the plugin's configuration")
+                throw fail(error.description, "give plugins.\(name) a \"user\" with an account in the user database, or a numeric \"user\" and a \"group\"")
             }
             // RLIMIT_NPROC binds no root process: a limit that would bind nothing is refused.
             if settings.limits.processes != nil && (load["uid"]?.numberValue ?? 0) == 0 {
@@ -456,31 +458,39 @@ public final class IsolatedPlugin: Sendable {
 
     // MARK: - Helpers
 
-    /// The uid and gid of `user` and `group` (names or numbers); the user's group when no
-    /// group is named.
-    static func identity(user: String?, group: String?) throws(TrialProcess.SpawnError) -> (uid_t?, gid_t?) {
-        var uid: uid_t?
-        var gid: gid_t?
-        if let user {
-            if let number = UInt32(user) {
-                uid = number
-            } else if let entry = getpwnam(user) {
-                uid = entry.pointee.pw_uid
-                gid = entry.pointee.pw_gid
-            } else {
-                throw TrialProcess.SpawnError(description: "no user named \(user)")
-            }
+    /// Who a worker runs as: a user, its group and its supplementary groups, applied in the
+    /// worker as a login applies them (`setgroups`, `setgid`, `setuid`).
+    struct WorkerIdentity: Equatable {
+        var uid: uid_t
+        var gid: gid_t
+        var groups: [gid_t]
+    }
+
+    /// The identity `user` and `group` (names or numbers) give a worker: the user's account
+    /// and, unless `group` names another, its primary group, with the groups that list it
+    /// as a member; nil when neither is given (the worker runs as the daemon). What cannot
+    /// be applied whole is refused: a group without a user (the worker would stay root),
+    /// and a uid with no account and no group (it would keep the daemon's groups).
+    static func identity(user: String?, group: String?) throws(TrialProcess.SpawnError) -> WorkerIdentity? {
+        guard let user else {
+            guard let group else { return nil }
+            throw TrialProcess.SpawnError(description: "group \(group) is given without a user: the worker would still run as root with all its privileges")
         }
+        let account = UserAccount.lookUp(user)
+        var groupID: gid_t?
         if let group {
-            if let number = UInt32(group) {
-                gid = number
-            } else if let entry = getgrnam(group) {
-                gid = entry.pointee.gr_gid
-            } else {
-                throw TrialProcess.SpawnError(description: "no group named \(group)")
-            }
+            guard let gid = UserAccount.groupID(group) else { throw TrialProcess.SpawnError(description: "no group named \(group)") }
+            groupID = gid
         }
-        return (uid, gid)
+        if let account {
+            let gid = groupID ?? account.gid
+            return WorkerIdentity(uid: account.uid, gid: gid, groups: account.groups(primary: gid))
+        }
+        guard let uid = UInt32(user) else { throw TrialProcess.SpawnError(description: "no user named \(user)") }
+        guard let gid = groupID else {
+            throw TrialProcess.SpawnError(description: "uid \(user) has no account in the user database, so it has no group of its own: the worker would keep the daemon's groups")
+        }
+        return WorkerIdentity(uid: uid, gid: gid, groups: [gid])
     }
 
     /// A process's resident set size from /proc/PID/statm, in bytes.

@@ -150,12 +150,7 @@ public enum WorkerProcess {
     /// Applies `load`'s group, user, limits and PR_SET_NO_NEW_PRIVS; the problem, if one
     /// could not be applied.
     static func takePrivileges(_ load: JSONValue) -> String? {
-        if let group = load.integer("gid") {
-            guard setgroups(0, nil) == 0, setgid(gid_t(group)) == 0 else { return "cannot take group \(group): \(SystemError.describe(errno))" }
-        }
-        if let user = load.integer("uid") {
-            guard setuid(uid_t(user)) == 0 else { return "cannot take user \(user): \(SystemError.describe(errno))" }
-        }
+        if let problem = takeIdentity(load) { return problem }
         let limits: [(key: String, which: Int32)] = [("addressSpaceBytes", 0), ("openFiles", 1), ("cpuSeconds", 2), ("processes", 3)]
         for (key, which) in limits {
             guard let given = load["limits"]?[key] else { continue }
@@ -165,6 +160,25 @@ public enum WorkerProcess {
             }
         }
         if modhost_worker_set_no_new_privileges() != 0 { return "cannot set PR_SET_NO_NEW_PRIVS: \(SystemError.describe(errno))" }
+        return nil
+    }
+
+    /// Takes `load`'s identity as a login does, in this order: the supplementary groups,
+    /// the group, then the user; and checks that it holds and that root cannot be taken
+    /// back. Nothing when `load` names no user; the problem, if any step failed.
+    static func takeIdentity(_ load: JSONValue) -> String? {
+        guard let user = load.integer("uid") else { return nil }
+        guard let group = load.integer("gid"), case .array(let listed) = load["groups"] ?? .null else {
+            return "the load frame names user \(user) without a group and groups"
+        }
+        var groups = listed.compactMap { $0.wholeNumber.map { gid_t(truncatingIfNeeded: $0) } }
+        guard setgroups(groups.count, &groups) == 0 else { return "cannot take the supplementary groups \(groups): \(SystemError.describe(errno))" }
+        guard setgid(gid_t(group)) == 0 else { return "cannot take group \(group): \(SystemError.describe(errno))" }
+        guard setuid(uid_t(user)) == 0 else { return "cannot take user \(user): \(SystemError.describe(errno))" }
+        guard getuid() == uid_t(user), geteuid() == uid_t(user), getgid() == gid_t(group), getegid() == gid_t(group) else {
+            return "took user \(user) and group \(group), but runs as uid \(geteuid()) and gid \(getegid())"
+        }
+        if user != 0, setuid(0) == 0 { return "took user \(user), but could take root back" }
         return nil
     }
 }
