@@ -101,7 +101,7 @@ struct HostileWorkerTests {
                 }
                 return 7;
             }
-            static const char *const notes[] = {"hangnote", "crashnote", NULL};
+            static const char *const notes[] = {"hangnote", "crashnote", "bignote", NULL};
             static const modhost_module modules[] = {{ sizeof(modhost_module), MODHOST_MODULE_C, "liar", "1.0",
                 notes, create, handle, destroy, 0 }};
             static const modhost_plugin plugin = MODHOST_PLUGIN_INIT("Liar", modules);
@@ -241,6 +241,57 @@ struct HostileWorkerTests {
                 "\(forged.standardError)")
         #expect(await h.waitFor("plugin Liar's worker (pid \(pid))"), "\(h.daemon.text)")
         try await Self.expectRestartedAndCalled(h)
+        await Self.stop(h)
+    }
+
+    /// Outside attack: an in-process module's notification of over 16 MiB (allowed in
+    /// process) could not be written as a frame, and every isolated listener's worker was
+    /// killed for it, as if its socket had closed; twelve such posts quarantined an
+    /// innocent plugin. Now the notification is not sent to the worker, which runs on, and
+    /// the log says why, naming the module.
+    @Test("a notification too large for a worker frame is not delivered to it, and its worker runs on", .timeLimit(.minutes(3)))
+    func aNotificationTooLargeForAFrameLeavesTheWorkerRunning() async throws {
+        let scratch = TemporaryDirectory("hostile-worker")
+        let events = scratch.file("events.log")
+        let liar = try Self.liar(in: scratch.directory("liar"), events: events)
+        let shouter = try PluginFactory(directory: scratch.directory("shouter")).buildC("Shouter", source: """
+            #include <modulehost.h>
+            #include <stdlib.h>
+            #include <string.h>
+            static void *create(const modhost_host_api *host, const char *config) { (void)config; return (void *)host; }
+            static void handle(void *instance, const char *event, const char *payload) {
+                const modhost_host_api *host = instance;
+                (void)payload;
+                if (strcmp(event, "shout") != 0) return;
+                size_t n = (size_t)17 << 20;
+                char *text = malloc(n + 3);
+                if (text == NULL) return;
+                text[0] = '"';
+                memset(text + 1, 'x', n);
+                text[n + 1] = '"';
+                text[n + 2] = 0;
+                host->post_notification("bignote", text);
+                free(text);
+            }
+            static void destroy(void *instance) { (void)instance; }
+            static const modhost_module modules[] = {{ sizeof(modhost_module), MODHOST_MODULE_C, "shouter", "1.0",
+                NULL, create, handle, destroy, 0 }};
+            static const modhost_plugin plugin = MODHOST_PLUGIN_INIT("Shouter", modules);
+            MODHOST_PLUGIN_ENTRY { return &plugin; }
+            """, manifest: PluginFactory.manifest(plugin: "Shouter", modules: ["shouter"]))
+        let h = try DaemonLifecycleTests.Harness(["Counter"], files: [liar, shouter],
+                                                 config: #"{"plugins": {"Liar": {"isolation": "process"}}}"#)
+        #expect(await h.waitFor("control socket ready"), "\(h.daemon.text)")
+        let pid = try #require(try h.modules()["liar"]?["workerPid"] as? Int)
+        for _ in 0..<3 { #expect(try h.ctl("send", "shout", "--to", "shouter").status == 0) }
+        #expect(await h.waitFor("bignote not delivered to module liar's worker"), "\(h.daemon.text)")
+        // The worker still answers, the same process, never restarted.
+        #expect(try h.ctl("send", "after", "--to", "liar").status == 0)
+        let lines = ((try? String(contentsOfFile: events, encoding: .utf8)) ?? "").split(separator: "\n")
+        #expect(lines.contains("after \(pid)"), "\(lines)")
+        let row = try h.modules()["liar"]
+        #expect(row?["workerPid"] as? Int == pid && row?["restarts"] as? Int == 0, "\(String(describing: row))")
+        #expect(!h.daemon.text.contains("plugin Liar's worker (pid \(pid))"), "\(h.daemon.text)")
         await Self.stop(h)
     }
 

@@ -108,6 +108,9 @@ final class WorkerConnection: Sendable {
         case reply(WorkerMessage)
         case timedOut
         case gone
+        /// The request is larger than a frame may be (`WorkerFrame.maximumSize`): it was not
+        /// sent, and the worker is not to blame.
+        case tooLarge
     }
 
     /// A request waiting for its reply, from an awaiting task: the first of the reply, the
@@ -304,7 +307,7 @@ final class WorkerConnection: Sendable {
             return .failure(failure("its worker was not ready within \(deadline.secondsText)\(plugin.limitsHint)",
                                     plugin.settings.limits.summary == nil ? "fix the plugin's load-time code"
                                         : "raise plugins.\(plugin.name).limits in modhostd's configuration, or fix the plugin's load-time code"))
-        case .gone:
+        case .gone, .tooLarge:
             // The poller says how it ended, once it has reaped it.
             let ending = await finished.wait()
             var text = "ended"
@@ -317,9 +320,11 @@ final class WorkerConnection: Sendable {
     /// all told, for its reply, which this thread reads itself. After a request that timed
     /// out or failed, the socket is out of step: every later one is `gone` (the caller kills
     /// the worker on `timedOut`; `reap` ends the socket when it ends).
-    /// A request whose frame is too large is `gone`.
+    /// A request whose frame is too large is not sent (`tooLarge`).
     func request(_ request: DaemonRequest, deadline: Duration) -> Outcome {
         let until = ContinuousClock.now + deadline
+        let id = nextID.add(1, ordering: .relaxed).oldValue
+        guard let frame = request.frame(id: id) else { return .tooLarge }
         // A timeout already past tries the gate without reading the clock (it is nearly always
         // free: one thread at a time sends the plugin its events).
         guard orderedGate.wait(timeout: DispatchTime(uptimeNanoseconds: 1)) == .success
@@ -327,9 +332,8 @@ final class WorkerConnection: Sendable {
         defer { orderedGate.signal() }
         return orderedReader.withLock { reader -> Outcome in
             guard reader != nil else { return .gone }
-            let id = nextID.add(1, ordering: .relaxed).oldValue
             var outcome = Outcome.gone
-            switch ordered.send(frame: request.frame(id: id), until: until) {
+            switch ordered.send(frame: frame, until: until) {
             case .sent:
                 do throws(FrameReader.End) {
                     let reply = try reader!.next(until: until)
@@ -384,7 +388,7 @@ final class WorkerConnection: Sendable {
     func requestAsync(_ request: DaemonRequest, what: String, deadline: Duration) async -> Outcome {
         let until = ContinuousClock.now + deadline
         let id = nextID.add(1, ordering: .relaxed).oldValue
-        let numbered = request.frame(id: id)
+        guard let numbered = request.frame(id: id) else { return .tooLarge }
         let waiter = Waiter()
         guard pending.withLock({ pending -> Bool in
             guard !pending.closed else { return false }
@@ -426,7 +430,10 @@ final class WorkerConnection: Sendable {
         case .notStarted(let ahead): return .notStarted(ahead: ahead)
         case .gone: return .outcome(.gone)
         }
-        let numbered = DaemonRequest.call(function: function, arguments: arguments).frame(id: id)
+        guard let numbered = DaemonRequest.call(function: function, arguments: arguments).frame(id: id) else {
+            passTurn(id)
+            return .outcome(.tooLarge)
+        }
         let waiter = Waiter()
         guard callReplies.withLock({ replies -> Bool in
             guard !replies.closed else { return false }

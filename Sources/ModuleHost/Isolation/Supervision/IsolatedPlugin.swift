@@ -334,6 +334,8 @@ public final class IsolatedPlugin: Sendable {
             // close before it reaps it.
             let ending = await connection.ending(within: .seconds(2))
             throw PluginSetError(.callFailed, "plugin \(name)'s worker ended during the call of \(function)\(ending.map { " (\($0))" } ?? ""); it is restarted")
+        case .tooLarge:
+            throw PluginSetError(.invalidArguments, "call \(name).\(function): its arguments are larger than the \(WorkerFrame.maximumSize >> 20) MiB a request to an isolated plugin may hold; pass less, or run the plugin in process")
         }
     }
 
@@ -392,6 +394,12 @@ public final class IsolatedPlugin: Sendable {
             reason = "its code did not return from \(LogLineRate.bounded(stuck)) within \(deadline.secondsText)"
         case .gone:
             if let module { workers.recordUnanswered(module: module, event: what, why: .workerEnded) }
+            return
+        case .tooLarge:
+            // Not sent: the worker is not to blame, and runs on.
+            if let module { host.metrics.module(named: module).recordError(.notDelivered) }
+            logger.warning("\(what) not delivered to \(module.map { "module \($0)" } ?? "plugin \(name)")'s worker: with its payload it is larger than the \(WorkerFrame.maximumSize >> 20) MiB a request to an isolated plugin may hold",
+                           [("event", what)] + (module.map { [("module", $0)] } ?? []))
             return
         }
         if let module {
