@@ -842,6 +842,16 @@ struct IsolationTests {
         await f.set.shutdown()
     }
 
+    /// A worker works in the root directory, not in the daemon's: plugin code gets no
+    /// relative path into wherever the daemon was started.
+    @Test func aWorkerWorksInTheRootDirectory() async throws {
+        let f = try await Fixture.running("Calm")
+        let pid = try #require(await f.worker("Calm")?.pid)
+        #expect(FileManager.default.currentDirectoryPath != "/")
+        #expect(try FileManager.default.destinationOfSymbolicLink(atPath: "/proc/\(pid)/cwd") == "/")
+        await f.set.shutdown()
+    }
+
     /// The real uid, gid and supplementary groups of process `pid` (/proc/PID/status).
     static func identity(of pid: Int32) throws -> (uid: Int, gid: Int, groups: [Int]) {
         let status = try String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8)

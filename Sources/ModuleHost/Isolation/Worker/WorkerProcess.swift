@@ -16,7 +16,8 @@ import Glibc
 /// answered there).
 ///
 /// In order, before any plugin code runs: it asks for SIGKILL when its parent ends
-/// (PR_SET_PDEATHSIG), checks who started it, closes every other descriptor but 0-2, puts
+/// (PR_SET_PDEATHSIG), checks who started it, closes every other descriptor but 0-2, works
+/// in the root directory, puts
 /// pipes it reads on 1 and 2 (`WorkerOutput`: the plugin's output is logged as its own), reads
 /// the `load` frame, takes the group and user it names (when started by root), sets its
 /// resource limits and PR_SET_NO_NEW_PRIVS; then it loads the plugin's dependencies and the
@@ -44,6 +45,9 @@ public enum WorkerProcess {
             exit(notStartedByDaemon)
         }
         _ = modhost_worker_close_from(callsDescriptor + 1)
+        // Nothing of the daemon's working directory reaches plugin code either (every path
+        // the worker is given is absolute); the root directory is searchable by every user.
+        _ = chdir("/")
         // From here on, descriptors 1 and 2 are pipes this worker reads: what the plugin
         // writes there is logged by the daemon as the plugin's, never as its own.
         let output = WorkerOutput.redirect()
