@@ -231,6 +231,7 @@ public struct DaemonError: Error, Sendable, Equatable, CustomStringConvertible {
         case .callFailed: .callFailed
         case .pluginBusy: .pluginBusy
         case .deadlineExceeded: .deadlineExceeded
+        case .replyTooLarge: .replyTooLarge
         }
         self.init(code, error.message)
     }

@@ -29,6 +29,7 @@ struct HostileWorkerTests {
             #include <modulehost.h>
             #include <fcntl.h>
             #include <stdio.h>
+            #include <stdlib.h>
             #include <string.h>
             #include <unistd.h>
             static const char frame[] = "\(frame.replacingOccurrences(of: "\"", with: "\\\""))";
@@ -81,6 +82,15 @@ struct HostileWorkerTests {
             }
             static void destroy(void *instance) { (void)instance; }
             MODHOST_EXPORT int32_t liar_add(int32_t a, int32_t b) { return a + b; }
+            /* A text of 17 MiB, more than a reply may hold. */
+            MODHOST_EXPORT const char *liar_big(void) {
+                static char *text;
+                if (text == NULL && (text = malloc(((size_t)17 << 20) + 1)) != NULL) {
+                    memset(text, 'x', (size_t)17 << 20);
+                    text[(size_t)17 << 20] = 0;
+                }
+                return text;
+            }
             MODHOST_EXPORT int32_t liar_slow(int32_t ms) { usleep((useconds_t)ms * 1000); return ms; }
             /* Answers the calls numbered 1 to count itself, on socket 5, each with a result
                of type str (liar_forge returns an i32), before the worker's own answer. */
@@ -109,7 +119,7 @@ struct HostileWorkerTests {
             """
         return try PluginFactory(directory: directory).buildC("Liar", source: source,
                                                               manifest: PluginFactory.manifest(plugin: "Liar", modules: ["liar"],
-                                                                                               exports: [("liar_add", "i32(i32,i32)"), ("liar_slow", "i32(i32)"),
+                                                                                               exports: [("liar_add", "i32(i32,i32)"), ("liar_big", "str()"), ("liar_slow", "i32(i32)"),
                                                                                                          ("liar_forge", "i32(i32)"), ("liar_phantom", "i32(i32)"),
                                                                                                          ("liar_truncate", "i32(i32)")]))
     }
@@ -292,6 +302,27 @@ struct HostileWorkerTests {
         let row = try h.modules()["liar"]
         #expect(row?["workerPid"] as? Int == pid && row?["restarts"] as? Int == 0, "\(String(describing: row))")
         #expect(!h.daemon.text.contains("plugin Liar's worker (pid \(pid))"), "\(h.daemon.text)")
+        await Self.stop(h)
+    }
+
+    /// Outside attack: a call whose result is larger than a reply may be failed with
+    /// `reply_too_large` in process but `call_failed` isolated. Both now say
+    /// `reply_too_large`, and the worker runs on.
+    @Test("a call result too large for a reply fails the same way in process and isolated", .timeLimit(.minutes(3)),
+          arguments: [false, true])
+    func aResultTooLargeForAReplyIsReplyTooLargeInBothModes(isolated: Bool) async throws {
+        let scratch = TemporaryDirectory("hostile-worker")
+        let liar = try Self.liar(in: scratch.directory("liar"))
+        let h = try DaemonLifecycleTests.Harness(["Counter"], files: [liar],
+                                                 config: isolated ? #"{"plugins": {"Liar": {"isolation": "process"}}}"# : "{}")
+        #expect(await h.waitFor("control socket ready"), "\(h.daemon.text)")
+        let pid = try h.modules()["liar"]?["workerPid"] as? Int
+        #expect((pid != nil) == isolated)
+        let big = try h.ctl("call", "Liar", "liar_big")
+        #expect(big.status != 0 && big.standardError.contains("reply_too_large"), "\(big.standardError.prefix(300))")
+        let sum = try h.ctl("call", "Liar", "liar_add", "2", "3")
+        #expect(sum.status == 0 && sum.standardOutput == "5\n", "\(sum.standardOutput)\(sum.standardError)")
+        #expect(try h.modules()["liar"]?["workerPid"] as? Int == pid)
         await Self.stop(h)
     }
 

@@ -679,6 +679,8 @@ public struct PluginSetError: Error, Sendable, Equatable, CustomStringConvertibl
         case pluginBusy = "plugin_busy"
         /// The call did not return within its deadline.
         case deadlineExceeded = "deadline_exceeded"
+        /// The call ran, but its result is larger than a reply may be, and is not sent.
+        case replyTooLarge = "reply_too_large"
     }
 
     public var code: Code

@@ -397,9 +397,17 @@ final class WorkerService: Sendable {
         send(WorkerFrame.encode(members: members, id: id), replying: id, on: channel)
     }
 
+    /// Sends the reply `frame` to request `id`; one larger than `channel` takes (nil: larger
+    /// than any frame) is answered `reply_too_large` instead, as the daemon answers a reply
+    /// too large for its clients. (A send that fails otherwise finds the daemon gone: this
+    /// worker then ends.)
     private func send(_ frame: [UInt8]?, replying id: JSONValue, on channel: WorkerChannel) {
-        if channel.send(frame: frame, until: nil) != .sent {
-            channel.send(["id": id, "error": ["code": .string(PluginSetError.Code.callFailed.rawValue), "message": .string("the reply is larger than \(channel.maximumSize >> 20) MiB")]])
+        if let frame, frame.count - 4 <= channel.maximumSize {
+            _ = channel.send(frame: frame, until: nil)
+            return
         }
+        let error: JSONValue = ["code": .string(PluginSetError.Code.replyTooLarge.rawValue),
+                                "message": .string("the reply is larger than the \(channel.maximumSize >> 20) MiB a worker may send here: it is not sent; return less, or run the plugin in process")]
+        channel.send(["id": id, "error": error])
     }
 }
