@@ -172,6 +172,7 @@ struct IsolationTests {
                 public var info: ModuleInfo { ModuleInfo(name: Self.name, version: Self.version, metadata: ["ticks": .number(Double(ticks))]) }
                 let events: String
                 var ticks = 0
+                var bulky = false
                 var held: [UnsafeMutableRawPointer] = []
 
                 public init?(host: isolated HostInstance, configuration: JSONValue) {
@@ -223,6 +224,7 @@ struct IsolationTests {
                         }
                         note(events, "\(module) forked \\(count) \\(errnoName())\\n")
                     case "tick": ticks += 1
+                    case "bulk": bulky = true
                     case "relay": host.send(.custom(name: "tick", payload: .null), to: Self.name)
                     case "lookup":
                         guard case .custom(_, let value) = event, let name = value["name"]?.stringValue else { break }
@@ -252,7 +254,9 @@ struct IsolationTests {
                     note(events, "\(module) \\(event.name) -\\n")
                 }
 
-                public func stateForReplacement(host: isolated HostInstance) -> JSONValue? { ["ticks": .number(Double(ticks))] }
+                public func stateForReplacement(host: isolated HostInstance) -> JSONValue? {
+                    bulky ? ["ticks": .number(Double(ticks)), "bulk": .string(String(repeating: "x", count: 17 << 20))] : ["ticks": .number(Double(ticks))]
+                }
                 public func restore(state: JSONValue, host: isolated HostInstance) { ticks = Int(state["ticks"]?.numberValue ?? 0) }
             }
 
@@ -968,6 +972,29 @@ struct IsolationTests {
         #expect(await f.until { f.lines().contains("tally count 4 v2.0.0") }, "\(f.lines())")
         let tally = f.lines().filter { $0.hasPrefix("tally ") }.map { $0.split(separator: " ")[1] }
         #expect(tally.filter { $0 == "willUnload" }.count == 1 && tally.filter { $0 == "create" }.count == 2, "\(tally)")
+        await f.set.shutdown()
+    }
+
+    /// A state for replacement larger than a worker may send (16 MiB) is not handed over:
+    /// the new version starts without it, and the log says so, naming the module (it was
+    /// lost without a word).
+    @Test func anIsolatedStateTooLargeToHandOverIsSaidNotLost() async throws {
+        let records = RecordingBackend(keeping: "isolation-test")
+        LoggingSystem.bootstrap(records, level: .info)
+        defer { LoggingSystem.bootstrap(StandardErrorBackend(), level: .info) }
+        let f = try Fixture()
+        try await f.add("Bulky", language: .swift, version: "1.0.0")
+        await f.set.reconcile()
+        await f.set.start()
+        for name in ["tick", "tick", "bulk"] { await f.host.send(ModuleEvent.custom(name: name, payload: .null), to: "bulky") }
+        try await f.add("Bulky", language: .swift, version: "2.0.0")
+        let changes = await f.set.reconcile()
+        #expect(changes.replaced == ["Bulky"], "\(changes)")
+        await f.host.send(ModuleEvent.custom(name: "report", payload: .null), to: "bulky")
+        #expect(await f.until { f.lines().contains("bulky count 0 v2.0.0") }, "\(f.lines())")
+        let said = records.kept().first { $0.message.contains("state for replacement is not handed over") }
+        #expect(said?.message.contains("module bulky") == true && said?.message.contains("16 MiB") == true,
+                "\(records.kept().map(\.message))")
         await f.set.shutdown()
     }
 

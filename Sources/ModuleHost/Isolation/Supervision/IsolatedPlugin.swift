@@ -271,9 +271,17 @@ public final class IsolatedPlugin: Sendable {
         }
     }
 
+    /// The state `module` hands over to the version that replaces it; nil when it has none
+    /// or its worker could not send it (larger than a frame: logged, naming the module, as
+    /// the new version then starts without it).
     func stateForReplacement(_ module: String) -> JSONValue? {
-        guard let state = request(.state(module: module), what: "stateForReplacement")?["state"], state != .null
-        else { return nil }
+        guard let reply = request(.state(module: module), what: "stateForReplacement") else { return nil }
+        if let error = reply["error"] {
+            logger.error("module \(module)'s state for replacement is not handed over: \(LogLineRate.bounded(error.text("message") ?? "its worker could not send it")); the new version starts without it",
+                         [("module", module)])
+            return nil
+        }
+        guard let state = reply["state"], state != .null else { return nil }
         return state
     }
 
