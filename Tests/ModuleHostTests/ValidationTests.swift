@@ -67,6 +67,44 @@ import TestSupport
         #expect(refusal(innerLink, in: plugins) == nil)
     }
 
+    /// Every directory on the path to a plugin directory counts, as sshd and sudo check
+    /// theirs: one that others may write to (without the sticky bit /tmp has) could have
+    /// the plugin directory renamed away and replaced.
+    @Test func aPluginDirectoryUnderADirectoryOthersMayWriteIsRefused() throws {
+        let open = dir.directory("open")
+        let plugins = dir.directory("open/plugins")
+        let plugin = plugins + "/libGood.so"
+        try FileManager.default.moveItem(atPath: try goodCPlugin(), toPath: plugin)
+        #expect(chmod(open, 0o777) == 0)
+        let failure = refusal(plugin, in: plugins)
+        #expect(failure?.check == .permissions, "\(String(describing: failure))")
+        #expect(failure?.problem == "on the path to plugin directory \(plugins), \(open) is writable by others (mode 777)", "\(String(describing: failure))")
+        #expect(refusal(plugin, in: plugins, allowInsecure: true) == nil)
+        // Sticky, as /tmp is: others may add entries but not rename or remove this one.
+        #expect(chmod(open, 0o1777) == 0)
+        #expect(refusal(plugin, in: plugins) == nil)
+    }
+
+    /// Outside attack: with a plugin directory in /tmp, another user's symlink of that
+    /// name to any root-owned directory made a root daemon load the .so files there. A
+    /// link on the path counts as its owner's.
+    @Test(.enabled(if: geteuid() == 0, "a link owned by another user needs root to make"))
+    func aPluginDirectoryThroughAnotherUsersSymlinkIsRefused() throws {
+        let real = dir.directory("real")
+        let plugin = real + "/libGood.so"
+        try FileManager.default.moveItem(atPath: try goodCPlugin(), toPath: plugin)
+        let link = dir.path + "/planted"
+        #expect(symlink(real, link) == 0 && lchown(link, 65534, 65534) == 0)
+        let failure = refusal(link + "/libGood.so", in: link)
+        #expect(failure?.check == .permissions, "\(String(describing: failure))")
+        #expect(failure?.problem == "on the path to plugin directory \(link), \(link) is owned by uid 65534, expected root (uid 0)",
+                "\(String(describing: failure))")
+        #expect(refusal(plugin, in: real) == nil)
+        // The same link owned by root is followed, and what it leads to is checked in turn.
+        #expect(lchown(link, 0, 0) == 0)
+        #expect(refusal(link + "/libGood.so", in: link) == nil)
+    }
+
     @Test func randomBytesAreNotELF() throws {
         let path = try dir.write("random.so", (0..<4096).map { UInt8(truncatingIfNeeded: $0 &* 2654435761 >> 7) })
         let failure = refusal(path)

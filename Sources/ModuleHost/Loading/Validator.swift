@@ -60,7 +60,10 @@ public struct Validator: Sendable {
         let (resolved, contents) = try open(path, in: directory, fail)
         var warnings: [String] = []
         try checkOwnership(resolved, contents.status, &warnings, fail)
-        if let directory, let directoryStatus { try checkOwnership(directory, directoryStatus, &warnings, fail) }
+        if let directory, let directoryStatus {
+            try checkOwnership(directory, directoryStatus, &warnings, fail)
+            try checkPath(of: directory, &warnings, fail)
+        }
         let image = try checkStructure(contents, fail)
         let manifest = try readManifest(image, fail)
         let dynamic = try checkLinkage(image, manifest, fail)
@@ -125,6 +128,67 @@ public struct Validator: Sendable {
                        "chmod go-w and chown root (or the daemon's user); --allow-insecure-plugins accepts it for development")
         }
         warnings.append("insecure plugin accepted because of --allow-insecure-plugins: \(problem)")
+    }
+
+    /// Every component of the path to plugin directory `directory`, as sshd and sudo check
+    /// the path to what they trust: refused, or accepted with a warning under
+    /// `allowInsecure`, when one is not held by root or the trusted uid alone
+    /// (`pathProblem`).
+    private func checkPath(of directory: String, _ warnings: inout [String], _ fail: Fail) throws(LoadFailure) {
+        guard let problem = Self.pathProblem(directory, trustedUID: trustedUID) else { return }
+        if !allowInsecure {
+            throw fail(.permissions, "on the path to plugin directory \(directory), \(problem)",
+                       "make every directory and link on the path owned by root (or the daemon's user) and writable by no one else, or name the real directory; --allow-insecure-plugins accepts it for development")
+        }
+        warnings.append("insecure plugin accepted because of --allow-insecure-plugins: on the path to plugin directory \(directory), \(problem)")
+    }
+
+    /// What lets another user change what `directory` (absolute, or relative to the working
+    /// directory) leads to, walking its path from the root and following its symlinks: a
+    /// component owned by neither root nor `trustedUID` (a link included: it could be made
+    /// to lead anywhere), or a directory writable by group or others without the sticky bit
+    /// (they could rename what it holds; a sticky one, such as /tmp, lets them remove or
+    /// rename only what they own, and its entries are checked in turn). Nil when nothing
+    /// does; a component that does not exist is left to the listing, which says so.
+    static func pathProblem(_ directory: String, trustedUID: uid_t) -> String? {
+        var pending = directory.hasPrefix("/") ? [] : FileSystem.currentDirectory.split(separator: "/").map(String.init)
+        pending += directory.split(separator: "/").map(String.init)
+        var resolved: [String] = []
+        var links = 0
+        func check(_ path: String, _ status: stat) -> String? {
+            if status.st_uid != 0 && status.st_uid != trustedUID {
+                return "\(path) is owned by uid \(status.st_uid), expected \(trustedUID == 0 ? "root (uid 0)" : "root or uid \(trustedUID)")"
+            }
+            if status.st_mode & S_IFMT == S_IFDIR, status.st_mode & 0o022 != 0, status.st_mode & S_ISVTX == 0 {
+                return "\(path) is writable by \(status.st_mode & 0o002 != 0 ? "others" : "group") (mode \(String(status.st_mode & 0o7777, radix: 8)))"
+            }
+            return nil
+        }
+        var root = stat()
+        if lstat("/", &root) == 0, let problem = check("/", root) { return problem }
+        while !pending.isEmpty {
+            let name = pending.removeFirst()
+            if name.isEmpty || name == "." { continue }
+            if name == ".." {
+                _ = resolved.popLast()
+                continue
+            }
+            let path = "/" + (resolved + [name]).joined(separator: "/")
+            var status = stat()
+            guard lstat(path, &status) == 0 else { return nil }
+            if let problem = check(path, status) { return problem }
+            guard status.st_mode & S_IFMT == S_IFLNK else {
+                resolved.append(name)
+                continue
+            }
+            links += 1
+            guard links <= 40, let target = FileSystem.symlinkTarget(path) else {
+                return "\(path) is a symlink that cannot be followed"
+            }
+            if target.hasPrefix("/") { resolved = [] }
+            pending = target.split(separator: "/").map(String.init) + pending
+        }
+        return nil
     }
 
     /// Size, then ELF structure: a shared object for this machine whose segments and
