@@ -38,6 +38,9 @@ static atomic_int installed;
 static atomic_int recorder_pid;
 static int stack_readable;  /* process_vm_readv works here (probed at install) */
 static struct sigaction previous[NSIG];
+/* The plugin whose code the calling thread runs now, as the host marked it
+ * (modhost_crash_recorder_enter): the last resort of the signal handler. */
+static __thread const struct plugin_image *running_image;
 static const int fatal_signals[] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT};
 
 static const struct plugin_image *image_containing(uintptr_t address, int *range) {
@@ -167,6 +170,9 @@ static void on_fatal_signal(int sig, siginfo_t *info, void *context) {
 #endif
     const struct plugin_image *image = image_containing(pc, NULL);
     if (image == NULL) image = scan_stack(sp);
+    /* A jump through a bad pointer leaves neither the instruction nor a return address in
+     * the plugin's code: the plugin the host was calling on this thread is the one. */
+    if (image == NULL) image = running_image;
     modhost_crash_recorder_write(image, "run", signal_name(sig));
     if (info->si_code > 0) {
         /* The handler that was there before (the Swift runtime's backtracer, or the default
@@ -279,6 +285,16 @@ int modhost_crash_recorder_add(void *handle, const char *record) {
     do image->next = head;
     while (!atomic_compare_exchange_weak_explicit(&images, &head, image, memory_order_release, memory_order_relaxed));
     return 0;
+}
+
+const void *modhost_crash_recorder_image_of(const void *code) {
+    return image_containing((uintptr_t)code, NULL);
+}
+
+const void *modhost_crash_recorder_enter(const void *image) {
+    const void *before = running_image;
+    running_image = image;
+    return before;
 }
 
 const void *modhost_crash_recorder_caller(const char **record) {

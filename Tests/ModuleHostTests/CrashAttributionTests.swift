@@ -467,6 +467,30 @@ import TestSupport
         try await setup.restartQuarantining(name, reason: "crashed the host process with \(signalName) in its code")
     }
 
+    /// Outside attack: a handler that jumps through a bad pointer crashes with neither the
+    /// instruction nor any return address in the plugin's code, so the crash was pinned on
+    /// nothing and every start crashed again. The plugin the daemon was calling on that
+    /// thread is the one.
+    @Test func aJumpThroughABadPointerIsPinnedOnThePluginItCalled() async throws {
+        let setup = try Setup()
+        _ = try Self.plugin("Jumper", in: setup.plugins, handleBody: """
+            if (strcmp(event, "jump") == 0) {
+            #if defined(__x86_64__)
+                __asm__ volatile("jmp *%0" : : "r"((unsigned long)0x1000));
+            #elif defined(__aarch64__)
+                __asm__ volatile("br %0" : : "r"((unsigned long)0x1000));
+            #endif
+            }
+            """)
+        let first = try setup.start()
+        #expect(await first.waitFor("control socket ready", timeout: .seconds(60)))
+        _ = try setup.ctl("send", "jump", "--to", "jumper")
+        #expect(await first.wait(timeout: .seconds(60)) == 128 + SIGSEGV)
+        let record = (try? String(contentsOfFile: setup.state + "/fatal.json", encoding: .utf8)) ?? ""
+        #expect(record.contains("\"plugin\":\"Jumper\""), "record: \(record)")
+        try await setup.restartQuarantining("Jumper", reason: "crashed the host process with SIGSEGV in its code")
+    }
+
     // MARK: - The in-flight record covers start, and validation
 
     @Test func aPluginThatKillsTheDaemonDuringStartIsQuarantined() async throws {

@@ -27,6 +27,18 @@ int modhost_crash_recorder_install(int fd);
  * the dynamic loader or memory is short. */
 int modhost_crash_recorder_add(void *handle, const char *record);
 
+/* The image holding `code` (a function of a plugin image added before), as a token for
+ * modhost_crash_recorder_enter; NULL when no image added holds it. A linear search of
+ * the images: look it up once, not per call. */
+const void *modhost_crash_recorder_image_of(const void *code);
+
+/* Marks the calling thread as running the code of `image` (a token from
+ * modhost_crash_recorder_image_of; NULL: none) from now on, and returns what it was marked
+ * with before, to be put back when the call returns. A fatal signal on this thread that
+ * neither the instruction nor a return address pins on a plugin is pinned on this one
+ * (a jump through a bad pointer). A thread-local store: cheap enough for every call. */
+const void *modhost_crash_recorder_enter(const void *image);
+
 /* The plugin whose code called exit(): the nearest frame of the calling thread's stack
  * that lies in a plugin's code. Returns an opaque token for modhost_crash_recorder_write
  * and the record text in `*record`, or NULL when no plugin code is on the stack. Not

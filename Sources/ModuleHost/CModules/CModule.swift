@@ -1,3 +1,4 @@
+import CDynamicLoader
 @_spi(ModuleHost) import ModuleKit
 import PluginFormat
 import Synchronization
@@ -299,16 +300,31 @@ private final class CModuleInstance: Sendable {
     /// The address `create` returned (a pointer is not `Sendable`; its address is); 0
     /// before it, when it returned NULL and once destroyed.
     private let address = Atomic<UInt>(0)
+    /// The crash recorder's token of the plugin image whose code this module is (its
+    /// address; 0 when the recorder does not know the image): every call marks its thread
+    /// with it, so that a crash there that nothing else pins on a plugin is pinned on this
+    /// one (`modhost_crash_recorder_enter`).
+    private let image: UInt
 
     init(descriptor: ModuleDescriptor, services: CHostServices) {
         self.descriptor = descriptor
         self.services = services
+        let code = descriptor.create.map { unsafeBitCast($0, to: UnsafeRawPointer.self) }
+        image = UInt(bitPattern: code.flatMap { modhost_crash_recorder_image_of($0) })
+    }
+
+    /// Runs `call` (a call of this module's code) with the calling thread marked as running
+    /// it, and puts back what the thread was marked with before.
+    private func marked<T>(_ call: () -> T) -> T {
+        let before = modhost_crash_recorder_enter(UnsafeRawPointer(bitPattern: image))
+        defer { modhost_crash_recorder_enter(before) }
+        return call()
     }
 
     /// Calls `create`; false when it returned NULL (the module is refused).
     func create(configuration: String) -> Bool {
         guard let create = descriptor.create else { return false }
-        let created = configuration.withCString { create(services.table, $0) }
+        let created = marked { configuration.withCString { create(services.table, $0) } }
         address.store(UInt(bitPattern: created), ordering: .releasing)
         return created != nil
     }
@@ -321,10 +337,12 @@ private final class CModuleInstance: Sendable {
     /// `deliver` with the name and the payload's JSON text (NULL for none) as C strings.
     func deliver(_ kind: CEventKind, _ name: UnsafePointer<CChar>, _ payload: UnsafePointer<CChar>?) {
         guard let pointer = UnsafeMutableRawPointer(bitPattern: address.load(ordering: .acquiring)) else { return }
-        if let receive = descriptor.receive {
-            receive(pointer, kind.value, name, payload)
-        } else if let handle = descriptor.handleEvent {
-            handle(pointer, name, payload)
+        marked {
+            if let receive = descriptor.receive {
+                receive(pointer, kind.value, name, payload)
+            } else if let handle = descriptor.handleEvent {
+                handle(pointer, name, payload)
+            }
         }
     }
 
@@ -343,7 +361,7 @@ private final class CModuleInstance: Sendable {
     /// Calls `destroy` once, if `create` gave an instance.
     func destroy() {
         if let pointer = UnsafeMutableRawPointer(bitPattern: address.exchange(0, ordering: .acquiringAndReleasing)) {
-            descriptor.destroy?(pointer)
+            marked { descriptor.destroy?(pointer) }
         }
     }
 }
