@@ -1,6 +1,8 @@
+import DaemonKit
 import Foundation
 import Glibc
-import ModuleHost
+@testable import ModuleHost
+import ModuleKit
 import Testing
 import TestSupport
 
@@ -527,6 +529,28 @@ import TestSupport
 
     /// A file whose program-header offset is near 2^64 (finding 1): validation must refuse
     /// it, and if a bug still crashes the daemon on it, the next start is not killed again.
+    /// Outside attack: after a fuzz run, crashed.json held 131 records for one path, and
+    /// past its 4 MiB read limit every quarantine would have been dropped. It keeps the
+    /// newest records of each path, and a bounded number in all.
+    @Test func crashRecordsKeepTheNewestOfEachPath() throws {
+        let scratch = TemporaryDirectory("crashed")
+        let state = scratch.directory("state")
+        let fuzzed = (0..<20).map {
+            CrashGuard.Crash(file: "/p/libFuzz.so", plugin: "Fuzz", hash: "h\($0)", phase: "init",
+                             time: UTCTimestamp.format(seconds: 1_700_000_000 + $0))
+        }
+        let other = CrashGuard.Crash(file: "/p/libOther.so", plugin: "Other", hash: "o", phase: "init", time: UTCTimestamp.format(seconds: 1_600_000_000))
+        let text = try JSONValue(encoding: fuzzed + [other]).jsonText
+        #expect(FileManager.default.createFile(atPath: state + "/crashed.json", contents: Data(text.utf8)))
+        let first = try CrashGuard(directory: state)
+        #expect(first.crash(forHash: "h0") != nil, "the records are read back whole")
+        first.recordTrialFailure(file: "/p/libFuzz.so", plugin: "Fuzz", hash: "h20", ending: "timeout")
+        let next = try CrashGuard(directory: state)
+        let kept = (0...20).filter { next.crash(forHash: "h\($0)") != nil }
+        #expect(kept == Array(13...20), "\(kept)")
+        #expect(next.crash(forHash: "o") != nil)
+    }
+
     @Test func aFileThatCrashesValidationDoesNotCrashLoopTheDaemon() async throws {
         let setup = try Setup()
         var bytes = Array(try Data(contentsOf: URL(fileURLWithPath: BuildProducts.plugin("Calculator"))))

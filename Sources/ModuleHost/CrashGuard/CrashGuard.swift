@@ -366,8 +366,28 @@ public final class CrashGuard: Sendable {
         return 0
     }
 
+    /// The most records `crashed.json` keeps for one path: a path whose contents keep
+    /// crashing (a deploy loop, a fuzzer) keeps its newest, and the file stays far below
+    /// what is read back (`maximumRecordFileSize`).
+    static let recordsPerPath = 8
+    /// The most records `crashed.json` keeps in all, the newest.
+    static let recordsInAll = 1024
+
+    /// Writes the records to `crashed.json`, oldest first, having forgotten the oldest past
+    /// `recordsPerPath` for a path and `recordsInAll` in all: a file content forgotten is
+    /// loaded again if it comes back, and quarantined again if it crashes again.
     private func persist() {
-        let list = crashes.withLock { Array($0.values) }.sorted { $0.time < $1.time }
+        let list = crashes.withLock { crashes -> [Crash] in
+            var kept: [Crash] = []
+            for (_, records) in Dictionary(grouping: crashes.values, by: \.file) {
+                kept += records.sorted { $0.time > $1.time }.prefix(Self.recordsPerPath)
+            }
+            kept = Array(kept.sorted { $0.time > $1.time }.prefix(Self.recordsInAll))
+            if kept.count < crashes.count {
+                crashes = Dictionary(kept.map { ($0.key, $0) }, uniquingKeysWith: { first, _ in first })
+            }
+            return kept.reversed()
+        }
         write(list, to: crashedPath)
     }
 
