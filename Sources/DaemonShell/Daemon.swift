@@ -302,6 +302,10 @@ public actor Daemon: DaemonControl {
                 }
             } else {
                 try? FileSystem.createDirectory(directory, parents: true)
+                if let problem = Self.sharedDirectoryProblem(directory) {
+                    throw DaemonError(.controlSocket,
+                                      "the control socket's directory \(directory) \(problem): another user could take the socket's name, or its lock's, first and block this start. Fix: pass a --socket in a directory only the daemon's user (or root) may write, such as /run/modhostd")
+                }
             }
             // With this lock held, a socket file left at the path is a dead daemon's: the
             // control server may replace it without racing another starting daemon.
@@ -316,6 +320,21 @@ public actor Daemon: DaemonControl {
             throw DaemonError(.controlSocket, "cannot open the control socket \(socketPath): \(error). Fix: stop the other modhostd or pass --socket")
         }
         logger.info("control socket listening; loading plugins", [("socket", socketPath)])
+    }
+
+    /// Why others could create names in `directory` (the control socket's, when given
+    /// with --socket): writable by group or others, even with the sticky bit (it keeps them
+    /// from removing the daemon's names, not from taking one first), or owned by a user
+    /// other than root and the daemon's; nil when they cannot, or it cannot be read (opening
+    /// the socket then says why).
+    static func sharedDirectoryProblem(_ directory: String) -> String? {
+        var status = stat()
+        guard stat(directory, &status) == 0 else { return nil }
+        if status.st_mode & 0o022 != 0 {
+            return "is writable by \(status.st_mode & 0o002 != 0 ? "others" : "group") (mode \(String(status.st_mode & 0o7777, radix: 8)))"
+        }
+        if status.st_uid != 0 && status.st_uid != geteuid() { return "is owned by uid \(status.st_uid)" }
+        return nil
     }
 
     /// Stops the control socket and the watcher, then the modules (willTerminate awaited,

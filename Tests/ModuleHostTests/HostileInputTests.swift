@@ -126,6 +126,24 @@ import TestSupport
         #expect(!FileManager.default.fileExists(atPath: taken + ".lock"))
     }
 
+    /// Outside attack: a --socket in a directory others may write (sticky, as /tmp, or
+    /// not) was accepted, so another user could take the socket's name, or its lock's,
+    /// first and block the start. It is refused before anything is made there.
+    @Test(arguments: [0o1777, 0o777, 0o775])
+    func aSocketInADirectoryOthersMayWriteIsRefused(mode: Int) async throws {
+        let scratch = TemporaryDirectory("shared-socket")
+        let shared = scratch.directory("shared")
+        #expect(chmod(shared, mode_t(mode)) == 0)
+        let socket = shared + "/modhostd.sock"
+        let daemon = try RunningProcess(BuildProducts.modhostd, ["--plugins", scratch.directory("plugins"), "--state-dir", scratch.file("state"),
+                                                                 "--socket", socket])
+        #expect(await daemon.wait(timeout: .seconds(30)) == 71, "\(daemon.text)")
+        let by = mode & 0o002 != 0 ? "others" : "group"
+        #expect(daemon.text.contains("the control socket's directory \(shared) is writable by \(by) (mode \(String(mode, radix: 8)))"),
+                "\(daemon.text)")
+        #expect(!FileManager.default.fileExists(atPath: socket + ".lock") && !FileManager.default.fileExists(atPath: socket))
+    }
+
     @Test func anArgumentThatIsNotUTF8IsAUsageErrorNotAReplacementCharacter() throws {
         // Through the shell, since a Swift string cannot hold the byte 0xFF.
         for (tool, name) in [(BuildProducts.modhostd, "modhostd"), (BuildProducts.modhostctl, "modhostctl")] {
