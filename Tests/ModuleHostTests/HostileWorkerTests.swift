@@ -65,6 +65,17 @@ struct HostileWorkerTests {
                 }
                 if (strcmp(event, "segv") == 0 || strcmp(event, "crashnote") == 0) { volatile int *nowhere = 0; *nowhere = 1; }
                 if (strcmp(event, "hangnote") == 0) pause();
+                if (strcmp(event, "escape") == 0) {
+                    /* Into a child's process group, without its token, with a pipe over its
+                       control socket: it no longer sees the daemon close it. */
+                    pid_t child = fork();
+                    if (child == 0) { setpgid(0, 0); for (;;) pause(); }
+                    setpgid(child, child);
+                    setpgid(0, child);
+                    unsetenv("MODHOST_WORKER_TOKEN");
+                    int ends[2];
+                    if (pipe(ends) == 0) dup2(ends[0], 3);
+                }
                 if (strcmp(event, "lie") == 0) {
                     unsigned long n = sizeof frame - 1;
                     unsigned char header[4] = {(unsigned char)(n >> 24), (unsigned char)(n >> 16), (unsigned char)(n >> 8), (unsigned char)n};
@@ -324,6 +335,66 @@ struct HostileWorkerTests {
         #expect(sum.status == 0 && sum.standardOutput == "5\n", "\(sum.standardOutput)\(sum.standardError)")
         #expect(try h.modules()["liar"]?["workerPid"] as? Int == pid)
         await Self.stop(h)
+    }
+
+    /// Outside attack: plugin code moved its worker into a child's process group, cleared
+    /// its token and put a pipe over its control socket; on remove the daemon killed only
+    /// the worker's first process group, and the worker ran on. It is killed itself.
+    @Test("a worker that leaves its process group still ends when its plugin is removed", .timeLimit(.minutes(3)))
+    func aWorkerThatLeavesItsGroupEndsWhenRemoved() async throws {
+        let scratch = TemporaryDirectory("hostile-worker")
+        let liar = try Self.liar(in: scratch.directory("liar"))
+        let h = try await Self.daemon(isolating: "Liar", file: liar)
+        let pid = try #require(try h.modules()["liar"]?["workerPid"] as? Int)
+        #expect(try h.ctl("send", "escape", "--to", "liar").status == 0)
+        let group = try #require(Self.processGroup(of: pid_t(pid)))
+        #expect(group != pid_t(pid), "the worker did not leave its group")
+        defer { kill(-group, SIGKILL) }  // the child it joined, which the daemon does not know of
+        #expect(unlink(h.plugins + "/libLiar.so") == 0)
+        var gone = false
+        for _ in 0..<200 where !gone {
+            gone = Self.processGroup(of: pid_t(pid)) == nil
+            if !gone { try? await Task.sleep(for: .milliseconds(50)) }
+        }
+        #expect(gone, "worker \(pid) still runs: \(h.daemon.text)")
+        #expect(try h.ctl("list").status == 0)
+        await Self.stop(h)
+    }
+
+    /// Outside attack: taking another user clears the parent-death signal, so a worker
+    /// running as nobody that no longer read its socket outlived a daemon killed with
+    /// SIGKILL. It asks for the signal again once it runs as that user.
+    @Test("a worker running as another user ends with a daemon killed by SIGKILL", .timeLimit(.minutes(3)),
+          .enabled(if: geteuid() == 0, "a worker takes another user only when the daemon runs as root"))
+    func aWorkerAsAnotherUserEndsWithTheDaemon() async throws {
+        let scratch = TemporaryDirectory("hostile-worker")
+        let liar = try Self.liar(in: scratch.directory("liar"))
+        let h = try DaemonLifecycleTests.Harness(["Counter"], files: [liar],
+                                                 config: #"{"plugins": {"Liar": {"isolation": "process", "user": "nobody"}}}"#)
+        #expect(await h.waitFor("control socket ready"), "\(h.daemon.text)")
+        let pid = try #require(try h.modules()["liar"]?["workerPid"] as? Int)
+        // So that it no longer sees its socket close either.
+        #expect(try h.ctl("send", "escape", "--to", "liar").status == 0)
+        let group = try #require(Self.processGroup(of: pid_t(pid)))
+        defer { kill(-group, SIGKILL) }  // the child it joined
+        h.daemon.send(SIGKILL)
+        _ = await h.daemon.wait()
+        var gone = false
+        for _ in 0..<200 where !gone {
+            gone = Self.processGroup(of: pid_t(pid)) == nil
+            if !gone { try? await Task.sleep(for: .milliseconds(50)) }
+        }
+        #expect(gone, "worker \(pid) outlived the daemon")
+        if !gone { kill(pid_t(pid), SIGKILL) }
+    }
+
+    /// The process group of `pid`, nil once it is gone (or a zombie).
+    static func processGroup(of pid: pid_t) -> pid_t? {
+        guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
+              let close = stat.lastIndex(of: ")") else { return nil }
+        let fields = stat[stat.index(after: close)...].split(separator: " ")
+        guard fields.count > 2, fields[0] != "Z" else { return nil }
+        return pid_t(fields[2])
     }
 
     /// Expects `h`'s Liar to have been restarted once, to run, and to answer a call.

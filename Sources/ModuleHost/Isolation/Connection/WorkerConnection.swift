@@ -780,7 +780,10 @@ final class WorkerConnection: Sendable {
             case .running(let doomed?), .stopping(let doomed?): life = .killed(reason: "killed because \(doomed)", hung: false)
             case .running(nil), .stopping(nil), .killed: break
             }
+            // The worker itself too: its plugin may have moved it into another process group.
+            // Not reaped yet, the pid is still the worker's.
             Glibc.kill(-pid, SIGKILL)
+            Glibc.kill(pid, SIGKILL)
         }
     }
 }

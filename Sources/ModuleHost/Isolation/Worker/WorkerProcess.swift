@@ -68,7 +68,7 @@ public enum WorkerProcess {
                 endGroup()
             }
         }
-        if let problem = takePrivileges(load) {
+        if let problem = takePrivileges(load, parent: parent) {
             channel.send(["op": WorkerOp.failed.json, "check": "isolation", "problem": .string(problem),
                           "fix": "correct the plugin's \"user\", \"group\" or \"limits\" in modhostd's configuration"])
             endGroup()
@@ -153,8 +153,8 @@ public enum WorkerProcess {
 
     /// Applies `load`'s group, user, limits and PR_SET_NO_NEW_PRIVS; the problem, if one
     /// could not be applied.
-    static func takePrivileges(_ load: JSONValue) -> String? {
-        if let problem = takeIdentity(load) { return problem }
+    static func takePrivileges(_ load: JSONValue, parent: pid_t) -> String? {
+        if let problem = takeIdentity(load, parent: parent) { return problem }
         let limits: [(key: String, which: Int32)] = [("addressSpaceBytes", 0), ("openFiles", 1), ("cpuSeconds", 2), ("processes", 3)]
         for (key, which) in limits {
             guard let given = load["limits"]?[key] else { continue }
@@ -168,9 +168,10 @@ public enum WorkerProcess {
     }
 
     /// Takes `load`'s identity as a login does, in this order: the supplementary groups,
-    /// the group, then the user; and checks that it holds and that root cannot be taken
-    /// back. Nothing when `load` names no user; the problem, if any step failed.
-    static func takeIdentity(_ load: JSONValue) -> String? {
+    /// the group, then the user; and checks that it holds, that root cannot be taken back,
+    /// and that it still ends with `parent` (the daemon). Nothing when `load` names no
+    /// user; the problem, if any step failed.
+    static func takeIdentity(_ load: JSONValue, parent: pid_t) -> String? {
         guard let user = load.integer("uid") else { return nil }
         guard let group = load.integer("gid"), case .array(let listed) = load["groups"] ?? .null else {
             return "the load frame names user \(user) without a group and groups"
@@ -183,6 +184,11 @@ public enum WorkerProcess {
             return "took user \(user) and group \(group), but runs as uid \(geteuid()) and gid \(getegid())"
         }
         if user != 0, setuid(0) == 0 { return "took user \(user), but could take root back" }
+        // A change of credentials clears the parent-death signal: asked for again, and the
+        // parent checked once more (it may have ended in between).
+        guard modhost_worker_set_parent_death_signal(SIGKILL) == 0, getppid() == parent else {
+            return "cannot ask to end with the daemon after taking user \(user)"
+        }
         return nil
     }
 }
