@@ -351,11 +351,7 @@ struct HostileWorkerTests {
         #expect(group != pid_t(pid), "the worker did not leave its group")
         defer { kill(-group, SIGKILL) }  // the child it joined, which the daemon does not know of
         #expect(unlink(h.plugins + "/libLiar.so") == 0)
-        var gone = false
-        for _ in 0..<200 where !gone {
-            gone = Self.processGroup(of: pid_t(pid)) == nil
-            if !gone { try? await Task.sleep(for: .milliseconds(50)) }
-        }
+        let gone = await Self.ends(pid_t(pid))
         #expect(gone, "worker \(pid) still runs: \(h.daemon.text)")
         #expect(try h.ctl("list").status == 0)
         await Self.stop(h)
@@ -379,13 +375,18 @@ struct HostileWorkerTests {
         defer { kill(-group, SIGKILL) }  // the child it joined
         h.daemon.send(SIGKILL)
         _ = await h.daemon.wait()
-        var gone = false
-        for _ in 0..<200 where !gone {
-            gone = Self.processGroup(of: pid_t(pid)) == nil
-            if !gone { try? await Task.sleep(for: .milliseconds(50)) }
-        }
+        let gone = await Self.ends(pid_t(pid))
         #expect(gone, "worker \(pid) outlived the daemon")
         if !gone { kill(pid_t(pid), SIGKILL) }
+    }
+
+    /// Whether process `pid` ends (or is a zombie) within ten seconds.
+    static func ends(_ pid: pid_t) async -> Bool {
+        for _ in 0..<200 {
+            if processGroup(of: pid) == nil { return true }
+            try? await Task.sleep(for: .milliseconds(50))
+        }
+        return processGroup(of: pid) == nil
     }
 
     /// The process group of `pid`, nil once it is gone (or a zombie).
