@@ -192,12 +192,13 @@ import TestSupport
     @Test(.enabled(if: getuid() == 0, "a listener of another user needs root to switch users (CI runs as root)"))
     func modhostctlRefusesAListenerOfAnotherUser() async throws {
         let tools = try ToolsForAnotherUser()
-        // A directory anyone may write (like /tmp), where nobody binds the socket first.
+        // Another user's listener at a path a client was pointed at (modhostd itself refuses
+        // a socket in a directory others may write, so the impostor binds in its own).
         let shared = TemporaryDirectory("shared")
-        chmod(shared.path, 0o1777)
+        chmod(shared.path, 0o755)
         let impostorHome = shared.directory("impostor")
         chown(impostorHome, 65534, 65534)
-        let socket = shared.file("modhostd.sock")
+        let socket = impostorHome + "/modhostd.sock"
         let impostor = try RunningProcess("/usr/bin/setpriv", [
             "--reuid=65534", "--regid=65534", "--clear-groups", tools.modhostd,
             "--plugins", impostorHome, "--state-dir", impostorHome + "/state", "--socket", socket,
