@@ -67,7 +67,8 @@ public struct DirectoryChange: Hashable, Sendable, CustomStringConvertible {
 ///   it `.ready`.
 /// - A directory given to `follow(_:)` stays followed: while it is missing, its nearest
 ///   existing ancestor is watched for it to appear (as a path is recreated one level at a
-///   time), and it is watched again as soon as it exists (`.directoryAppeared`).
+///   time, or as a symlink to a directory), and it is watched again as soon as it exists
+///   (`.directoryAppeared`).
 /// - Names for which `Configuration.isIgnored` is true (by default dotfiles, `*.tmp`, `*~`,
 ///   `*.part`; see `isIgnoredName(_:)`) and subdirectories are never reported, except
 ///   that renaming a file to an ignored name reports its old name `.removed`.
@@ -197,6 +198,9 @@ private final class WatcherCore: Sendable {
         /// Followed directories that are missing, by the watch on their nearest existing
         /// ancestor.
         var waiting: [Int32: Set<String>] = [:]
+        /// The path of each ancestor watch `waiting` uses, as it was armed (read only while
+        /// directories wait on it).
+        var waitedPath: [Int32: String] = [:]
     }
 
     let wake: WakeEvent
@@ -287,6 +291,7 @@ private final class WatcherCore: Sendable {
                 let wd = inotify_add_watch(watches.fd, ancestor, mask)
                 if wd >= 0 {
                     watches.waiting[wd, default: []].insert(directory)
+                    watches.waitedPath[wd] = ancestor
                     break
                 }
                 let code = Glibc.errno
@@ -305,6 +310,19 @@ private final class WatcherCore: Sendable {
     private static func dropIfUnused(_ wd: Int32, _ watches: inout Watches) {
         guard watches.directoryByDescriptor[wd] == nil, watches.waiting[wd] == nil, watches.fd >= 0 else { return }
         _ = inotify_rm_watch(watches.fd, wd)
+    }
+
+    /// The followed directories waiting on watch `wd` (an ancestor of theirs), taken from it,
+    /// when its entry `name` is now a symlink; nil otherwise (they keep waiting).
+    private func waitersForLink(named name: String, in wd: Int32) -> Set<String>? {
+        watches.withLock { watches -> Set<String>? in
+            guard let waiters = watches.waiting[wd], !waiters.isEmpty, let ancestor = watches.waitedPath[wd] else { return nil }
+            var info = stat()
+            let path = ancestor == "/" ? "/" + name : ancestor + "/" + name
+            guard lstat(path, &info) == 0, info.st_mode & S_IFMT == S_IFLNK else { return nil }
+            watches.waiting[wd] = nil
+            return waiters
+        }
     }
 
     /// Arms the followed `directories` again (their watch or their ancestor's went away, or
@@ -466,6 +484,12 @@ private final class WatcherCore: Sendable {
                 }
             }
             return
+        }
+        if has(IN_CREATE) || has(IN_MOVED_TO), let waiters = waitersForLink(named: name, in: wd) {
+            // A symlink appeared where followed directories wait: it may lead to one of them
+            // (or be a step on the way), as a directory made there would.
+            rearm(waiters, into: &pending)
+            watches.withLock { Self.dropIfUnused(wd, &$0) }
         }
         if configuration.isIgnored(name) { return }
         guard let directory = watches.withLock({ $0.directoryByDescriptor[wd] }) else { return }

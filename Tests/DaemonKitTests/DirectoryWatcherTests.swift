@@ -313,6 +313,30 @@ struct DirectoryWatcherTests {
         await consumer.value
     }
 
+    /// Outside attack: a followed directory that appeared as a symlink (to a directory made
+    /// before) was not noticed until something else changed in its parent. A symlink that
+    /// appears where a followed directory waits arms it, as a directory made there does.
+    @Test func aFollowedDirectoryThatAppearsAsASymlinkIsWatched() async throws {
+        let parent = try TemporaryDirectory()
+        defer { parent.remove() }
+        let watcher = try DirectoryWatcher()
+        let batches = Collector<[DirectoryChange]>()
+        let changes = watcher.changes
+        let consumer = Task { for await batch in changes { batches.append(batch) } }
+        func seen(_ change: DirectoryChange) async -> Bool { await batches.waitFor { $0.flatMap { $0 }.contains(change) } }
+
+        let real = parent.file("real")
+        #expect(mkdir(real, 0o755) == 0)
+        let directory = parent.file("plugins")
+        try watcher.follow(directory)
+        #expect(symlink(real, directory) == 0)
+        #expect(await seen(DirectoryChange(kind: .directoryAppeared, path: directory, directory: directory)))
+        try writeFile(real + "/one.so", "x")
+        #expect(await seen(DirectoryChange(kind: .ready, path: directory + "/one.so", directory: directory)))
+        watcher.stop()
+        await consumer.value
+    }
+
     @Test func stopFinishesTheStream() async throws {
         let fixture = try Fixture()
         fixture.watcher.stop()
