@@ -317,24 +317,19 @@ struct DirectoryWatcherTests {
     /// before) was not noticed until something else changed in its parent. A symlink that
     /// appears where a followed directory waits arms it, as a directory made there does.
     @Test func aFollowedDirectoryThatAppearsAsASymlinkIsWatched() async throws {
-        let parent = try TemporaryDirectory()
-        defer { parent.remove() }
-        let watcher = try DirectoryWatcher()
-        let batches = Collector<[DirectoryChange]>()
-        let changes = watcher.changes
-        let consumer = Task { for await batch in changes { batches.append(batch) } }
-        func seen(_ change: DirectoryChange) async -> Bool { await batches.waitFor { $0.flatMap { $0 }.contains(change) } }
-
-        let real = parent.file("real")
+        let f = try Fixture()
+        // Made outside the watched directory: the only event there is the link's.
+        let outside = try TemporaryDirectory()
+        defer { outside.remove() }
+        let real = outside.file("real")
         #expect(mkdir(real, 0o755) == 0)
-        let directory = parent.file("plugins")
-        try watcher.follow(directory)
+        let directory = f.dir.file("plugins")
+        try f.watcher.follow(directory)
         #expect(symlink(real, directory) == 0)
-        #expect(await seen(DirectoryChange(kind: .directoryAppeared, path: directory, directory: directory)))
+        #expect(await f.waitFor { $0.contains(DirectoryChange(kind: .directoryAppeared, path: directory, directory: directory)) })
         try writeFile(real + "/one.so", "x")
-        #expect(await seen(DirectoryChange(kind: .ready, path: directory + "/one.so", directory: directory)))
-        watcher.stop()
-        await consumer.value
+        #expect(await f.waitFor { $0.contains(DirectoryChange(kind: .ready, path: directory + "/one.so", directory: directory)) })
+        await f.finish()
     }
 
     @Test func stopFinishesTheStream() async throws {
