@@ -72,6 +72,26 @@ public enum FileSystem {
         return stat(path, &status) == 0 && status.st_mode & S_IFMT == S_IFDIR
     }
 
+    /// Why a user other than root and `trustedUID` could change what the file, directory
+    /// or symlink `status` describes holds or leads to, as sshd and sudo judge what they
+    /// trust: one text per cause, e.g. `writable by others (mode 777)` and `owned by uid
+    /// 1000, expected root (uid 0)`; empty when none. A symlink's own mode means nothing
+    /// and is not judged. With `stickyAllowed`, a directory with the sticky bit (as /tmp)
+    /// may be writable: others can add names to it, but not rename or remove the names
+    /// they do not own.
+    public static func trustProblems(_ status: stat, trustedUID: uid_t, stickyAllowed: Bool = false) -> [String] {
+        var problems: [String] = []
+        let type = status.st_mode & S_IFMT
+        let sticky = stickyAllowed && type == S_IFDIR && status.st_mode & S_ISVTX != 0
+        if type != S_IFLNK, status.st_mode & 0o022 != 0, !sticky {
+            problems.append("writable by \(status.st_mode & 0o002 != 0 ? "others" : "group") (mode \(String(status.st_mode & 0o7777, radix: 8)))")
+        }
+        if status.st_uid != 0 && status.st_uid != trustedUID {
+            problems.append("owned by uid \(status.st_uid), expected \(trustedUID == 0 ? "root (uid 0)" : "root or uid \(trustedUID)")")
+        }
+        return problems
+    }
+
     /// What the symlink at `path` points to, as written in it (`readlink`); nil if `path`
     /// is not a symlink or cannot be read.
     public static func symlinkTarget(_ path: String) -> String? {

@@ -330,11 +330,7 @@ public actor Daemon: DaemonControl {
     static func sharedDirectoryProblem(_ directory: String) -> String? {
         var status = stat()
         guard stat(directory, &status) == 0 else { return nil }
-        if status.st_mode & 0o022 != 0 {
-            return "is writable by \(status.st_mode & 0o002 != 0 ? "others" : "group") (mode \(String(status.st_mode & 0o7777, radix: 8)))"
-        }
-        if status.st_uid != 0 && status.st_uid != geteuid() { return "is owned by uid \(status.st_uid)" }
-        return nil
+        return FileSystem.trustProblems(status, trustedUID: geteuid()).first.map { "is \($0)" }
     }
 
     /// Stops the control socket and the watcher, then the modules (willTerminate awaited,

@@ -113,16 +113,9 @@ public struct Validator: Sendable {
     /// Ownership and permissions (sudo/sshd style) of a plugin file or its directory:
     /// refused, or accepted with a warning under `allowInsecure`.
     private func checkOwnership(_ what: String, _ status: stat, _ warnings: inout [String], _ fail: Fail) throws(LoadFailure) {
-        let writable = status.st_mode & 0o022 != 0, foreign = status.st_uid != 0 && status.st_uid != trustedUID
-        guard writable || foreign else { return }
-        var problems: [String] = []
-        if writable {
-            problems.append("\(what) is writable by \(status.st_mode & 0o002 != 0 ? "others" : "group") (mode \(String(status.st_mode & 0o7777, radix: 8)))")
-        }
-        if foreign {
-            problems.append("\(what) is owned by uid \(status.st_uid), expected \(trustedUID == 0 ? "root (uid 0)" : "root or uid \(trustedUID)")")
-        }
-        let problem = problems.joined(separator: "; ")
+        let problems = FileSystem.trustProblems(status, trustedUID: trustedUID)
+        guard !problems.isEmpty else { return }
+        let problem = problems.map { "\(what) is \($0)" }.joined(separator: "; ")
         if !allowInsecure {
             throw fail(.permissions, problem,
                        "chmod go-w and chown root (or the daemon's user); --allow-insecure-plugins accepts it for development")
@@ -156,13 +149,7 @@ public struct Validator: Sendable {
         var resolved: [String] = []
         var links = 0
         func check(_ path: String, _ status: stat) -> String? {
-            if status.st_uid != 0 && status.st_uid != trustedUID {
-                return "\(path) is owned by uid \(status.st_uid), expected \(trustedUID == 0 ? "root (uid 0)" : "root or uid \(trustedUID)")"
-            }
-            if status.st_mode & S_IFMT == S_IFDIR, status.st_mode & 0o022 != 0, status.st_mode & S_ISVTX == 0 {
-                return "\(path) is writable by \(status.st_mode & 0o002 != 0 ? "others" : "group") (mode \(String(status.st_mode & 0o7777, radix: 8)))"
-            }
-            return nil
+            FileSystem.trustProblems(status, trustedUID: trustedUID, stickyAllowed: true).first.map { "\(path) is \($0)" }
         }
         var root = stat()
         if lstat("/", &root) == 0, let problem = check("/", root) { return problem }
