@@ -5,7 +5,11 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <malloc.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
 #include <stdio.h>
+#include <string.h>
 #include <stdlib.h>
 #include <sys/prctl.h>
 #include <sys/mman.h>
@@ -13,6 +17,7 @@
 #include <sys/sendfile.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 int modhost_worker_set_parent_death_signal(int signal) { return prctl(PR_SET_PDEATHSIG, signal, 0, 0, 0); }
@@ -72,6 +77,13 @@ pid_t modhost_worker_peer_pid(int fd) {
     socklen_t size = sizeof credentials;
     if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &credentials, &size) != 0) return -1;
     return credentials.pid;
+}
+
+int modhost_worker_peer_closed(int fd) {
+    struct pollfd entry = {fd, POLLRDHUP, 0};
+    int ready;
+    while ((ready = poll(&entry, 1, 0)) < 0 && errno == EINTR) {}
+    return ready > 0 && (entry.revents & (POLLHUP | POLLRDHUP | POLLERR | POLLNVAL)) != 0;
 }
 
 int modhost_worker_socketpair(int fds[2]) {
@@ -165,3 +177,212 @@ int modhost_worker_pidfd_open(pid_t pid) {
 }
 
 int modhost_worker_wake_pipe(int fds[2]) { return pipe2(fds, O_CLOEXEC | O_NONBLOCK); }
+
+/* What the child of modhost_worker_spawn needs: everything is ready before the clone, so
+ * that the child (a copy of a multithreaded process) calls only async-signal-safe
+ * functions. */
+struct spawn_child {
+    const char *path;
+    char *const *argv;
+    char *const *envp;
+    const int *sockets;
+    int report; /* close-on-exec, above 9: the child writes its errno there if the exec fails */
+    int status; /* above 9, or -1: the init's end of the status pipe, moved to descriptor 6 */
+};
+
+static int spawn_child(void *raw) {
+    const struct spawn_child *child = raw;
+    prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+    struct sigaction defaults;
+    memset(&defaults, 0, sizeof defaults);
+    defaults.sa_handler = SIG_DFL;
+    for (int signal = 1; signal < NSIG; signal++) sigaction(signal, &defaults, NULL);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    int null = -1;
+    if (setpgid(0, 0) == 0 && (null = open("/dev/null", O_RDONLY)) >= 0 && (null == 0 || dup2(null, 0) == 0)) {
+        if (null != 0) close(null);
+        int moved = 0;
+        while (moved < 3 && dup2(child->sockets[moved], 3 + moved) == 3 + moved) moved++;
+        if (moved == 3 && (child->status < 0 || dup2(child->status, MODHOST_WORKER_STATUS_FD) == MODHOST_WORKER_STATUS_FD)) {
+            execve(child->path, child->argv, child->envp);
+        }
+    }
+    int error = errno;
+    while (write(child->report, &error, sizeof error) < 0 && errno == EINTR) {}
+    _exit(127);
+}
+
+/* Writes `text` to file `path` (a /proc file of a new user namespace). */
+static void write_proc_file(const char *path, const char *text) {
+    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0) return;
+    if (write(fd, text, strlen(text)) < 0) {}
+    close(fd);
+}
+
+/* Maps the uid and gid of process `pid`'s new user namespace to this process's. Without a
+ * map they would read as the overflow ids (65534); the worker behaves the same either way,
+ * so a map the kernel refuses is left out. */
+static void map_own_ids(pid_t pid) {
+    char path[64], text[64];
+    snprintf(path, sizeof path, "/proc/%d/setgroups", (int)pid);
+    write_proc_file(path, "deny");
+    snprintf(path, sizeof path, "/proc/%d/uid_map", (int)pid);
+    snprintf(text, sizeof text, "%u %u 1\n", (unsigned)geteuid(), (unsigned)geteuid());
+    write_proc_file(path, text);
+    snprintf(path, sizeof path, "/proc/%d/gid_map", (int)pid);
+    snprintf(text, sizeof text, "%u %u 1\n", (unsigned)getegid(), (unsigned)getegid());
+    write_proc_file(path, text);
+}
+
+/* Reads 4 bytes from `fd` within `milliseconds`: 0, or -1 with errno (ETIMEDOUT, or EPIPE
+ * when the writer closed it first). */
+static int read_int_within(int fd, int32_t *value, int milliseconds) {
+    struct pollfd entry = {fd, POLLIN, 0};
+    int ready;
+    while ((ready = poll(&entry, 1, milliseconds)) < 0 && errno == EINTR) {}
+    if (ready == 0) {
+        errno = ETIMEDOUT;
+        return -1;
+    }
+    ssize_t got;
+    while ((got = read(fd, value, sizeof *value)) < 0 && errno == EINTR) {}
+    if (got == (ssize_t)sizeof *value) return 0;
+    if (got >= 0) errno = EPIPE;
+    return -1;
+}
+
+/* A pipe (close-on-exec) whose write end is above 9; 0, or -1 with errno. */
+static int high_pipe(int ends[2]) {
+    if (pipe2(ends, O_CLOEXEC) != 0) return -1;
+    int high = fcntl(ends[1], F_DUPFD_CLOEXEC, 10);
+    int error = errno;
+    close(ends[1]);
+    if (high < 0) {
+        close(ends[0]);
+        errno = error;
+        return -1;
+    }
+    ends[1] = high;
+    return 0;
+}
+
+int modhost_worker_spawn(const char *path, char *const argv[], char *const init_argv[], char *const envp[],
+                         const int sockets[3], modhost_worker_spawned *spawned) {
+    memset(spawned, 0, sizeof *spawned);
+    spawned->status_fd = -1;
+    int report[2], status[2];
+    if (high_pipe(report) != 0) return errno;
+    if (high_pipe(status) != 0) {
+        int error = errno;
+        close(report[0]);
+        close(report[1]);
+        return error;
+    }
+    /* The child runs on a private copy of this stack (no CLONE_VM) until it execs. */
+    const size_t size = 256 * 1024;
+    char *stack = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+    int error = stack == MAP_FAILED ? errno : 0;
+    pid_t started = -1;
+    int flags = CLONE_NEWPID | (geteuid() == 0 ? 0 : CLONE_NEWUSER);
+    if (error == 0) {
+        struct spawn_child child = {path, init_argv, envp, sockets, report[1], status[1]};
+        started = clone(spawn_child, stack + size, flags | SIGCHLD, &child);
+        if (started < 0 && (errno == EPERM || errno == EINVAL || errno == ENOSPC || errno == EUSERS)) {
+            spawned->refusal = errno;
+            flags = 0;
+            struct spawn_child alone = {path, argv, envp, sockets, report[1], -1};
+            started = clone(spawn_child, stack + size, SIGCHLD, &alone);
+        }
+        error = started < 0 ? errno : 0;
+        munmap(stack, size);
+    }
+    close(report[1]);
+    close(status[1]);
+    if (started > 0) {
+        int32_t failure = 0;
+        ssize_t got;
+        while ((got = read(report[0], &failure, sizeof failure)) < 0 && errno == EINTR) {}
+        if (got == (ssize_t)sizeof failure) error = failure;
+    }
+    close(report[0]);
+    int32_t worker = started;
+    if (error == 0 && flags != 0) {
+        /* The init forks the worker, which says its pid as this process sees it. */
+        if (flags & CLONE_NEWUSER) map_own_ids(started);
+        if (read_int_within(status[0], &worker, 10000) != 0) {
+            error = errno;
+        } else if (worker <= 0) {
+            error = EAGAIN; /* the init could not fork the worker */
+        }
+    }
+    if (error != 0) {
+        close(status[0]);
+        if (started > 0) {
+            kill(started, SIGKILL);
+            int ignored;
+            while (waitpid(started, &ignored, 0) < 0 && errno == EINTR) {}
+        }
+        return error;
+    }
+    spawned->supervised = started;
+    spawned->worker = worker;
+    if (flags != 0) {
+        spawned->status_fd = status[0];
+    } else {
+        close(status[0]);
+    }
+    return 0;
+}
+
+int modhost_worker_ending_status(int status_fd, int *status) {
+    int32_t value = 0;
+    int flags = fcntl(status_fd, F_GETFL);
+    if (flags >= 0) fcntl(status_fd, F_SETFL, flags | O_NONBLOCK);
+    ssize_t got;
+    while ((got = read(status_fd, &value, sizeof value)) < 0 && errno == EINTR) {}
+    if (got != (ssize_t)sizeof value) return -1;
+    *status = value;
+    return 0;
+}
+
+void modhost_worker_run_init(char *const worker_argv[]) {
+    /* Nothing but the sockets (3-5, the worker's) and the status pipe (6). */
+    modhost_worker_close_from(MODHOST_WORKER_STATUS_FD + 1);
+    pid_t worker = fork();
+    if (worker == 0) {
+        /* The worker: its pid as the daemon sees it (the /proc mounted is the daemon's),
+         * then the worker program. */
+        setpgid(0, 0);
+        prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+        char self[32] = {0};
+        int32_t outer = readlink("/proc/self", self, sizeof self - 1) > 0 ? (int32_t)atoi(self) : 0;
+        if (write(MODHOST_WORKER_STATUS_FD, &outer, sizeof outer) < 0) {}
+        close(MODHOST_WORKER_STATUS_FD);
+        execv("/proc/self/exe", worker_argv);
+        _exit(127);
+    }
+    close(3);
+    close(4);
+    close(5);
+    if (worker < 0) {
+        int32_t none = 0;
+        if (write(MODHOST_WORKER_STATUS_FD, &none, sizeof none) < 0) {}
+        _exit(71);
+    }
+    /* Reaps every process of the namespace that ends as its child (the worker, and any
+     * process of the plugin whose parent ended), and ends with the worker, after saying
+     * how it ended. */
+    for (;;) {
+        int status = 0;
+        pid_t ended = wait(&status);
+        if (ended == worker) {
+            int32_t value = status;
+            if (write(MODHOST_WORKER_STATUS_FD, &value, sizeof value) < 0) {}
+            _exit(0);
+        }
+        if (ended < 0 && errno == ECHILD) _exit(0);
+    }
+}

@@ -36,7 +36,7 @@ public final class ToolsForAnotherUser: Sendable {
 
     public init() throws {
         for (source, target) in [("bin/modhostd", "bin"), ("bin/modhostctl", "bin"), ("bin/modhost-trial", "bin"),
-                                 ("lib/libModuleKit.so", "lib")] {
+                                 ("bin/modhost-worker", "bin"), ("lib/libModuleKit.so", "lib")] {
             let directory = root.directory(target)
             let name = (source as NSString).lastPathComponent
             let copy = directory + "/" + name

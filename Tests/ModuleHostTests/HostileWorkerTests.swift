@@ -18,7 +18,8 @@ struct HostileWorkerTests {
     /// the socket of ordered requests (4); on `unknown`, a frame with an op the protocol does
     /// not have on the control socket (3); on `cut`, the start of a frame and not the rest
     /// on the control socket; on `close`, closes descriptors 3, 4 and 5; on
-    /// `segv`, crashes; on `phantom`, writes on the control socket an answer to request
+    /// `segv`, crashes; on `breakout`, starts a process that leaves everything the worker could
+    /// find it by and notes `escapee PID` in `events`; on `phantom`, writes on the control socket an answer to request
     /// 1000000, never sent. It exports `liar_add(a, b)`, `liar_slow(ms)`, which returns
     /// after `ms` milliseconds, `liar_forge(count)`, `liar_phantom(id)` and
     /// `liar_truncate(n)` (below).
@@ -28,9 +29,11 @@ struct HostileWorkerTests {
             #define _GNU_SOURCE
             #include <modulehost.h>
             #include <fcntl.h>
+            #include <signal.h>
             #include <stdio.h>
             #include <stdlib.h>
             #include <string.h>
+            #include <sys/prctl.h>
             #include <unistd.h>
             static const char frame[] = "\(frame.replacingOccurrences(of: "\"", with: "\\\""))";
             /* Writes the frame of text on descriptor fd. */
@@ -45,12 +48,18 @@ struct HostileWorkerTests {
                 snprintf(text, sizeof text, "{\\\"id\\\":%llu}", (unsigned long long)id);
                 frame_on(fd, text);
             }
+            /* This process's pid as the daemon sees it (getpid() is 1 in the worker's PID
+               namespace). */
+            static int daemon_pid(void) {
+                char self[32] = {0};
+                return readlink("/proc/self", self, sizeof self - 1) > 0 ? atoi(self) : (int)getpid();
+            }
             static void *create(const modhost_host_api *host, const char *config) { (void)config; return (void *)host; }
             static void handle(void *instance, const char *event, const char *payload) {
                 const modhost_host_api *host = instance;
                 (void)payload;
                 char line[256];
-                int length = snprintf(line, sizeof line, "%s %d\\n", event, (int)getpid());
+                int length = snprintf(line, sizeof line, "%s %d\\n", event, daemon_pid());
                 int fd = open("\(events)", O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
                 if (fd >= 0) { if (write(fd, line, (size_t)length) < 0) {} close(fd); }
                 if (strcmp(event, "garbage") == 0) { if (write(4, "garbage!garbage!", 16) < 0) {} }
@@ -75,6 +84,21 @@ struct HostileWorkerTests {
                     unsetenv("MODHOST_WORKER_TOKEN");
                     int ends[2];
                     if (pipe(ends) == 0) dup2(ends[0], 3);
+                }
+                if (strcmp(event, "breakout") == 0 && fork() == 0) {
+                    /* A process that leaves everything the worker could find it by: its
+                       session and group, its parent, its descriptors, its environment and
+                       the parent-death signal; it notes its pid as the daemon sees it. */
+                    setsid();
+                    if (fork() != 0) _exit(0);
+                    prctl(PR_SET_PDEATHSIG, 0);
+                    signal(SIGTERM, SIG_IGN);
+                    signal(SIGHUP, SIG_IGN);
+                    int fd = open("\(events)", O_WRONLY | O_APPEND | O_CLOEXEC);
+                    if (fd >= 0) { dprintf(fd, "escapee %d\\n", daemon_pid()); close(fd); }
+                    for (int i = 0; i < 1024; i++) close(i);
+                    clearenv();
+                    for (;;) pause();
                 }
                 if (strcmp(event, "lie") == 0) {
                     unsigned long n = sizeof frame - 1;
@@ -351,6 +375,8 @@ struct HostileWorkerTests {
         #expect(group != pid_t(pid), "the worker did not leave its group")
         defer { kill(-group, SIGKILL) }  // the child it joined, which the daemon does not know of
         #expect(unlink(h.plugins + "/libLiar.so") == 0)
+        // Removed once willUnload, which it no longer reads, is past its deadline.
+        #expect(await h.waitFor("removed plugin Liar"), "\(h.daemon.text)")
         let gone = await Self.ends(pid_t(pid))
         #expect(gone, "worker \(pid) still runs: \(h.daemon.text)")
         #expect(try h.ctl("list").status == 0)
@@ -378,6 +404,80 @@ struct HostileWorkerTests {
         let gone = await Self.ends(pid_t(pid))
         #expect(gone, "worker \(pid) outlived the daemon")
         if !gone { kill(pid_t(pid), SIGKILL) }
+    }
+
+    /// How the daemon lets go of a worker.
+    enum Farewell: String, CaseIterable, Sendable {
+        case removed, stopped, killed
+    }
+
+    /// Outside attack: a process the plugin forked that left its session, group, parent,
+    /// descriptors and environment outlived its worker's removal, the daemon's stop and
+    /// the daemon's death. It runs in the worker's PID namespace, which ends with it.
+    @Test("no process an isolated plugin starts outlives its worker, however it hides", .timeLimit(.minutes(3)),
+          arguments: Farewell.allCases)
+    func noProcessAPluginStartsOutlivesItsWorker(farewell: Farewell) async throws {
+        let scratch = TemporaryDirectory("hostile-worker")
+        let events = scratch.file("events")
+        let liar = try Self.liar(in: scratch.directory("liar"), events: events)
+        let h = try await Self.daemon(isolating: "Liar", file: liar)
+        #expect(try h.ctl("send", "breakout", "--to", "liar").status == 0)
+        let escapee = try #require(await Self.escapee(in: events), "\(h.daemon.text)")
+        defer { kill(escapee, SIGKILL) }
+        #expect(Self.processGroup(of: escapee) != nil, "the escapee does not run")
+        switch farewell {
+        case .removed:
+            #expect(unlink(h.plugins + "/libLiar.so") == 0)
+            #expect(await h.waitFor("removed plugin Liar"), "\(h.daemon.text)")
+        case .stopped: await Self.stop(h)
+        case .killed:
+            h.daemon.send(SIGKILL)
+            _ = await h.daemon.wait()
+        }
+        #expect(await Self.ends(escapee), "process \(escapee), started by the plugin, outlived its worker (\(farewell))")
+        if farewell == .removed { await Self.stop(h) }
+    }
+
+    /// The same from a daemon that does not run as root: it makes a user namespace for the
+    /// worker's PID namespace.
+    @Test("no process an isolated plugin starts outlives a daemon that is not root", .timeLimit(.minutes(3)),
+          .enabled(if: geteuid() == 0, "runs the daemon as uid 65534"))
+    func noProcessAPluginStartsOutlivesADaemonThatIsNotRoot() async throws {
+        let scratch = TemporaryDirectory("hostile-worker")
+        let events = scratch.file("events")
+        let liar = try Self.liar(in: scratch.directory("liar"), events: events)
+        let plugins = scratch.directory("plugins")
+        try scratch.copy(liar, as: "plugins/libLiar.so")
+        let home = scratch.directory("home")
+        chown(home, 65534, 65534)
+        try scratch.write("events", text: "")
+        chown(events, 65534, 65534)
+        try scratch.write("modhostd.json", text: #"{"plugins": {"Liar": {"isolation": "process"}}}"#)
+        let tools = try ToolsForAnotherUser()
+        let socket = home + "/sock"
+        let daemon = try RunningProcess("/usr/bin/setpriv", ["--reuid=65534", "--regid=65534", "--clear-groups", tools.modhostd,
+                                                             "--plugins", plugins, "--state-dir", home + "/state", "--socket", socket,
+                                                             "--config", scratch.file("modhostd.json")])
+        #expect(await daemon.waitFor("control socket ready", timeout: .seconds(60)), "\(daemon.text)")
+        #expect(try tools.runAsNobody(tools.modhostctl, ["--socket", socket, "send", "breakout", "--to", "liar"]).status == 0)
+        let escapee = try #require(await Self.escapee(in: events), "\(daemon.text)")
+        defer { kill(escapee, SIGKILL) }
+        #expect(!daemon.text.contains("the kernel refused"), "\(daemon.text)")
+        daemon.send(SIGKILL)
+        _ = await daemon.wait()
+        #expect(await Self.ends(escapee), "process \(escapee), started by the plugin, outlived a daemon running as uid 65534")
+    }
+
+    /// The pid of the escapee the Liar's `breakout` noted in `events`, once it has.
+    static func escapee(in events: String) async -> pid_t? {
+        for _ in 0..<200 {
+            let text = (try? String(contentsOfFile: events, encoding: .utf8)) ?? ""
+            if let line = text.split(separator: "\n").first(where: { $0.hasPrefix("escapee ") }) {
+                return pid_t(line.dropFirst("escapee ".count))
+            }
+            try? await Task.sleep(for: .milliseconds(50))
+        }
+        return nil
     }
 
     /// Whether process `pid` ends (or is a zombie) within ten seconds.

@@ -18,7 +18,14 @@ import Synchronization
 /// worker poller (one thread for every worker). Every frame sent has a deadline; on 3 and
 /// 5 no sender waits for room in the socket (`FrameOutbox`: the poller writes the rest).
 final class WorkerConnection: Sendable {
+    /// The worker process (its pid as the daemon sees it), which logs and `list` name.
     let pid: pid_t
+    /// The process the daemon signals, waits for and reaps: its PID namespace's init, whose
+    /// end ends every process in the namespace (the worker itself when it has none).
+    private let supervised: pid_t
+    /// Where the init writes how the worker ended (`modhost_worker_ending_status`); -1
+    /// without an init.
+    private let statusFD: Int32
     /// Socket 3: the load frame, awaited events and the answers to the worker's questions
     /// go out here; the worker poller reads what comes back.
     let control: FrameOutbox
@@ -178,8 +185,10 @@ final class WorkerConnection: Sendable {
         }
     }
 
-    private init(pid: pid_t, fds: [Int32], plugin: IsolatedPlugin) {
-        self.pid = pid
+    private init(_ spawned: modhost_worker_spawned, fds: [Int32], plugin: IsolatedPlugin) {
+        pid = spawned.worker
+        supervised = spawned.supervised
+        statusFD = spawned.status_fd
         control = FrameOutbox(WorkerChannel(fd: fds[0]))
         ordered = WorkerChannel(fd: fds[1])
         orderedReader = Mutex(FrameReader(fd: fds[1]))
@@ -202,8 +211,8 @@ final class WorkerConnection: Sendable {
     var frameDeadline: Duration { plugin.deadline }
 
     /// Starts `executable` with one end of each of three new socketpairs as its descriptors
-    /// 3, 4 and 5, in a process group of its own, with a clean environment, and has the
-    /// worker poller watch it.
+    /// 3, 4 and 5, in a PID namespace and a process group of its own, with a clean
+    /// environment, and has the worker poller watch it.
     static func spawn(_ executable: String, plugin: IsolatedPlugin) throws(TrialProcess.SpawnError) -> WorkerConnection {
         var ours: [Int32] = []
         var theirs: [Int32] = []
@@ -220,49 +229,66 @@ final class WorkerConnection: Sendable {
         }
         let workerEnds = theirs
         let token = WorkerRecords.newToken()
-        let spawned: (code: Int32, pid: pid_t)
+        let result: (error: Int32, spawned: modhost_worker_spawned)
         do throws(SystemError) {
-            spawned = try SpawnThread.run { spawnProcess(executable, sockets: workerEnds, token: token) }
+            result = try SpawnThread.run { spawnProcess(executable, sockets: workerEnds, token: token) }
         } catch {
             closeAll()
             throw TrialProcess.SpawnError(description: "\(error)")
         }
-        let (code, pid) = spawned
         for fd in theirs { close(fd) }
-        guard code == 0 else {
+        let spawned = result.spawned
+        guard result.error == 0 else {
             for fd in ours { close(fd) }
-            throw TrialProcess.SpawnError(description: SystemError.describe(code))
+            throw TrialProcess.SpawnError(description: SystemError.describe(result.error))
         }
-        // Nothing else reaps it, so the pid is still this worker's.
-        let pidfd = modhost_worker_pidfd_open(pid)
+        if spawned.refusal != 0 { noteUncontained(plugin, refusal: spawned.refusal) }
+        // Nothing else reaps it, so the pid is still its own.
+        let pidfd = modhost_worker_pidfd_open(spawned.supervised)
         guard pidfd >= 0 else {
             let problem = SystemError.describe(errno)
-            Glibc.kill(-pid, SIGKILL)
+            Glibc.kill(spawned.supervised, SIGKILL)
+            Glibc.kill(-spawned.supervised, SIGKILL)
             var status: Int32 = 0
-            while waitpid(pid, &status, 0) < 0 && errno == EINTR {}
-            for fd in ours { close(fd) }
+            while waitpid(spawned.supervised, &status, 0) < 0 && errno == EINTR {}
+            for fd in ours + [spawned.status_fd] where fd >= 0 { close(fd) }
             throw TrialProcess.SpawnError(description: "pidfd_open: \(problem) (isolated plugins need Linux 5.3 or later)")
         }
-        plugin.workerRecords.started(pid, plugin: plugin.name, token: token)
-        let connection = WorkerConnection(pid: pid, fds: ours, plugin: plugin)
+        plugin.workerRecords.started(spawned.supervised, plugin: plugin.name, token: token)
+        let connection = WorkerConnection(spawned, fds: ours, plugin: plugin)
         WorkerPoller.shared.watch(connection, pidfd: pidfd)
         return connection
     }
 
-    /// posix_spawn of `executable` with `sockets` as its descriptors 3, 4 and 5 (they are
-    /// all above 9, so no dup2 overwrites another's source), standard input /dev/null, in a
-    /// process group of its own, with a clean environment: nothing of the daemon's reaches
-    /// plugin code, and no Swift backtrace on a crash (it delays the end by a quarter of a
-    /// second or more), but `token` (`WorkerRecords`). (error, pid).
-    private static func spawnProcess(_ executable: String, sockets: [Int32], token: String) -> (Int32, pid_t) {
-        TrialProcess.spawnInGroup(executable, arguments: [],
-                                  environment: ["PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "SWIFT_BACKTRACE": "enable=no",
-                                                WorkerRecords.tokenVariable: token]) {
-            actions in
-            posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
-            let targets = [WorkerProcess.socketDescriptor, WorkerProcess.orderedDescriptor, WorkerProcess.callsDescriptor]
-            for (socket, target) in zip(sockets, targets) { posix_spawn_file_actions_adddup2(&actions, socket, target) }
+    /// Starts `executable` (`modhost_worker_spawn`) with `sockets` as its descriptors 3, 4
+    /// and 5 (they are all above 9, so no dup2 overwrites another's source), standard input
+    /// /dev/null, in a PID namespace (as its init, which forks the worker) and a process
+    /// group of its own, with a clean environment: nothing of the daemon's reaches plugin
+    /// code, and no Swift backtrace on a crash (it delays the end by a quarter of a second
+    /// or more), but `token` (`WorkerRecords`). (errno or 0, what was started).
+    private static func spawnProcess(_ executable: String, sockets: [Int32], token: String) -> (Int32, modhost_worker_spawned) {
+        let environment = ["PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "SWIFT_BACKTRACE": "enable=no",
+                           WorkerRecords.tokenVariable: token]
+        let argv = [strdup(executable), nil]
+        let initArgv = [strdup(executable), strdup(WorkerProcess.namespaceInitArgument), nil]
+        let envp = environment.map { strdup("\($0.key)=\($0.value)") } + [nil]
+        defer {
+            for pointer in argv + initArgv + envp { free(pointer) }
         }
+        var spawned = modhost_worker_spawned()
+        let error = modhost_worker_spawn(executable, argv, initArgv, envp, sockets, &spawned)
+        return (error, spawned)
+    }
+
+    /// Whether a worker has been started without a PID namespace in this process's life.
+    private static let saidUncontained = Atomic<Bool>(false)
+
+    /// Warns, the first time, that `plugin`'s worker runs without a PID namespace because
+    /// the kernel refused one with `refusal`.
+    private static func noteUncontained(_ plugin: IsolatedPlugin, refusal: Int32) {
+        guard !saidUncontained.exchange(true, ordering: .relaxed) else { return }
+        let how = geteuid() == 0 ? "a PID namespace" : "a user and a PID namespace (the daemon does not run as root)"
+        plugin.logger.warning("the kernel refused plugin \(plugin.name)'s worker \(how): \(SystemError.describe(refusal)); workers run without one, so a process an isolated plugin starts that leaves its worker's process group can outlive the worker; allow unprivileged user namespaces (sysctl user.max_user_namespaces, kernel.unprivileged_userns_clone, or the AppArmor restriction on them) or run modhostd as root")
     }
 
     /// The checks a worker makes itself, which its failed frame may name: those of
@@ -684,16 +710,23 @@ final class WorkerConnection: Sendable {
     /// its process group, reaps it and reports how it ended.
     func reap() {
         let reason = life.withLock { life -> String? in
-            // Whatever the plugin forked dies with it.
-            Glibc.kill(-pid, SIGKILL)
+            // Whatever the plugin forked dies with it (without a namespace, what stayed in
+            // its group).
+            Glibc.kill(-supervised, SIGKILL)
             let reason: String? = if case .killed(let reason, _) = life { reason } else { nil }
             life = .ended(reason: reason, hung: life.hung)
             return reason
         }
         // Forgotten while the zombie still holds its pid (no new worker can have it yet).
-        plugin.workerRecords.ended(pid)
+        plugin.workerRecords.ended(supervised)
         var status: Int32 = 0
-        while waitpid(pid, &status, 0) < 0 && errno == EINTR {}
+        while waitpid(supervised, &status, 0) < 0 && errno == EINTR {}
+        // The init said how the worker ended, unless it was killed first (by the daemon).
+        if statusFD >= 0 {
+            var workerStatus: Int32 = 0
+            if modhost_worker_ending_status(statusFD, &workerStatus) == 0 { status = workerStatus }
+            close(statusFD)
+        }
         var ending: String
         if status & 0x7f == 0 {
             ending = "exited with status \((status >> 8) & 0xff)"
@@ -744,8 +777,8 @@ final class WorkerConnection: Sendable {
             case .killed: break  // the first reason stands
             case .running, .stopping: life = .killed(reason: "killed because \(reason)", hung: afterItsDeadline)
             }
-            Glibc.kill(-pid, SIGKILL)
-            Glibc.kill(pid, SIGKILL)
+            Glibc.kill(-supervised, SIGKILL)
+            Glibc.kill(supervised, SIGKILL)
         }
     }
 
@@ -780,10 +813,10 @@ final class WorkerConnection: Sendable {
             case .running(let doomed?), .stopping(let doomed?): life = .killed(reason: "killed because \(doomed)", hung: false)
             case .running(nil), .stopping(nil), .killed: break
             }
-            // The worker itself too: its plugin may have moved it into another process group.
-            // Not reaped yet, the pid is still the worker's.
-            Glibc.kill(-pid, SIGKILL)
-            Glibc.kill(pid, SIGKILL)
+            // Its init (or the worker itself, without one), not only its group: the plugin
+            // may have moved the worker into another. Not reaped yet, the pid is still its own.
+            Glibc.kill(-supervised, SIGKILL)
+            Glibc.kill(supervised, SIGKILL)
         }
     }
 }

@@ -22,7 +22,9 @@ import Glibc
 /// the `load` frame, takes the group and user it names (when started by root), sets its
 /// resource limits and PR_SET_NO_NEW_PRIVS; then it loads the plugin's dependencies and the
 /// plugin, answers `ready` (or `failed`), and serves frames until the daemon closes the
-/// socket, when it kills its whole process group (itself and anything the plugin forked).
+/// socket, when it kills its whole process group and ends. It runs in a PID namespace of
+/// its own, whose init (this program too, `namespaceInitArgument`) ends with it, and so
+/// does every process its plugin started.
 public enum WorkerProcess {
     /// The descriptor the daemon passes the control socket on.
     public static let socketDescriptor: Int32 = 3
@@ -33,14 +35,26 @@ public enum WorkerProcess {
     /// Exit status when not started by modhostd.
     public static let notStartedByDaemon: Int32 = 64
 
-    /// Runs the worker; never returns.
+    /// The argument that makes `modhost-worker` the init of a worker's PID namespace
+    /// (`modhost_worker_run_init`), which the daemon starts it with.
+    static let namespaceInitArgument = "--namespace-init"
+
+    /// Runs the worker, or its namespace's init; never returns.
     public static func main() -> Never {
+        if CommandLine.arguments.count == 2, CommandLine.arguments[1] == namespaceInitArgument {
+            var argv: [UnsafeMutablePointer<CChar>?] = [strdup(CommandLine.arguments[0]), nil]
+            modhost_worker_run_init(&argv)
+        }
         _ = modhost_worker_set_parent_death_signal(SIGKILL)
         // So that an address-space limit counts what the worker uses, not glibc's reserves.
         _ = modhost_worker_use_one_malloc_arena()
+        // In the PID namespace the daemon starts it in, the worker's parent is the
+        // namespace's init (pid 1) and the daemon, outside, reads as pid 0 at the sockets'
+        // other ends; without one, the daemon is its parent.
         let parent = getppid()
         let descriptors = [socketDescriptor, orderedDescriptor, callsDescriptor]
-        guard parent > 1, descriptors.allSatisfy({ modhost_worker_peer_pid($0) == parent }) else {
+        let daemon = parent == 1 ? 0 : parent
+        guard parent >= 1, descriptors.allSatisfy({ modhost_worker_peer_pid($0) == daemon }) else {
             StandardError.write("modhost-worker: refused: it runs one isolated plugin for modhostd, which starts it over sockets on descriptors 3, 4 and 5; it is never started by hand (set \"isolation\": \"process\" in modhostd's configuration instead)\n")
             exit(notStartedByDaemon)
         }
@@ -94,7 +108,7 @@ public enum WorkerProcess {
                           "fix": "raise the plugin's \"limits\" (\"processes\", \"addressSpaceBytes\") in modhostd's configuration"])
             endGroup()
         }
-        channel.send(["op": WorkerOp.ready.json, "pid": .number(Double(getpid())),
+        channel.send(["op": WorkerOp.ready.json,
                       "modules": .array(service.plugin.modules.map { ["name": .string($0.factory.name), "version": .string($0.factory.version)] })])
         Task { await service.serve(stream) }
         while true {
@@ -185,8 +199,10 @@ public enum WorkerProcess {
         }
         if user != 0, setuid(0) == 0 { return "took user \(user), but could take root back" }
         // A change of credentials clears the parent-death signal: asked for again, and the
-        // parent checked once more (it may have ended in between).
-        guard modhost_worker_set_parent_death_signal(SIGKILL) == 0, getppid() == parent else {
+        // daemon checked once more (it may have ended in between): it is still the parent
+        // and still holds its end of the control socket.
+        guard modhost_worker_set_parent_death_signal(SIGKILL) == 0, getppid() == parent,
+              modhost_worker_peer_closed(socketDescriptor) == 0 else {
             return "cannot ask to end with the daemon after taking user \(user)"
         }
         return nil
