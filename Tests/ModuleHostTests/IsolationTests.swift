@@ -1499,6 +1499,88 @@ struct IsolatedDaemonTests {
         #expect(await h.stop() == 0)
     }
 
+    /// C plugins Ledger (module `ledger`, exports `ledger_balance() -> i32`, 42) and Bank
+    /// (module `bank`, depends on Ledger and links to it, exports `bank_balance() -> i32`,
+    /// Ledger's balance plus one).
+    static func ledgerAndBank(in scratch: TemporaryDirectory) throws -> (ledger: String, bank: String) {
+        func source(_ plugin: String, _ body: String) -> String {
+            """
+            #include <modulehost.h>
+            \(body)
+            static void *create(const modhost_host_api *host, const char *config) { (void)config; return (void *)host; }
+            static void handle(void *instance, const char *event, const char *payload) { (void)instance; (void)event; (void)payload; }
+            static void destroy(void *instance) { (void)instance; }
+            static const modhost_module modules[] = {{ sizeof(modhost_module), MODHOST_MODULE_C, "\(plugin.lowercased())", "1.0",
+                NULL, create, handle, destroy, 0 }};
+            static const modhost_plugin plugin = MODHOST_PLUGIN_INIT("\(plugin)", modules);
+            MODHOST_PLUGIN_ENTRY { return &plugin; }
+            """
+        }
+        let ledger = try PluginFactory(directory: scratch.directory("ledger")).buildC(
+            "Ledger", source: source("Ledger", "MODHOST_EXPORT int32_t ledger_balance(void) { return 42; }"),
+            manifest: PluginFactory.manifest(plugin: "Ledger", modules: ["ledger"], exports: [("ledger_balance", "i32()")]))
+        let bankDirectory = scratch.directory("bank")
+        try FileManager.default.copyItem(atPath: ledger, toPath: bankDirectory + "/libLedger.so")
+        let bank = try PluginFactory(directory: bankDirectory).buildC(
+            "Bank", source: source("Bank", "extern int32_t ledger_balance(void);\nMODHOST_EXPORT int32_t bank_balance(void) { return ledger_balance() + 1; }"),
+            manifest: PluginFactory.manifest(plugin: "Bank", modules: ["bank"], dependencies: ["Ledger"], exports: [("bank_balance", "i32()")]),
+            flags: "-lLedger")
+        return (ledger, bank)
+    }
+
+    /// Found from outside: a reload that moved a provider and its dependent into the daemon
+    /// together refused the dependent, with the fix to run the provider in process (which the
+    /// configuration already said), logged a failed replace without a reason and did it
+    /// again at every reload; the reverse (the provider isolated, its dependent in process)
+    /// was taken, although a start with it refuses the dependent. A reload is judged against
+    /// the configuration as it will be, by the rule a start applies.
+    @Test func aReloadThatChangesIsolationIsJudgedAsAWhole() async throws {
+        let scratch = TemporaryDirectory("isolation-reload")
+        let (ledger, bank) = try Self.ledgerAndBank(in: scratch)
+        let h = try Harness([], files: [ledger, bank],
+                            config: #"{"plugins": {"Ledger": {"isolation": "process"}, "Bank": {"isolation": "process"}}}"#)
+        #expect(await h.waitFor("control socket ready"), "\(h.daemon.text)")
+        func rows() throws -> [[String?]] {
+            let rows = try h.modules()
+            return ["ledger", "bank"].map { [rows[$0]?["isolation"] as? String, rows[$0]?["lastError"] as? String] }
+        }
+        func balance() throws -> String { try h.ctl("call", "Bank", "bank_balance").standardOutput }
+        #expect(try rows() == [["process", nil], ["process", nil]])
+        #expect(try balance() == "43\n")
+
+        // Both into the daemon, in one reload.
+        _ = try h.root.write("modhostd.json", text: "{}")
+        h.daemon.send(SIGHUP)
+        #expect(await h.waitFor("replaced plugin Ledger"), "\(h.daemon.text)")
+        var moved = false
+        for _ in 0..<300 where !moved {
+            moved = try rows() == [["in-process", nil], ["in-process", nil]]
+            if !moved { try await Task.sleep(for: .milliseconds(50)) }
+        }
+        #expect(moved, "\(h.daemon.text)")
+        #expect(!h.daemon.text.contains("failed"), "\(h.daemon.text)")
+        #expect(try balance() == "43\n")
+
+        // The provider isolated, its dependent in process: refused, as a start refuses it.
+        let split = #"{"plugins": {"Ledger": {"isolation": "process"}}}"#
+        _ = try h.root.write("modhostd.json", text: split)
+        h.daemon.send(SIGHUP)
+        #expect(await h.waitFor("replacing plugin Ledger failed"), "\(h.daemon.text)")
+        let refusal = "plugin Bank runs in process and depends on Ledger, which runs in a worker process"
+        let failed = h.daemon.text.split(separator: "\n").first { $0.contains("replacing plugin Ledger failed") } ?? ""
+        #expect(failed.contains(refusal), "\(failed)")
+        let after = try rows()
+        #expect(after[0][0] == "in-process" && after[1] == ["in-process", nil], "\(after)")
+        #expect(after[0][1]?.contains(refusal) == true, "\(after)")
+        #expect(try balance() == "43\n")
+        #expect(await h.stop() == 0)
+
+        let fresh = try Harness([], files: [ledger, bank], config: split)
+        #expect(await fresh.waitFor("control socket ready"), "\(fresh.daemon.text)")
+        #expect(fresh.daemon.text.contains(refusal), "\(fresh.daemon.text)")
+        #expect(await fresh.stop() == 0)
+    }
+
     @Test(arguments: IsolationTests.Language.allCases)
     func aCrashingIsolatedPluginIsRestartedWhileTheDaemonAnswers(language: IsolationTests.Language) async throws {
         let scratch = TemporaryDirectory("isolated-daemon")

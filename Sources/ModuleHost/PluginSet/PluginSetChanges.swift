@@ -37,7 +37,10 @@ extension PluginSet {
                            into: &plan, &summary)
         }
         await loadNew(plan, trial: trial, &summary)
-        for replacement in plan.replacements where !stopRequested {
+        for replacement in providersFirst(plan.replacements) where !stopRequested {
+            // Loaded again already, as a dependent of a plugin replaced before it (its file
+            // did not change: only the isolation it runs with).
+            if let record = records[replacement.file.name], record.hash == replacement.hash, !isolationChanged(record) { continue }
             if await replace(with: replacement.file, version: replacement.version, hash: replacement.hash, identity: replacement.identity) {
                 summary.replaced.append(replacement.file.name)
             } else {
@@ -47,12 +50,29 @@ extension PluginSet {
         return summary
     }
 
+    /// `replacements` with each plugin after those of them it depends on, directly or not:
+    /// replacing a plugin loads its dependents again too, against the configuration as it
+    /// now is, so a dependent whose isolation changed with its provider's is then done.
+    private func providersFirst(_ replacements: [ScanPlan.Replacement]) -> [ScanPlan.Replacement] {
+        var pending = replacements
+        var ordered: [ScanPlan.Replacement] = []
+        while !pending.isEmpty {
+            let names = Set(pending.map(\.file.name))
+            let next = pending.firstIndex { candidate in
+                !names.contains { $0 != candidate.file.name && dependents(of: $0).contains(candidate.file.name) }
+            } ?? 0  // a cycle, which no running set holds
+            ordered.append(pending.remove(at: next))
+        }
+        return ordered
+    }
+
     /// What a scan found to load or replace.
     struct ScanPlan {
         /// Files of plugins not loaded.
         var fresh: [PluginFile] = []
-        /// New versions of loaded plugins.
-        var replacements: [(file: PluginFile, version: FileIdentity, hash: String, identity: FileIdentity)] = []
+        /// New versions of loaded plugins (or the same, to run with another isolation).
+        var replacements: [Replacement] = []
+        typealias Replacement = (file: PluginFile, version: FileIdentity, hash: String, identity: FileIdentity)
         /// Each accepted file's content hash, identity and version, by path.
         var hashes: [String: (hash: String, identity: FileIdentity, version: FileIdentity)] = [:]
         /// Candidates refused before their manifest was read (e.g. still being copied): one
@@ -506,10 +526,14 @@ extension PluginSet {
     }
 
     /// Refuses a plugin to run in process when a plugin it depends on runs isolated: its
-    /// image is not in this process to bind to.
-    func checkIsolation(of file: PluginFile) throws(LoadFailure) {
+    /// image is not in this process to bind to. `loadedWith`: the plugins loaded again
+    /// together with it (a replace and its dependents), by name, to the isolation each
+    /// will run with; the others run as they do now. A fresh add and a reload apply the
+    /// one rule to the configuration as it will be.
+    func checkIsolation(of file: PluginFile, loadedWith planned: [String: Isolation] = [:]) throws(LoadFailure) {
         guard isolationPolicy.isolation(of: file.manifest) == .inProcess else { return }
-        if let dependency = file.manifest.dependencies.first(where: { records[$0]?.loaded.isolated != nil }) {
+        func isolated(_ name: String) -> Bool { planned[name].map { $0 == .process } ?? (records[name]?.loaded.isolated != nil) }
+        if let dependency = file.manifest.dependencies.first(where: isolated) {
             throw LoadFailure(file: file.path, check: .isolation,
                               problem: "plugin \(file.name) runs in process and depends on \(dependency), which runs in a worker process; its code is not in this process to bind to",
                               fix: "isolate \(file.name) too (\"plugins\": {\"\(file.name)\": {\"isolation\": \"process\"}}) or run \(dependency) in process")
@@ -531,9 +555,12 @@ extension PluginSet {
         var none = PluginChanges()
         func keepOld(_ error: LoadFailure, _ images: [PrivateImage]) -> Bool {
             for image in images { deleteImage(image.file) }
-            refuse(error, identity, &none)
-            logger.error("replacing plugin \(file.name) failed; version \(old.loaded.file.manifest.version) keeps running",
-                         [("plugin", file.name), ("file", file.path)])
+            // The change refused is this file's, even when a dependent's load failed: its
+            // row shows it, and a scan tries it again only once the file changes (or at
+            // a reload).
+            refuse(error.relocated(to: file.path), identity, &none)
+            logger.error("replacing plugin \(file.name) failed; version \(old.loaded.file.manifest.version) keeps running: \(error.problem) (check \(error.check.rawValue)). Fix: \(error.fix)",
+                         [("plugin", file.name), ("file", file.path), ("check", error.check.rawValue)])
             return false
         }
         var images: [PrivateImage] = []
@@ -576,6 +603,10 @@ extension PluginSet {
     private func makeImages(for chain: [(name: String, record: Record)], of update: Update,
                             into images: inout [PrivateImage]) async throws(LoadFailure) {
         var renames: [String: String] = [:]  // current soname -> next generation's soname
+        var planned: [String: Isolation] = [:]
+        for (name, record) in chain {
+            planned[name] = isolationPolicy.isolation(of: (name == update.file.name ? update.file : record.loaded.file).manifest)
+        }
         for (name, record) in chain {
             let generation = (generations[name] ?? record.generation) + 1
             // A dependent is reloaded from its current image, renamed once more.
@@ -590,7 +621,7 @@ extension PluginSet {
                                        hash: hash, renames: renames, inMemory: inThisProcess, for: self)
             }
             images.append(image)
-            try checkIsolation(of: file)
+            try checkIsolation(of: file, loadedWith: planned)
             if inThisProcess {
                 try await trialLoad(image.file, preloading: images.dropLast().map(\.file.resolvedPath))
             }
@@ -651,6 +682,9 @@ extension PluginSet {
                 loaded: loaded, generation: image.generation, soname: image.soname, originalSoname: previous.originalSoname,
                 size: image.size)
         }
+        // Each of them runs as its file and the configuration now say: what refused them
+        // before is past.
+        for (_, previous) in chain { refused[previous.source] = nil }
         refused[update.file.path] = nil
     }
 }
