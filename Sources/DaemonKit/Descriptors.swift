@@ -94,3 +94,19 @@ public func raiseDescriptorLimit(to ceiling: UInt64 = 65_536) -> UInt64 {
     }
     return UInt64(limit.rlim_cur)
 }
+
+/// Marks every open descriptor from 3 on close-on-exec but `kept`, whose mark it clears:
+/// a program this process executes then holds only 0-2 and `kept`, whatever plugin code
+/// left open. Reads /proc/self/fd; false when it cannot.
+public func closeOnExecAllDescriptors(keeping kept: Int32) -> Bool {
+    guard let directory = opendir("/proc/self/fd") else { return false }
+    let own = dirfd(directory)
+    var descriptors: [Int32] = []
+    while let entry = readdir(directory) {
+        let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
+        if let fd = Int32(name), fd > 2, fd != own { descriptors.append(fd) }
+    }
+    closedir(directory)
+    for fd in descriptors where fd != kept { _ = fcntl(fd, F_SETFD, FD_CLOEXEC) }
+    return fcntl(kept, F_SETFD, 0) == 0
+}

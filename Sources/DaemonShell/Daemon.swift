@@ -67,6 +67,11 @@ public actor Daemon: DaemonControl {
     var lifecycle = Lifecycle.starting(readyWaiters: [])
     /// What the daemon holds while it runs, taken by `start()` and let go by `stop()`.
     var owned = Owned()
+    /// Whether the daemon is executing itself again (`renewIfNeeded`).
+    var renewing = false
+    /// Whether a SIGTERM or SIGINT asked the daemon to stop: a renewal under way then
+    /// exits rather than executing the daemon again.
+    var terminationRequested = false
 
     /// The daemon's life, one state at a time: starting, then running (or failed), then
     /// stopping and stopped. Only `start()`, `run()` and `stop()` change it.
@@ -190,6 +195,7 @@ public actor Daemon: DaemonControl {
                 continue
             }
             logger.info("\(signal) received, shutting down\(ready ? "" : " (startup stops: no further plugin is loaded)")")
+            terminationRequested = true
             plugins.stopChanges()
             break
         }
@@ -221,6 +227,11 @@ public actor Daemon: DaemonControl {
         crashGuard.recoverFromPreviousRun(logging: logger)
         if let problem = FatalSignalRecorder.install(crashGuard) {
             logger.warning("\(problem); a crash in a plugin's own threads cannot be attributed to it")
+        }
+        if let states = takeHandedOverStates() {
+            await host.restoreOnCreation(states)
+            logger.info("took over from the daemon this program replaced: \(states.count) \(states.count == 1 ? "module's state" : "modules' states") handed over",
+                        [("states", "\(states.count)")])
         }
         notify { try $0.status("loading plugins") }
         // Watch first, then scan, so nothing that arrives in between is missed.
@@ -339,7 +350,9 @@ public actor Daemon: DaemonControl {
     /// by name (DaemonDeadlines.swift).
     @discardableResult
     public func stop() async -> Bool {
-        notify { try $0.stopping(status: "stopping") }
+        // A renewal stops to start again in this process: the service manager is told it
+        // reloads (`renewIfNeeded`), not that it stops.
+        if !renewing { notify { try $0.stopping(status: "stopping") } }
         enter(.stopping)
         owned.watcher?.stop()
         let clean = await stopWithinBudget()
@@ -402,6 +415,7 @@ public actor Daemon: DaemonControl {
             }
         }
         await plugins.reconcile()
+        await renewIfNeeded()
     }
 
     // MARK: - DaemonControl
@@ -575,6 +589,8 @@ public actor Daemon: DaemonControl {
         logger.info("reloaded: \(summary.added.count) added, \(summary.replaced.count) replaced, \(summary.removed.count) removed; "
                     + "\(summary.refused.count) refused, \(summary.waitingForDependency.count) waiting-for-dependency, \(summary.quarantined.count) quarantined",
                     [("configuration", configurationChanged ? "changed" : "unchanged")])
+        // After the reply: executing again stops the control socket.
+        Task { await renewIfNeeded() }
         return summary
     }
 

@@ -44,6 +44,14 @@ public struct DaemonConfiguration: Sendable, Equatable {
     /// Stop a loaded plugin whose file becomes unsafe (writable by group or others, or owned
     /// by another user); off, it keeps running and the daemon logs a warning.
     public var stopPluginsWithUnsafeFiles = false
+    /// How many versions of plugins that ran in the daemon it keeps mapped (an image that
+    /// ran Swift or C code in this process is never unmapped) before it executes itself
+    /// again, which unmaps them: modules hand their state over to their successors, as in a
+    /// replace (docs/daemon.md, "Replacing for ever").
+    public var retiredImageLimit = 128
+
+    /// The allowed `retiredImageLimit`.
+    public static let retiredImageLimitRange = 1...100_000
 
     /// The allowed durations, in seconds, in the file (`eventDeadlineSeconds`,
     /// `requestDeadlineSeconds`, `shutdownBudgetSeconds`) and on the command line
@@ -54,7 +62,7 @@ public struct DaemonConfiguration: Sendable, Equatable {
     /// share/modhostd.json.example sets each one).
     public static let fieldNames: Set<String> = ["pluginDirectories", "modules", "eventDeadlineSeconds", "requestDeadlineSeconds",
                                                  "shutdownBudgetSeconds", "logLevel", "allowInsecurePlugins", "isolation", "plugins",
-                                                 "allowCallsWithoutRunningModule", "stopPluginsWithUnsafeFiles"]
+                                                 "allowCallsWithoutRunningModule", "stopPluginsWithUnsafeFiles", "retiredImageLimit"]
 
     /// The largest configuration file read, in bytes (1 MiB).
     public static let maximumFileSize = 1 << 20
@@ -115,6 +123,12 @@ public struct DaemonConfiguration: Sendable, Equatable {
             guard let field = fields[key] else { continue }
             guard let flag = field.boolValue else { throw invalid(path, "field \"\(key)\" is not true or false", "use a boolean") }
             set(&configuration, flag)
+        }
+        if let limit = fields["retiredImageLimit"] {
+            guard let number = limit.numberValue, let integer = CheckedNumber.integer(number, in: retiredImageLimitRange) else {
+                throw invalid(path, "field \"retiredImageLimit\" is \(limit.jsonText), not a whole number from 1 to 100000", "e.g. 128")
+            }
+            configuration.retiredImageLimit = integer
         }
         if let isolation = fields["isolation"] {
             configuration.isolation = try Self.isolation(isolation, path, field: "isolation")

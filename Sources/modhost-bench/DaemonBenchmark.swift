@@ -16,7 +16,70 @@ struct DaemonBenchmark {
         var rows: [BenchRow] = []
         rows += try await dropAndReplace()
         rows += try await control()
+        rows += try await replaceForever()
         return rows
+    }
+
+    // MARK: replacing for ever
+
+    /// 10,000 replaces of one C plugin in a real modhostd with its default
+    /// `retiredImageLimit`, which executes itself again each time the limit is reached: its
+    /// RSS and mappings after them, against after the first replace.
+    func replaceForever(count: Int = 10_000) async throws -> [BenchRow] {
+        let root = try fresh("forever")
+        try FileManager.default.createDirectory(atPath: root + "/plugins", withIntermediateDirectories: true)
+        // Two versions of one plugin, which the replaces alternate.
+        var versions: [String] = []
+        for version in [2, 3] {
+            let manifest = root + "/manifest-\(version).json"
+            try #"{"name":"P00200","version":"\#(version).0","description":"generated","abi":"1.0","language":"c","order":200,"modules":["p00200"]}"#
+                .write(toFile: manifest, atomically: true, encoding: .utf8)
+            let file = root + "/v\(version).so"
+            try shell("objcopy --update-section .modhost.manifest='\(manifest)' '\(plugins)/libP00200.so' '\(file)'")
+            versions.append(file)
+        }
+        try FileManager.default.copyItem(atPath: plugins + "/libP00200.so", toPath: root + "/plugins/libP00200.so")
+        let daemon = try DaemonProcess(sdk: sdk, root: root, pluginDirectory: root + "/plugins")
+        defer { daemon.stop() }
+        guard await daemon.waitForLine(containing: "control socket ready", after: 0) != nil else { throw failure("daemon did not start") }
+        let measure = ReplaceBenchmark(sdk: sdk, work: work, plugins: plugins, cycles: 0)
+        let retiredImageLimit = 128  // modhostd's default
+        var first: (rssKiB: Int, mappings: Int, threads: Int)?
+        var renewals = 0
+        for index in 0..<count {
+            let temporary = root + "/plugins/.libP00200.so.tmp"
+            try FileManager.default.copyItem(atPath: versions[index % 2], toPath: temporary)
+            let start = monotonicNanoseconds()
+            rename(temporary, root + "/plugins/libP00200.so")
+            // Replaced; or, when it came while the daemon executed itself again, loaded by
+            // the new program's first scan.
+            guard let seen = await daemon.waitForLine(after: start, matching: {
+                $0.contains("replaced plugin P00200 ") || $0.contains("loaded plugin P00200 ")
+            }) else {
+                throw failure("replace \(index + 1) not seen:\n\(daemon.tail)")
+            }
+            // Each replace retires one image: the one that reaches the limit is followed by
+            // a renewal, and the next drop waits until the new program is ready.
+            if (index + 1) % retiredImageLimit == 0 {
+                guard let back = await daemon.waitForLine(containing: "took over from the daemon", after: seen),
+                      await daemon.waitForLine(containing: "control socket ready", after: back) != nil else {
+                    throw failure("the daemon did not execute itself again after replace \(index + 1):\n\(daemon.tail)")
+                }
+                renewals += 1
+            }
+            if index == 0 { first = try measure.memory(of: daemon.pid) }
+        }
+        guard let first else { return [] }
+        let last = try measure.memory(of: daemon.pid)
+        let what = "after the first replace, in the same daemon (\(count) replaces of a C plugin, \(renewals) renewals at retiredImageLimit \(retiredImageLimit))"
+        // Between renewals up to `retiredImageLimit` images stay mapped, about 5 mappings
+        // and 23 KB each: the bound, whatever the number of replaces.
+        return [
+            BenchRow(name: "replace.c.rss_after_10000", value: Double(last.rssKiB), unit: "KiB", baseline: Double(first.rssKiB),
+                     baselineDescription: "RSS " + what, target: 1.5),
+            BenchRow(name: "replace.c.mappings_after_10000", value: Double(last.mappings), unit: "n", baseline: Double(first.mappings),
+                     baselineDescription: "mappings " + what + "; at most about 5 per retired image", target: 6),
+        ]
     }
 
     // MARK: drop and replace
@@ -186,12 +249,27 @@ final class DaemonProcess: Sendable {
 
     /// When the first line containing `text` that arrived after `time` arrived.
     func waitForLine(containing text: String, after time: UInt64, timeout: Duration = .seconds(30)) async -> UInt64? {
+        await waitForLine(after: time, timeout: timeout) { $0.contains(text) }
+    }
+
+    /// When the first line that `matches` and arrived after `time` arrived.
+    func waitForLine(after time: UInt64, timeout: Duration = .seconds(30), matching matches: (String) -> Bool) async -> UInt64? {
         let deadline = ContinuousClock.now + timeout
         while ContinuousClock.now < deadline {
-            if let found = lines.withLock({ $0.first { $0.0 >= time && $0.1.contains(text) } }) { return found.0 }
+            if let found = lines.withLock({ lines in lines[Self.firstIndex(of: lines, after: time)...].first { matches($0.1) } }) {
+                return found.0
+            }
             try? await Task.sleep(for: .microseconds(200))
         }
         return nil
+    }
+
+    /// The index of the first of `lines` (in the order they arrived) that arrived after
+    /// `time`: found from the end, so a wait costs the lines since `time`, not all of them.
+    private static func firstIndex(of lines: [(UInt64, String)], after time: UInt64) -> Int {
+        var index = lines.count
+        while index > 0, lines[index - 1].0 >= time { index -= 1 }
+        return index
     }
 
     var tail: String { lines.withLock { $0.suffix(10).map(\.1).joined(separator: "\n") } }

@@ -219,6 +219,55 @@ import TestSupport
         #expect(await h.stop() == 0)
     }
 
+    /// Replacing for ever: every in-process replace leaves its old image mapped, so once
+    /// `retiredImageLimit` are, the daemon executes itself again (same pid, same socket
+    /// path), which unmaps them; the modules' states survive it as they survive a replace,
+    /// and the replaces go on.
+    @Test(.timeLimit(.minutes(5)))
+    func pastItsRetiredImageLimitTheDaemonExecutesItselfAgainKeepingState() async throws {
+        let h = try Harness(["Greeting", "Welcome"], config: #"{"retiredImageLimit": 4}"#)
+        #expect(await h.waitFor("started 2 modules"))
+        func greetings() throws -> Double? {
+            let info = try h.ctl("info", "--json")
+            let payload = try JSONSerialization.jsonObject(with: Data(info.standardOutput.utf8)) as? [String: Any]
+            let modules = payload?["modules"] as? [[String: Any]]
+            let greeting = modules?.first { $0["name"] as? String == "greeting" }?["metadata"] as? [String: Any]
+            return greeting?["greetingsGiven"] as? Double
+        }
+        func status() throws -> [String: Any] {
+            let result = try h.ctl("status", "--json")
+            return try JSONSerialization.jsonObject(with: Data(result.standardOutput.utf8)) as? [String: Any] ?? [:]
+        }
+        let pid = try status()["pid"] as? Int
+        let works = [TemporaryDirectory("greeting-2.0.0"), TemporaryDirectory("greeting-3.0.0")]
+        let builds = try zip(["2.0.0", "3.0.0"], works).map { try Self.greeting(version: $0, salutation: "Hi", in: $1) }
+        // Each replace retires two images (Greeting's, and Welcome's, which depends on it and
+        // is loaded again); Welcome greets once at each of its starts.
+        try h.drop(builds[0], as: "libGreeting.so")
+        #expect(await h.waitFor("replaced plugin Greeting 1.0.0 by 2.0.0"), "\(h.daemon.text)")
+        try h.drop(builds[1], as: "libGreeting.so")
+        #expect(await h.waitFor("replaced plugin Greeting 2.0.0 by 3.0.0"), "\(h.daemon.text)")
+        #expect(await h.waitFor("4 retired plugin images are mapped in this process (retiredImageLimit 4)"), "\(h.daemon.text)")
+        #expect(await h.waitFor("took over from the daemon this program replaced: 1 module's state handed over"), "\(h.daemon.text)")
+        var started = false
+        for _ in 0..<600 where !started {
+            started = h.daemon.text.components(separatedBy: "control socket ready").count == 3
+            if !started { try await Task.sleep(for: .milliseconds(50)) }
+        }
+        #expect(started, "\(h.daemon.text)")
+        let after = try status()
+        #expect(after["pid"] as? Int == pid, "the daemon executed itself again in its own process")
+        #expect(after["retiredGenerations"] as? Int == 0)
+        #expect(try h.modules()["greeting"]?["version"] as? String == "3.0.0")
+        // 1, one more per replace, one more at the start after the renewal: the count went on.
+        #expect(try greetings() == 4, "\(h.daemon.text)")
+        // And the replaces go on.
+        try h.drop(builds[0], as: "libGreeting.so")
+        #expect(await h.waitFor("replaced plugin Greeting 3.0.0 by 2.0.0"), "\(h.daemon.text)")
+        #expect(try greetings() == 5, "\(h.daemon.text)")
+        #expect(await h.stop() == 0)
+    }
+
     /// Builds Greeting from its sources with another version and salutation, as an author
     /// deploying new code would, in `work`, and returns the built file.
     static func greeting(version: String, salutation: String, in work: TemporaryDirectory) throws -> String {

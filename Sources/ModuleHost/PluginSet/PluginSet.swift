@@ -403,6 +403,20 @@ public actor PluginSet {
         stateLock?.release()
     }
 
+    /// For a process that takes this one's place (a daemon that executes itself again):
+    /// stops changes (`stopChanges`), waits for the change in progress, then every running
+    /// module, in process or isolated, gets willUnload and hands its state over, as in a
+    /// replace, and is deinitialized (`HostInstance.unloadAll`). Returns the states by
+    /// module name, for `HostInstance.restoreOnCreation` there. `shutdown()` ends the
+    /// workers afterwards.
+    public func unloadForSuccessor() async -> [String: JSONValue] {
+        stopChanges()
+        return await changes.run {
+            await self.endWorkerRestarts()
+            return await self.host.unloadAll()
+        }
+    }
+
     func endWorkerRestarts() {
         for record in records.values { record.loaded.isolated?.endRestarts() }
     }

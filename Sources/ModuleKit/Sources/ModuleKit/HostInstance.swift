@@ -55,6 +55,9 @@ public actor HostInstance {
     /// a module gets nothing but its own `.initialize` before its own `.start`. A serial is
     /// here from the module's creation until its start (or removal).
     var heldUntilStart: [UInt64: Held] = [:]
+    /// States handed over by modules of an earlier process, for the modules of those names
+    /// created from now on (`restoreOnCreation`).
+    var statesToRestore: [String: JSONValue] = [:]
     /// The most events held for one module; later ones are dropped (logged).
     static let heldEventLimit = 1024
     /// What a module that has not started holds: its events, and how many more were dropped
@@ -206,7 +209,9 @@ public actor HostInstance {
             if isEnabled(factory.name) { toCreate.append(factory) }
         }
         let created = createModules(toCreate)
-        initializeAndStart(created, states: [:])
+        var states: [String: JSONValue] = [:]
+        for slot in created { states[slot.name] = statesToRestore.removeValue(forKey: slot.name) }
+        initializeAndStart(created, states: states)
         // Only these factories' rows change: the snapshot is amended, not rebuilt, so adding
         // plugins one by one costs each add its own modules, not every module registered.
         endUpdate(amendingRegistered: (registered, replacedRows))
@@ -290,6 +295,31 @@ public actor HostInstance {
     /// host has started; finally each old module gets `.deinitialize`, in reverse order.
     /// Observers see the new instances in one update.
     public func replace(with factories: [ModuleFactory], replacing names: [String]) async {
+        _ = await replacing(names, with: factories)
+    }
+
+    /// Removes every running module, handing its state over as `replace` does, and returns
+    /// the states by module name: for the same modules in a process that takes this one's
+    /// place (`restoreOnCreation`).
+    ///
+    /// In order: each module gets `.willUnload` (awaited, with the deadline) then
+    /// `stateForReplacement`, in reverse order; then the modules leave the list and each gets
+    /// `.deinitialize`, in reverse order. Their factories are forgotten. Observers see the
+    /// empty list in one update.
+    public func unloadAll() async -> [String: JSONValue] {
+        await replacing(moduleManager.slots.map(\.name), with: [])
+    }
+
+    /// Keeps `states` (module name to the state a module handed over, e.g. in the process
+    /// this one took the place of: `unloadAll`) for the modules of those names that `add`
+    /// creates from now on: each such module gets `restore(state:)` once, after
+    /// `.initialize` and before `.start`. A name given again takes the new state.
+    public func restoreOnCreation(_ states: [String: JSONValue]) {
+        statesToRestore.merge(states) { _, new in new }
+    }
+
+    /// `replace`'s work; the states the replaced modules handed over.
+    private func replacing(_ names: [String], with factories: [ModuleFactory]) async -> [String: JSONValue] {
         await acquireUpdateGate()
         defer { releaseUpdateGate() }
         beginUpdate()
@@ -315,7 +345,7 @@ public actor HostInstance {
         publishRunningNames()
         if phase == .terminated {
             for slot in removed { handOver(.deinitialize, to: slot.module, slot.metrics) }
-            return
+            return states
         }
         var toCreate: [ModuleFactory] = []
         for factory in factories {
@@ -331,6 +361,7 @@ public actor HostInstance {
         initializeAndStart(created, states: states)
         // `removed` is in reverse order already.
         for slot in removed { handOver(.deinitialize, to: slot.module, slot.metrics) }
+        return states
     }
 
     /// Applies new settings, acting only on differences with the current ones.
