@@ -206,6 +206,40 @@ struct LifecycleTests {
         #expect(await host.infos().map(\.version) == ["2.0.0", "2.0.0", "1.0.0"])
     }
 
+    // A process that takes another's place: unloadAll hands every module's state over and
+    // empties the host; restoreOnCreation gives each state back, once, to the module of that
+    // name created later, after init and before start.
+    @Test func unloadAllHandsEveryStateOverForRestoreOnCreation() async {
+        let old = Recorder()
+        let new = Recorder()
+        let host = makeHost()
+        await host.add([
+            probe("a", order: 0, recorder: old, behavior: ProbeBehavior(state: ["count": 3])),
+            probe("b", order: 1, recorder: old, behavior: ProbeBehavior(state: nil)),
+        ])
+        await host.start()
+        old.clear()
+        let states = await host.unloadAll()
+        #expect(states == ["a": ["count": 3]])
+        #expect(old.all == [
+            "b.willUnload", "b.willUnload.done", "b.stateForReplacement",
+            "a.willUnload", "a.willUnload.done", "a.stateForReplacement",
+            "b.deinit", "a.deinit",
+        ])
+        #expect(host.runningModuleNames.isEmpty)
+
+        let successor = makeHost()
+        await successor.restoreOnCreation(states)
+        await successor.add([probe("a", order: 0, recorder: new), probe("b", order: 1, recorder: new)])
+        await successor.start()
+        #expect(new.all == ["a.init", "b.init", "a.restore({\"count\":3})", "a.start", "b.start"])
+        // Once: a module of that name added again later starts without it.
+        await successor.remove(moduleNamed: ["a"])
+        new.clear()
+        await successor.add([probe("a", order: 0, recorder: new)])
+        #expect(new.all == ["a.init", "a.start"])
+    }
+
     // "Asynchronous events, each awaited before the host proceeds" — host-defined ones in order.
     @Test func customAsyncEventsAreAwaitedInOrder() async {
         let recorder = Recorder()
