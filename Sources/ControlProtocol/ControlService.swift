@@ -97,12 +97,13 @@ public struct ControlService: Sendable {
     }
 
     /// Starts a `ControlServer` at `socketPath` that answers with this service and reports
-    /// its own rejections with `rejectionReply`. Throws as `ControlServer.init` does.
-    public func makeServer(socketPath: String, configuration: ControlServer.Configuration = .init())
+    /// its own rejections with `rejectionReply`; on `listener`, when given and valid (see
+    /// `ControlServer.init`). Throws as `ControlServer.init` does.
+    public func makeServer(socketPath: String, listener: Int32? = nil, configuration: ControlServer.Configuration = .init())
         throws(ControlSocketError) -> ControlServer
     {
         let service = self
-        return try ControlServer(socketPath: socketPath, configuration: configuration,
+        return try ControlServer(socketPath: socketPath, listener: listener, configuration: configuration,
                                  rejectionReply: Self.rejectionReply,
                                  immediate: { line, peer in service.immediateReply(line, peer: peer) }) { line, peer in
             await service.handle(line, peer: peer)

@@ -185,12 +185,17 @@ public final class ControlServer: Sendable {
     /// own, and returns. Requests go to `handler`; what the server refuses on its own gets
     /// the line `rejectionReply` writes (the protocol's error form: the server knows no
     /// protocol). Throws `ControlSocketError`.
-    public init(socketPath: String, configuration: Configuration = Configuration(),
+    ///
+    /// `listener`: a socket already listening on `socketPath`, which the server takes (the
+    /// one a process that executed this program kept open: `stopKeepingListener`), so
+    /// that clients that connected meanwhile are served; it must be a listening UNIX
+    /// stream socket bound to `socketPath`, or the server closes it and makes its own.
+    public init(socketPath: String, listener: Int32? = nil, configuration: Configuration = Configuration(),
                 rejectionReply: @escaping RejectionReply, immediate: Immediate? = nil, handler: @escaping Handler)
         throws(ControlSocketError)
     {
         self.socketPath = socketPath
-        core = try ServerCore(socketPath: socketPath, configuration: configuration,
+        core = try ServerCore(socketPath: socketPath, listener: listener, configuration: configuration,
                               rejectionReply: rejectionReply, immediate: immediate, handler: handler)
         let core = self.core
         do throws(SystemError) {
@@ -209,6 +214,18 @@ public final class ControlServer: Sendable {
     public func stop() async {
         core.requestStop()
         await core.waitUntilStopped()
+    }
+
+    /// Stops the server as `stop()` does, but leaves the listening socket open and its file
+    /// in place, and returns its descriptor (close-on-exec), or nil when the server had
+    /// stopped already: for the program this process executes next, which takes it
+    /// (`init(socketPath:listener:...)`). Clients that connect meanwhile wait in its
+    /// backlog.
+    public func stopKeepingListener() async -> Int32? {
+        guard core.keepListener() else { return nil }
+        core.requestStop()
+        await core.waitUntilStopped()
+        return core.listenFD
     }
 
     deinit { core.requestStop() }
@@ -257,6 +274,8 @@ private final class ServerCore: Sendable {
         var lastConnection = 0
         var acceptorRunning = true
         var stopRequested = false
+        /// Whether the acceptor leaves the listener open when it stops (`keepListener`).
+        var keepingListener = false
         var waiters: [CheckedContinuation<Void, Never>] = []
     }
 
@@ -278,7 +297,7 @@ private final class ServerCore: Sendable {
     let wake: WakeEvent
     private let state = Mutex(State())
 
-    init(socketPath: String, configuration: ControlServer.Configuration,
+    init(socketPath: String, listener: Int32?, configuration: ControlServer.Configuration,
          rejectionReply: @escaping ControlServer.RejectionReply, immediate: ControlServer.Immediate?,
          handler: @escaping ControlServer.Handler)
         throws(ControlSocketError)
@@ -289,6 +308,18 @@ private final class ServerCore: Sendable {
         self.handler = handler
         self.socketPath = socketPath
         let abstract = socketPath.hasPrefix("@")
+        if let listener {
+            if let identity = Self.listenerIdentity(listener, socketPath: socketPath), let wake = try? WakeEvent() {
+                _ = fcntl(listener, F_SETFD, FD_CLOEXEC)
+                _ = fcntl(listener, F_SETFL, fcntl(listener, F_GETFL) | O_NONBLOCK)
+                self.wake = wake
+                self.identity = identity
+                listenFD = listener
+                _ = modhost_fork_guard_close(listener)
+                return
+            }
+            closeDescriptor(listener)
+        }
         do throws(SystemError) {
             wake = try WakeEvent()
             let (address, length) = try UnixSocketAddress.make(socketPath)
@@ -329,6 +360,21 @@ private final class ServerCore: Sendable {
         }
     }
 
+    /// The identity `init` records for `fd` when it is a listening UNIX stream socket bound
+    /// to `socketPath` (nil for an abstract name); `.none` when it is not such a socket.
+    private static func listenerIdentity(_ fd: Int32, socketPath: String) -> (dev: UInt64, ino: UInt64)?? {
+        var accepting: Int32 = 0, type: Int32 = 0
+        var size = socklen_t(MemoryLayout<Int32>.size)
+        guard getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &accepting, &size) == 0, accepting == 1 else { return .none }
+        size = socklen_t(MemoryLayout<Int32>.size)
+        guard getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &size) == 0, type == Int32(SOCK_STREAM.rawValue) else { return .none }
+        guard case .success(let bound) = UnixSocketAddress.boundPath(of: fd), bound == socketPath else { return .none }
+        if socketPath.hasPrefix("@") { return .some(nil) }
+        var info = stat()
+        guard stat(socketPath, &info) == 0, info.st_mode & S_IFMT == S_IFSOCK else { return .none }
+        return .some((UInt64(info.st_dev), UInt64(info.st_ino)))
+    }
+
     /// Removes a socket file nobody accepts on; throws `EADDRINUSE` if someone does and
     /// `ENOTSOCK` if the path is not a socket. A missing file is fine.
     private static func removeStaleSocket(_ path: String) throws(SystemError) {
@@ -354,6 +400,16 @@ private final class ServerCore: Sendable {
     }
 
     var connectionCount: Int { state.withLock { $0.connections } }
+
+    /// Makes the acceptor leave the listener open when it stops; false when it has stopped
+    /// already (and closed it).
+    func keepListener() -> Bool {
+        state.withLock { state in
+            guard state.acceptorRunning, !state.stopRequested else { return false }
+            state.keepingListener = true
+            return true
+        }
+    }
 
     func requestStop() {
         state.withLock { $0.stopRequested = true }
@@ -416,6 +472,10 @@ private final class ServerCore: Sendable {
     /// Closes the listening socket and removes its file (if it is still ours): the end of
     /// `acceptLoop`, or of a server whose accepting thread could not start.
     func closeListener() {
+        if state.withLock({ $0.keepingListener }) {
+            finished(connection: nil)
+            return
+        }
         modhost_fork_guard_keep(listenFD)
         closeDescriptor(listenFD)
         if let identity {

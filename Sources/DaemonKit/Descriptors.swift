@@ -95,11 +95,10 @@ public func raiseDescriptorLimit(to ceiling: UInt64 = 65_536) -> UInt64 {
     return UInt64(limit.rlim_cur)
 }
 
-/// Marks every open descriptor from 3 on close-on-exec but `kept`, whose mark it clears:
-/// a program this process executes then holds only 0-2 and `kept`, whatever plugin code
-/// left open. Reads /proc/self/fd; false when it cannot.
-public func closeOnExecAllDescriptors(keeping kept: Int32) -> Bool {
-    guard let directory = opendir("/proc/self/fd") else { return false }
+/// The descriptors from 3 on that this process has open now (read from /proc/self/fd;
+/// empty when it cannot be read).
+public func openDescriptors() -> [Int32] {
+    guard let directory = opendir("/proc/self/fd") else { return [] }
     let own = dirfd(directory)
     var descriptors: [Int32] = []
     while let entry = readdir(directory) {
@@ -107,6 +106,15 @@ public func closeOnExecAllDescriptors(keeping kept: Int32) -> Bool {
         if let fd = Int32(name), fd > 2, fd != own { descriptors.append(fd) }
     }
     closedir(directory)
-    for fd in descriptors where fd != kept { _ = fcntl(fd, F_SETFD, FD_CLOEXEC) }
-    return fcntl(kept, F_SETFD, 0) == 0
+    return descriptors.sorted()
+}
+
+/// Marks every open descriptor from 3 on close-on-exec but those `kept` (whose flags it
+/// leaves alone): a program this process executes then holds only 0-2, `kept`, and what
+/// it is given otherwise, whatever plugin code left open. False when /proc/self/fd cannot
+/// be read.
+public func closeOnExecAllDescriptors(except kept: Set<Int32>) -> Bool {
+    guard access("/proc/self/fd", R_OK) == 0 else { return false }
+    for fd in openDescriptors() where !kept.contains(fd) { _ = fcntl(fd, F_SETFD, FD_CLOEXEC) }
+    return true
 }

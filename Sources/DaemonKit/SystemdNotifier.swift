@@ -132,4 +132,26 @@ public enum UnixSocketAddress {
         let length = pathOffset + bytes.count + (abstract ? 0 : 1)
         return (address, socklen_t(length))
     }
+
+    /// The address socket `fd` is bound to, in `make`'s spelling (a path, or `@name`).
+    static func boundPath(of fd: Int32) -> Result<String, SystemError> {
+        var address = sockaddr_un()
+        var length = socklen_t(MemoryLayout<sockaddr_un>.size)
+        let status = withUnsafeMutablePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &length) }
+        }
+        guard status == 0 else { return .failure(.current("getsockname")) }
+        let pathOffset = MemoryLayout<sockaddr_un>.offset(of: \sockaddr_un.sun_path)!
+        guard address.sun_family == sa_family_t(AF_UNIX), Int(length) > pathOffset else {
+            return .failure(SystemError("getsockname", code: EAFNOSUPPORT))
+        }
+        let count = min(Int(length) - pathOffset, MemoryLayout.size(ofValue: address.sun_path))
+        var bytes = withUnsafeBytes(of: address.sun_path) { Array($0.prefix(count)) }
+        if bytes.first == 0 {
+            bytes[0] = UInt8(ascii: "@")
+        } else if let end = bytes.firstIndex(of: 0) {
+            bytes.removeSubrange(end...)
+        }
+        return .success(String(decoding: bytes, as: UTF8.self))
+    }
 }

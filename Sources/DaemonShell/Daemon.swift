@@ -69,6 +69,8 @@ public actor Daemon: DaemonControl {
     var owned = Owned()
     /// Whether the daemon is executing itself again (`renewIfNeeded`).
     var renewing = false
+    /// What the program was started with, which a renewal keeps open (`descriptorsStartedWith`).
+    let inheritedDescriptors = Daemon.descriptorsStartedWith()
     /// Whether a SIGTERM or SIGINT asked the daemon to stop: a renewal under way then
     /// exits rather than executing the daemon again.
     var terminationRequested = false
@@ -324,7 +326,7 @@ public actor Daemon: DaemonControl {
         }
         let service = ControlService(daemon: self, logger: logger)
         do {
-            owned.server = try service.makeServer(socketPath: socketPath)
+            owned.server = try service.makeServer(socketPath: socketPath, listener: takeHandedOverListener())
         } catch .alreadyRunning {
             throw alreadyRunning("the control socket \(socketPath) (a process accepts connections on it)", nil)
         } catch {

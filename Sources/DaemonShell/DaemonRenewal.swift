@@ -15,6 +15,9 @@ extension Daemon {
     /// The environment variable that names the memory file holding the modules' states
     /// for the program that takes over (a descriptor number).
     static let handedOverStatesVariable = "MODHOST_HANDED_OVER_STATES"
+    /// The environment variable that names the control socket's listener, which the
+    /// program that takes over goes on accepting on (a descriptor number).
+    static let handedOverListenerVariable = "MODHOST_HANDED_OVER_LISTENER"
     /// The most bytes of handed-over states read.
     static let handedOverStatesLimit = 1 << 30
 
@@ -29,11 +32,17 @@ extension Daemon {
         logger.info("\(retired) retired plugin images are mapped in this process (retiredImageLimit \(limit)): modhostd executes itself again to unmap them; its modules hand their state over",
                     [("retired", "\(retired)"), ("limit", "\(limit)")])
         notify { try $0.reloading(status: "executing modhostd again") }
+        // The socket stays: clients that connect meanwhile wait in its backlog and are
+        // answered by the new program.
+        let listener = await owned.server?.stopKeepingListener()
         let states = await plugins.unloadForSuccessor()
         let clean = await stop()
         // A SIGTERM or SIGINT that came meanwhile ends the daemon (`run()` exits).
-        guard !terminationRequested else { return }
-        let problem = executeAgain(states: states)
+        guard !terminationRequested else {
+            if let listener { close(listener) }
+            return
+        }
+        let problem = executeAgain(states: states, listener: listener)
         logger.error("cannot execute modhostd again: \(problem); exiting so that the service manager starts it again",
                      [("clean", "\(clean)")])
         ExitGuard.exit(ExitCode.failure.rawValue)
@@ -41,9 +50,10 @@ extension Daemon {
 
     /// Executes this program again with the same arguments and `states` in a file that
     /// has no name (created in the state directory, which only the daemon's user may
-    /// enter, and unlinked at once) whose descriptor `handedOverStatesVariable` names;
-    /// returns only when it cannot, with what failed.
-    func executeAgain(states: [String: JSONValue]) -> String {
+    /// enter, and unlinked at once) whose descriptor `handedOverStatesVariable` names, and
+    /// `listener` (the control socket's) under `handedOverListenerVariable`; returns only
+    /// when it cannot, with what failed.
+    func executeAgain(states: [String: JSONValue], listener: Int32?) -> String {
         let bytes = Array(JSONValue.object(states).jsonText.utf8)
         let path = stateDirectory + "/handed-over-states"
         unlink(path)
@@ -58,16 +68,51 @@ extension Daemon {
             guard n > 0 else { return "cannot write the modules' states: \(SystemError.describe(errno))" }
             written += n
         }
-        guard closeOnExecAllDescriptors(keeping: fd) else {
+        // What the daemon was started with stays open for the new program (a service
+        // manager may watch a descriptor it gave the daemon); what was opened since, by the
+        // daemon or by plugin code, is closed, but the states and the listener.
+        let handedOver = [fd] + (listener.map { [$0] } ?? [])
+        guard closeOnExecAllDescriptors(except: Set(inheritedDescriptors + handedOver)),
+              handedOver.allSatisfy({ fcntl($0, F_SETFD, 0) == 0 }) else {
             close(fd)
             return "cannot read /proc/self/fd to close what the new program must not hold"
         }
         setenv(Self.handedOverStatesVariable, "\(fd)", 1)
+        if let listener { setenv(Self.handedOverListenerVariable, "\(listener)", 1) }
+        // The new program keeps this thread's signal mask, and a thread of Swift
+        // concurrency blocks SIGTERM: unblocked, or the new daemon would never see one. (A
+        // SIGTERM sent to the process meanwhile went to a thread that does not block it.)
+        var none = sigset_t()
+        sigemptyset(&none)
+        pthread_sigmask(SIG_SETMASK, &none, nil)
         execv("/proc/self/exe", CommandLine.unsafeArgv)
         let problem = "execv /proc/self/exe: \(SystemError.describe(errno))"
         unsetenv(Self.handedOverStatesVariable)
+        unsetenv(Self.handedOverListenerVariable)
         close(fd)
         return problem
+    }
+
+    /// The descriptors from 3 on that the program was started with (read once, when the
+    /// daemon is made), but those a renewal handed over: kept open across a renewal.
+    nonisolated static func descriptorsStartedWith() -> [Int32] {
+        let handedOver = [handedOverStatesVariable, handedOverListenerVariable].compactMap { (name: String) -> Int32? in
+            getenv(name).flatMap { Int32(String(cString: $0)) }
+        }
+        return openDescriptors().filter { !handedOver.contains($0) }
+    }
+
+    /// The control socket's listener the program this one took over from kept open
+    /// (`executeAgain`), once, removed from the environment; nil when there is none or the
+    /// variable names no descriptor above 2 (`ControlServer` checks the socket itself).
+    func takeHandedOverListener() -> Int32? {
+        guard let text = getenv(Self.handedOverListenerVariable).map({ String(cString: $0) }) else { return nil }
+        unsetenv(Self.handedOverListenerVariable)
+        guard let fd = Int32(text), fd > 2, fcntl(fd, F_GETFD) >= 0 else {
+            logger.warning("\(Self.handedOverListenerVariable)=\(PluginName.shown(text)) is not an open descriptor above 2; the control socket is made anew")
+            return nil
+        }
+        return fd
     }
 
     /// The states the program this one took over from handed over (`executeAgain`), read

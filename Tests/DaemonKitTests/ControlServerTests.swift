@@ -204,6 +204,44 @@ struct ControlServerTests {
         await first.stop()
     }
 
+    /// A server that stops keeping its listener hands it to the next one (a daemon that
+    /// executes itself again): the socket file stays, and a client that connected while no
+    /// server accepted waits in the backlog and is answered by the next.
+    @Test func aListenerKeptForTheNextServerLosesNoClient() async throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let path = directory.file("ctl.sock")
+        let first = try ControlServer(socketPath: path, rejectionReply: Self.rejected) { request, _ in "first:" + request }
+        #expect(await onThread { try? ControlClient.request("x", socketPath: path) } == "first:x")
+        let listener = try #require(await first.stopKeepingListener())
+        #expect(FileManager.default.fileExists(atPath: path))
+        // Connected while nobody accepts.
+        let waiting = try ControlClient(socketPath: path, timeout: .seconds(20))
+        defer { waiting.close() }
+        let second = try ControlServer(socketPath: path, listener: listener, rejectionReply: Self.rejected) { request, _ in
+            "second:" + request
+        }
+        #expect(await onThread { try? waiting.request("y") } == "second:y")
+        #expect(await onThread { try? ControlClient.request("z", socketPath: path) } == "second:z")
+        await second.stop()
+        #expect(!FileManager.default.fileExists(atPath: path))
+    }
+
+    /// A descriptor that is not a listening socket bound to the path is closed, and the
+    /// server makes its own socket.
+    @Test func aListenerThatIsNotTheSocketsIsNotTaken() async throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let path = directory.file("ctl.sock")
+        let stranger = open("/dev/null", O_RDONLY)
+        let server = try ControlServer(socketPath: path, listener: stranger, rejectionReply: Self.rejected) { request, _ in "own:" + request }
+        // Closed (its number may hold the server's own socket now).
+        let target = try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/fd/\(stranger)")
+        #expect(target != "/dev/null", "the stranger descriptor was not closed")
+        #expect(await onThread { try? ControlClient.request("x", socketPath: path) } == "own:x")
+        await server.stop()
+    }
+
     @Test func aFileThatIsNotASocketIsLeftAlone() throws {
         let directory = try TemporaryDirectory()
         defer { directory.remove() }

@@ -245,6 +245,10 @@ import TestSupport
         // is loaded again); Welcome greets once at each of its starts.
         try h.drop(builds[0], as: "libGreeting.so")
         #expect(await h.waitFor("replaced plugin Greeting 1.0.0 by 2.0.0"), "\(h.daemon.text)")
+        // The socket is kept across the renewal (clients that connect meanwhile wait in its
+        // backlog): the same file, not one made anew.
+        var socketBefore = stat()
+        #expect(stat(h.socket, &socketBefore) == 0)
         try h.drop(builds[1], as: "libGreeting.so")
         #expect(await h.waitFor("replaced plugin Greeting 2.0.0 by 3.0.0"), "\(h.daemon.text)")
         #expect(await h.waitFor("4 retired plugin images are mapped in this process (retiredImageLimit 4)"), "\(h.daemon.text)")
@@ -255,6 +259,8 @@ import TestSupport
             if !started { try await Task.sleep(for: .milliseconds(50)) }
         }
         #expect(started, "\(h.daemon.text)")
+        var socketAfter = stat()
+        #expect(stat(h.socket, &socketAfter) == 0 && socketAfter.st_ino == socketBefore.st_ino, "the control socket was made anew")
         let after = try status()
         #expect(after["pid"] as? Int == pid, "the daemon executed itself again in its own process")
         #expect(after["retiredGenerations"] as? Int == 0)
