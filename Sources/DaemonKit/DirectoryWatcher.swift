@@ -15,9 +15,12 @@ public struct DirectoryChange: Hashable, Sendable, CustomStringConvertible {
         /// (`IN_MOVED_FROM`, also when renamed to an ignored name).
         case removed
         /// The watched directory itself is gone (deleted, moved away or unmounted:
-        /// `IN_DELETE_SELF`, `IN_MOVE_SELF`, `IN_IGNORED`). `path` is the directory. The
-        /// watcher no longer watches it; call `watch(_:)` again once it exists. A directory
-        /// passed to `follow(_:)` is watched again by itself (see `.directoryAppeared`).
+        /// `IN_DELETE_SELF`, `IN_MOVE_SELF`, `IN_IGNORED`), or, for a directory passed to
+        /// `follow(_:)` whose path ends in a symbolic link, that link was removed, renamed
+        /// away or replaced (its path no longer leads to the directory watched). `path` is
+        /// the directory. The watcher no longer watches it; call `watch(_:)` again once it
+        /// exists. A directory passed to `follow(_:)` is watched again by itself (see
+        /// `.directoryAppeared`: a replaced link reports it at once, with its new target).
         case directoryRemoved
         /// A directory passed to `follow(_:)` that was missing (never there, or removed)
         /// exists again and is watched from now on. `path` is the directory. Files put into it
@@ -68,7 +71,11 @@ public struct DirectoryChange: Hashable, Sendable, CustomStringConvertible {
 /// - A directory given to `follow(_:)` stays followed: while it is missing, its nearest
 ///   existing ancestor is watched for it to appear (as a path is recreated one level at a
 ///   time, or as a symlink to a directory), and it is watched again as soon as it exists
-///   (`.directoryAppeared`).
+///   (`.directoryAppeared`). When its path ends in a symlink, the directory holding the
+///   link is watched too: removing, renaming or replacing the link reports the directory
+///   `.directoryRemoved` (and `.directoryAppeared` where the path leads to a directory
+///   again), although the directory the link led to did not change. Symlinks earlier in
+///   the path are not watched.
 /// - Names for which `Configuration.isIgnored` is true (by default dotfiles, `*.tmp`, `*~`,
 ///   `*.part`; see `isIgnoredName(_:)`) and subdirectories are never reported, except
 ///   that renaming a file to an ignored name reports its old name `.removed`.
@@ -201,6 +208,9 @@ private final class WatcherCore: Sendable {
         /// The path of each ancestor watch `waiting` uses, as it was armed (read only while
         /// directories wait on it).
         var waitedPath: [Int32: String] = [:]
+        /// Followed directories whose path ends in a symlink, by the watch on the directory
+        /// that holds the link: the link can go or change with no event on its target.
+        var links: [Int32: Set<String>] = [:]
     }
 
     let wake: WakeEvent
@@ -251,6 +261,11 @@ private final class WatcherCore: Sendable {
                 watches.waiting[wd] = waiters.isEmpty ? nil : waiters
                 Self.dropIfUnused(wd, &watches)
             }
+            for (wd, var linked) in watches.links where linked.contains(directory) {
+                linked.remove(directory)
+                watches.links[wd] = linked.isEmpty ? nil : linked
+                Self.dropIfUnused(wd, &watches)
+            }
             guard let wd = watches.descriptorByDirectory.removeValue(forKey: directory) else { return }
             watches.directoryByDescriptor[wd] = nil
             if watches.fd >= 0 { _ = inotify_rm_watch(watches.fd, wd) }
@@ -274,14 +289,25 @@ private final class WatcherCore: Sendable {
 
     /// Watches `directory` if it exists (true), else its nearest existing ancestor, to be
     /// told when it appears (false). Retries while the path is being created under it.
+    /// A `directory` that is a symlink has the directory holding the link watched first
+    /// (`links`), so that the link cannot change unseen after its target is watched.
     private static func arm(_ directory: String, _ watches: inout Watches) -> Result<Bool, SystemError> {
         for _ in 0..<64 {
+            var holder: Int32 = -1
+            var link = stat()
+            if lstat(directory, &link) == 0, link.st_mode & S_IFMT == S_IFLNK {
+                // Without it (e.g. EACCES), the directory is watched as before: through the link.
+                holder = inotify_add_watch(watches.fd, PathText.parent(of: directory), mask)
+            }
             let wd = inotify_add_watch(watches.fd, directory, mask)
             if wd >= 0 {
+                if holder >= 0 { watches.links[holder, default: []].insert(directory) }
                 watches.directoryByDescriptor[wd] = watches.directoryByDescriptor[wd] ?? directory
                 watches.descriptorByDirectory[directory] = wd
                 return .success(true)
             }
+            // A link that leads nowhere: the directory waits (on its ancestor) as any missing one.
+            defer { if holder >= 0 { dropIfUnused(holder, &watches) } }
             let error = SystemError.current("inotify_add_watch", subject: directory)
             guard error.code == ENOENT || error.code == ENOTDIR else { return .failure(error) }
             // The nearest ancestor that exists, and the component below it we wait for.
@@ -306,10 +332,41 @@ private final class WatcherCore: Sendable {
         return .success(false)
     }
 
-    /// Removes a watch that serves neither a watched directory nor a waiting one.
+    /// Removes a watch that serves neither a watched directory, nor a waiting one, nor a
+    /// followed symlink.
     private static func dropIfUnused(_ wd: Int32, _ watches: inout Watches) {
-        guard watches.directoryByDescriptor[wd] == nil, watches.waiting[wd] == nil, watches.fd >= 0 else { return }
+        guard watches.directoryByDescriptor[wd] == nil, watches.waiting[wd] == nil, watches.links[wd] == nil, watches.fd >= 0
+        else { return }
         _ = inotify_rm_watch(watches.fd, wd)
+    }
+
+    /// The followed directories whose link, in the directory of watch `wd`, is `name` (all
+    /// of them when `name` is nil: that directory itself went away), taken from `links`;
+    /// those watched until now are returned, no longer watched: their path may lead
+    /// elsewhere now, or nowhere. (One whose target went away already waits to appear.)
+    private func unlinked(named name: String?, in wd: Int32) -> Set<String> {
+        watches.withLock { watches -> Set<String> in
+            guard let linked = watches.links[wd] else { return [] }
+            let gone = name.map { name in linked.filter { PathText.lastComponent(of: $0) == name } } ?? linked
+            guard !gone.isEmpty else { return [] }
+            let left = linked.subtracting(gone)
+            watches.links[wd] = left.isEmpty ? nil : left
+            var watched: Set<String> = []
+            for directory in gone {
+                guard let target = watches.descriptorByDirectory.removeValue(forKey: directory) else { continue }
+                watched.insert(directory)
+                guard watches.directoryByDescriptor[target] == directory else { continue }
+                // Another name for the same directory keeps its watch, reported under that name.
+                if let other = watches.descriptorByDirectory.first(where: { $0.value == target })?.key {
+                    watches.directoryByDescriptor[target] = other
+                } else {
+                    watches.directoryByDescriptor[target] = nil
+                    Self.dropIfUnused(target, &watches)
+                }
+            }
+            if name != nil { Self.dropIfUnused(wd, &watches) }
+            return watched
+        }
     }
 
     /// The followed directories waiting on watch `wd` (an ancestor of theirs), taken from it,
@@ -323,6 +380,13 @@ private final class WatcherCore: Sendable {
             watches.waiting[wd] = nil
             return waiters
         }
+    }
+
+    /// Reports followed `directory` removed: its symlink went or changed. Under a key of its
+    /// own: the link's `.removed`, when the directory holding it is watched too, has the
+    /// directory's path as its key.
+    private func reportUnlinked(_ directory: String, into pending: inout Pending) {
+        pending.add(DirectoryChange(kind: .directoryRemoved, path: directory, directory: directory), key: "\0unlinked " + directory)
     }
 
     /// Arms the followed `directories` again (their watch or their ancestor's went away, or
@@ -411,6 +475,7 @@ private final class WatcherCore: Sendable {
             watches.directoryByDescriptor = [:]
             watches.descriptorByDirectory = [:]
             watches.waiting = [:]
+            watches.links = [:]
         }
         if !lastBatch.isEmpty { continuation.yield(lastBatch) }
         continuation.finish()
@@ -449,11 +514,13 @@ private final class WatcherCore: Sendable {
         }
         let selfGone = has(IN_DELETE_SELF) || has(IN_MOVE_SELF) || has(IN_IGNORED) || has(IN_UNMOUNT)
         if selfGone {
+            // The symlinks of followed directories in it went with it.
+            let unlinked = unlinked(named: nil, in: wd)
             // Forget the watch first so a later IN_IGNORED for it is not reported twice.
             let (directory, waiters): (String?, Set<String>) = watches.withLock { watches in
                 let waiters = watches.waiting.removeValue(forKey: wd) ?? []
-                guard let directory = watches.directoryByDescriptor.removeValue(forKey: wd) else { return (nil, waiters) }
-                watches.descriptorByDirectory[directory] = nil
+                let directory = watches.directoryByDescriptor.removeValue(forKey: wd)
+                if let directory { watches.descriptorByDirectory[directory] = nil }
                 // A moved directory keeps its watch; drop it since its path is no longer ours.
                 if has(IN_MOVE_SELF), watches.fd >= 0 { _ = inotify_rm_watch(watches.fd, wd) }
                 return (directory, waiters)
@@ -462,9 +529,19 @@ private final class WatcherCore: Sendable {
                 pending.add(DirectoryChange(kind: .directoryRemoved, path: directory, directory: directory),
                             key: directory)
             }
+            for gone in unlinked.sorted() { reportUnlinked(gone, into: &pending) }
             // A followed directory (or an ancestor others wait on) went away: wait again.
-            rearm(waiters.union(directory.map { [$0] } ?? []), into: &pending)
+            rearm(waiters.union(unlinked).union(directory.map { [$0] } ?? []), into: &pending)
             return
+        }
+        if has(IN_DELETE) || has(IN_MOVED_FROM) || has(IN_MOVED_TO) {
+            // The symlink of a followed directory was removed, renamed away or replaced: the
+            // path leads to another directory, or to none, while the one watched is unchanged.
+            let unlinked = unlinked(named: name, in: wd)
+            if !unlinked.isEmpty {
+                for gone in unlinked.sorted() { reportUnlinked(gone, into: &pending) }
+                rearm(unlinked, into: &pending)
+            }
         }
         if has(IN_ATTRIB) && name.isEmpty {
             // The watched directory's own mode or owner (an ancestor waited on is not reported).

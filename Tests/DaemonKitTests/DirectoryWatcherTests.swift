@@ -332,6 +332,42 @@ struct DirectoryWatcherTests {
         await f.finish()
     }
 
+    /// Outside run: a followed directory that is a symlink stayed watched after the link
+    /// was removed (the watch is on the link's target, which did not change), so its files
+    /// were never reported gone. The link's removal reports the directory removed, and a
+    /// link made again (here to another directory) reports it back, watched there.
+    @Test func aFollowedSymlinkThatIsRemovedOrRetargetedIsReported() async throws {
+        let f = try Fixture()
+        let outside = try TemporaryDirectory()
+        defer { outside.remove() }
+        let first = outside.file("first")
+        let second = outside.file("second")
+        #expect(mkdir(first, 0o755) == 0)
+        #expect(mkdir(second, 0o755) == 0)
+        let directory = f.dir.file("plugins")
+        #expect(symlink(first, directory) == 0)
+        try f.watcher.follow(directory)
+        #expect(f.watcher.directories.contains(directory))
+        #expect(unlink(directory) == 0)
+        #expect(await f.waitFor { $0.contains(DirectoryChange(kind: .directoryRemoved, path: directory, directory: directory)) })
+        #expect(!f.watcher.directories.contains(directory))
+        // Retargeted as `ln -sfn` does: a new link renamed over the old one.
+        #expect(symlink(first, directory) == 0)
+        #expect(await f.waitFor { $0.contains(DirectoryChange(kind: .directoryAppeared, path: directory, directory: directory)) })
+        #expect(symlink(second, f.dir.file(".plugins.new")) == 0)
+        #expect(rename(f.dir.file(".plugins.new"), directory) == 0)
+        let appeared = DirectoryChange(kind: .directoryAppeared, path: directory, directory: directory)
+        #expect(await f.batches.waitFor { $0.flatMap { $0 }.count { $0 == appeared } == 2 })
+        try writeFile(second + "/two.so", "x")
+        #expect(await f.waitFor { $0.contains(DirectoryChange(kind: .ready, path: directory + "/two.so", directory: directory)) })
+        // The old target is no longer watched under the followed name.
+        try writeFile(first + "/one.so", "x")
+        try writeFile(second + "/three.so", "x")
+        #expect(await f.waitFor { $0.contains { $0.name == "three.so" } })
+        #expect(!f.changes.contains { $0.name == "one.so" })
+        await f.finish()
+    }
+
     @Test func stopFinishesTheStream() async throws {
         let fixture = try Fixture()
         fixture.watcher.stop()

@@ -247,6 +247,30 @@ import TestSupport
         #expect(await h.stop() == 0)
     }
 
+    /// Outside run: a plugin directory given as a symlink to a directory kept its plugins
+    /// listed, running, after the link was removed: the watch followed the link to its
+    /// target, which did not change. The link's own directory is watched for it now.
+    @Test func aPluginDirectoryThatIsASymlinkIsGoneOnceTheLinkIsRemoved() async throws {
+        let other = TemporaryDirectory("linked")
+        let real = other.directory("real")
+        chmod(real, 0o755)
+        try FileManager.default.copyItem(atPath: BuildProducts.plugin("Counter"), toPath: real + "/libCounter.so")
+        chmod(real + "/libCounter.so", 0o644)
+        let link = other.file("link")
+        #expect(symlink(real, link) == 0)
+        let h = try Harness(["Greeting"], arguments: ["--plugins", link])
+        #expect(await h.waitFor("control socket ready"), "\(h.daemon.text)")
+        #expect(try h.modules()["counter"]?["state"] as? String == "running", "\(h.daemon.text)")
+        #expect(unlink(link) == 0)
+        #expect(try await DaemonLifecycleTests().eventually { try h.modules()["counter"] == nil }, "\(h.daemon.text)")
+        #expect(h.daemon.text.contains("plugin directory \(link) disappeared"), "\(h.daemon.text)")
+        #expect(try h.modules()["greeting"]?["state"] as? String == "running")
+        // A link made again (to the same directory) brings the plugin back.
+        #expect(symlink(real, link) == 0)
+        #expect(try await DaemonLifecycleTests().eventually { try h.modules()["counter"]?["state"] as? String == "running" }, "\(h.daemon.text)")
+        #expect(await h.stop() == 0)
+    }
+
     @Test func aDanglingSymlinkIsRefusedByName() async throws {
         let h = try Harness(["Counter"])
         #expect(await h.waitFor("control socket ready"))
