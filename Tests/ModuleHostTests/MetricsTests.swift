@@ -255,6 +255,57 @@ struct MetricsTests {
         await daemon.stop()
     }
 
+    /// Outside run: a C module that lists a notification name C must never see (here one
+    /// that breaks the name grammar) was counted as given it each time another module
+    /// posted it, in its `eventsDelivered` and the name's deliveries, although it refused
+    /// it (one `not_delivered` error and one warning per post). Such a name is now no name
+    /// it listens to: said once when it is created, never counted.
+    @Test("a notification a C module refuses by name is not counted as delivered to it", .timeLimit(.minutes(3)),
+          arguments: ["in-process", "process"])
+    func aNotificationRefusedByNameIsNotCounted(isolation: String) async throws {
+        let scratch = TemporaryDirectory("refused-notification")
+        let deaf = try PluginFactory(directory: scratch.directory("deaf")).buildC(
+            "Deaf", source: PluginFactory.cSource(plugin: "Deaf", modules: ["deaf"]).replacingOccurrences(
+                of: #"notes[] = {"ping", NULL}"#, with: #"notes[] = {"bad name", "heard", NULL}"#),
+            manifest: PluginFactory.manifest(plugin: "Deaf", modules: ["deaf"]))
+        let poster = try PluginFactory(directory: scratch.directory("poster")).buildC("Poster", source: """
+            #include <modulehost.h>
+            #include <string.h>
+            static void *create(const modhost_host_api *host, const char *config) { (void)config; return (void *)host; }
+            static void handle(void *instance, const char *event, const char *payload) {
+                const modhost_host_api *host = instance;
+                (void)payload;
+                if (strcmp(event, "shout") != 0) return;
+                host->post_notification("bad name", NULL);
+                host->post_notification("heard", NULL);
+            }
+            static void destroy(void *instance) { (void)instance; }
+            static const modhost_module modules[] = {{ sizeof(modhost_module), MODHOST_MODULE_C, "poster", "1.0",
+                NULL, create, handle, destroy, 0 }};
+            static const modhost_plugin plugin = MODHOST_PLUGIN_INIT("Poster", modules);
+            MODHOST_PLUGIN_ENTRY { return &plugin; }
+            """, manifest: PluginFactory.manifest(plugin: "Poster", modules: ["poster"]))
+        let h = try DaemonLifecycleTests.Harness([], files: [deaf, poster],
+                                                 config: #"{"plugins": {"Deaf": {"isolation": "\#(isolation)"}}}"#)
+        #expect(await h.waitFor("control socket ready"), "\(h.daemon.text)")
+        let before = try PrometheusText(h.ctl("metrics").standardOutput)
+        let delivered = try #require(before.value("modhost_module_events_delivered_total", ["module": "deaf"]), "\(h.daemon.text)")
+        #expect(try h.ctl("send", "shout", "--to", "poster").status == 0)
+        // Delivered in the order posted: once heard is, the first post is behind it.
+        #expect(await h.waitFor("event heard -"), "\(h.daemon.text)")
+        let after = try PrometheusText(h.ctl("metrics").standardOutput)
+        #expect(after.value("modhost_module_events_delivered_total", ["module": "deaf"]) == delivered + 1,
+                "\(after.family("modhost_module_events_delivered_total")?.samples ?? [])")
+        #expect(after.value("modhost_event_deliveries_total", ["event": "heard"]) == 1)
+        #expect(after.value("modhost_event_deliveries_total", ["event": "bad name"]) == nil,
+                "\(after.family("modhost_event_deliveries_total")?.samples ?? [])")
+        #expect(after.value("modhost_module_errors_total", ["module": "deaf", "error": "not_delivered"]) ?? 0 == 0)
+        // Said once, at its creation, naming the module and the name.
+        let said = h.daemon.text.split(separator: "\n").filter { $0.contains(#""bad name""#) }
+        #expect(said.count == 1 && said[0].contains("module=deaf") && said[0].contains("never delivered"), "\(h.daemon.text)")
+        #expect(await h.stop() == 0)
+    }
+
     // MARK: The textfile collector recipe
 
     @Test("the documented systemd and cron command lines leave a file the textfile collector accepts", .timeLimit(.minutes(3)))

@@ -22,7 +22,9 @@ import Synchronization
 /// Lifecycle names (`ModuleEvent.lifecycleNames`) arriving as custom events or
 /// notifications are never delivered: a C module sees them only from the host itself. Nor
 /// is an event or notification whose name breaks the name grammar (`PluginName`): a NUL
-/// would cut it short in C (`"deinit\0x"` read as `"deinit"`).
+/// would cut it short in C (`"deinit\0x"` read as `"deinit"`). A module that lists such a
+/// name in its `notifications` does not listen to it (`unlistenable`): the host never counts
+/// a post of it as delivered to the module.
 final class CModule: RelayedModule {
     let descriptor: ModuleDescriptor
     /// The C instance and its services, touched only by jobs on `worker`.
@@ -36,6 +38,7 @@ final class CModule: RelayedModule {
     private var destroyQueued = false
 
     let moduleName: String
+    /// The names of the descriptor's `notifications` it can be given (`unlistenable`).
     let notifications: Set<String>
     var info: ModuleInfo { ModuleInfo(name: moduleName, version: descriptor.version, metadata: ["language": "c"]) }
     /// Delivers custom events sent to every module, and notifications posted, to this
@@ -51,11 +54,16 @@ final class CModule: RelayedModule {
           workers: PluginWorkers) {
         self.descriptor = descriptor
         moduleName = descriptor.name
-        notifications = Set(descriptor.notifications)
+        notifications = Set(descriptor.notifications.filter { Self.unlistenable($0) == nil })
         let deadline = host.eventDeadline
         self.deadline = deadline
         let log = host.logger(for: descriptor.name)
         self.log = log
+        for name in descriptor.notifications {
+            if let problem = Self.unlistenable(name) {
+                log.warning("notification \(problem); never delivered to a C module, so the module does not listen to it")
+            }
+        }
         let metrics = host.metrics.module(named: descriptor.name)
         self.metrics = metrics
         self.workers = workers
@@ -132,6 +140,14 @@ final class CModule: RelayedModule {
     }
 
     private func admits(_ name: String, isHostsOwn: Bool) -> Bool { delivery.admits(name, isHostsOwn: isHostsOwn) }
+
+    /// Why a C module can never be given notification `name` (`Delivery.admits` refuses it
+    /// every time), nil when it can: a name that breaks the grammar, or a lifecycle name.
+    private static func unlistenable(_ name: String) -> String? {
+        if let problem = PluginName.problem(name) { return problem }
+        if ModuleEvent.lifecycleNames.contains(name) { return "\(PluginName.shown(name)) is a lifecycle name only the host sends" }
+        return nil
+    }
 
     private static func kind(of event: ModuleEvent) -> CEventKind {
         switch event {
