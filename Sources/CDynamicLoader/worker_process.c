@@ -24,6 +24,8 @@ int modhost_worker_set_parent_death_signal(int signal) { return prctl(PR_SET_PDE
 
 int modhost_worker_use_one_malloc_arena(void) { return mallopt(M_ARENA_MAX, 1); }
 
+int modhost_malloc_map_blocks_from(int bytes) { return mallopt(M_MMAP_THRESHOLD, bytes); }
+
 int modhost_worker_redirect_output(int read_ends[2]) {
     int result = 0;
     /* A daemon started with 1 or 2 closed: hold them (with 0, /dev/null), so that no pipe

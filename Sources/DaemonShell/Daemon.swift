@@ -165,6 +165,7 @@ public actor Daemon: DaemonControl {
     /// plugin is loaded or started) and shuts down through `stop()`, within the shutdown
     /// budget counted from the signal; a second one exits 1 at once.
     public func run() async -> ExitCode {
+        LargeBlocks.returnToTheSystemWhenFreed()
         ExitGuard.install(crashGuard, logger: logger)
         let signals: UnixSignals
         do {

@@ -1,3 +1,4 @@
+import DaemonKit
 import Foundation
 import Glibc
 import Testing
@@ -524,6 +525,114 @@ struct HostileWorkerTests {
         #expect(ended.contains("it wrote the start of a frame on its socket of calls (5) and not the rest within 1 s"), "\(ended)")
         try await Self.expectRestartedAndCalled(h)
         await Self.stop(h)
+    }
+
+    /// A C plugin `Hoarder` (module `hoarder`) exporting `hoard_big(mib)`, which returns a
+    /// text of `mib` MiB (at most 128), and `hoard_half(mib)`, which writes on the worker's
+    /// socket of calls (5) the header of a frame of 16 MiB and `mib` MiB of it, and returns:
+    /// the worker's own answer is read as more of that frame, which stays unfinished.
+    static func hoarder(in directory: String) throws -> String {
+        try PluginFactory(directory: directory).buildC("Hoarder", source: """
+            #include <modulehost.h>
+            #include <stdlib.h>
+            #include <string.h>
+            #include <unistd.h>
+            static void *create(const modhost_host_api *host, const char *config) { (void)config; return (void *)host; }
+            static void handle(void *instance, const char *event, const char *payload) { (void)instance; (void)event; (void)payload; }
+            static void destroy(void *instance) { (void)instance; }
+            static size_t bytes(int32_t mib) { return (size_t)(mib < 0 || mib > 128 ? 0 : mib) << 20; }
+            MODHOST_EXPORT char *hoard_big(int32_t mib) {
+                size_t n = bytes(mib);
+                char *text = malloc(n + 1);  /* the host frees it */
+                if (text == NULL) return strdup("");
+                memset(text, 'x', n);
+                text[n] = 0;
+                return text;
+            }
+            MODHOST_EXPORT int32_t hoard_half(int32_t mib) {
+                static const unsigned char header[4] = {1, 0, 0, 0};  /* 16 MiB */
+                size_t n = bytes(mib);
+                char *body = calloc(1, n + 1);
+                if (body != NULL && write(5, header, 4) == 4) {
+                    for (size_t done = 0; done < n;) {
+                        ssize_t wrote = write(5, body + done, n - done);
+                        if (wrote <= 0) break;
+                        done += (size_t)wrote;
+                    }
+                }
+                free(body);
+                return mib;
+            }
+            static const modhost_module modules[] = {{ sizeof(modhost_module), MODHOST_MODULE_C, "hoarder", "1.0",
+                NULL, create, handle, destroy, 0 }};
+            static const modhost_plugin plugin = MODHOST_PLUGIN_INIT("Hoarder", modules);
+            MODHOST_PLUGIN_ENTRY { return &plugin; }
+            """, manifest: PluginFactory.manifest(plugin: "Hoarder", modules: ["hoarder"],
+                                                  exports: [("hoard_big", "str(i32)"), ("hoard_half", "i32(i32)")]))
+    }
+
+    /// The resident memory of process `pid`, in MiB (0 when it cannot be read).
+    static func residentMiB(_ pid: pid_t) -> Int { Int((ProcessMemory.residentBytes(pid: pid) ?? 0) >> 20) }
+
+    /// Outside run: a worker that wrote the header of a frame of 16 MiB and a part of it
+    /// made the daemon reserve (and fill) all 16 MiB at once; calls whose results were
+    /// megabytes left the daemon that much larger for good (the buffer that read them was
+    /// kept at its largest, each result stayed held until the request deadline, and glibc
+    /// kept the blocks once freed): 100 MB results, 176 MB held. The daemon now holds what
+    /// has arrived, while it is needed, and returns it.
+    @Test("the daemon returns the memory of large call results and of a frame left unfinished", .timeLimit(.minutes(3)),
+          arguments: [false, true])
+    func largeResultsAndUnfinishedFramesLeaveNoMemoryBehind(isolated: Bool) async throws {
+        let scratch = TemporaryDirectory("hostile-worker")
+        let hoarder = try Self.hoarder(in: scratch.directory("hoarder"))
+        // Long deadlines: a result of megabytes takes seconds in a debug build on a busy
+        // machine; the frame left unfinished is ended after the event deadline.
+        let h = try DaemonLifecycleTests.Harness(["Counter"], files: [hoarder], arguments: ["--request-deadline", "60", "--event-deadline", "3"],
+                                                 config: isolated ? #"{"plugins": {"Hoarder": {"isolation": "process"}}}"# : "{}")
+        #expect(await h.waitFor("control socket ready"), "\(h.daemon.text)")
+        let daemon = h.daemon.pid
+        // A call with a small result first: what every call allocates once is there before.
+        let small = try h.ctl("call", "Hoarder", "hoard_big", "1")
+        #expect(small.status == 0, "\(small.standardError)")
+        let before = Self.residentMiB(daemon)
+        #expect(before > 0)
+        // Isolated, results of 15 MiB (a worker's frame holds at most 16: too large for a
+        // reply line, refused once the call has run); in process, of 7 MiB, sent.
+        for _ in 1...3 {
+            let big = try h.ctl("call", "Hoarder", "hoard_big", isolated ? "15" : "7")
+            if isolated {
+                #expect(big.standardError.contains("reply_too_large"), "\(big.standardError.prefix(300))")
+            } else {
+                #expect(big.status == 0 && big.standardOutput.count > 7 << 20, "\(big.standardError.prefix(300))")
+            }
+        }
+        let afterResults = Self.residentMiB(daemon)
+        #expect(afterResults - before < 8, "the daemon grew from \(before) to \(afterResults) MiB with the results of 3 calls")
+        guard isolated else {
+            #expect(await h.stop() == 0)
+            return
+        }
+        // The header of a frame of 16 MiB and 1 MiB of it: the daemon holds about what came,
+        // until the worker is ended for the rest, which never comes.
+        let pid = try #require(try h.modules()["hoarder"]?["workerPid"] as? Int)
+        let caller = try RunningProcess(BuildProducts.modhostctl, ["--socket", h.socket, "call", "Hoarder", "hoard_half", "1"])
+        var largest = Self.residentMiB(daemon)
+        let clock = ContinuousClock(), giveUp = clock.now + .seconds(60)
+        while !h.daemon.text.contains("plugin Hoarder's worker (pid \(pid))"), clock.now < giveUp {
+            largest = max(largest, Self.residentMiB(daemon))
+            try await Task.sleep(for: .milliseconds(20))
+        }
+        #expect(largest - before < 8, "the daemon grew from \(before) to \(largest) MiB reading 1 MiB of a frame")
+        let ended = h.daemon.text.split(separator: "\n").first { $0.contains("plugin Hoarder's worker (pid \(pid))") } ?? ""
+        #expect(ended.contains("it wrote the start of a frame on its socket of calls (5) and not the rest within 3 s"), "\(ended)")
+        _ = await caller.wait(timeout: .seconds(30))
+        let restarted = try await StuckModuleTests.listUntil(h.socket) { rows in
+            rows["hoarder"]?["restarts"] as? Int == 1 && rows["hoarder"]?["state"] as? String == "running"
+        }
+        #expect(restarted.met, "\(h.daemon.text)")
+        let afterFrame = Self.residentMiB(daemon)
+        #expect(afterFrame - before < 8, "the daemon grew from \(before) to \(afterFrame) MiB")
+        #expect(await h.stop() == 0)
     }
 
     /// Outside run: a plugin replaced while its worker was stuck in a handler (killed at the

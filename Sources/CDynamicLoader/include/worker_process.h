@@ -15,6 +15,13 @@ int modhost_worker_set_parent_death_signal(int signal);
  * 64 MiB of address space for each further arena, which RLIMIT_AS counts. 1 on success. */
 int modhost_worker_use_one_malloc_arena(void);
 
+/* mallopt(M_MMAP_THRESHOLD, bytes), for modhostd: every block of `bytes` or more gets a
+ * mapping of its own, returned to the system when freed. Set, the threshold stays put:
+ * otherwise glibc raises it to the size of each larger block freed (up to 32 MiB, and the
+ * trim threshold to twice that), and blocks that large are then carved from heaps that
+ * keep their memory once they are freed. 1 on success. */
+int modhost_malloc_map_blocks_from(int bytes);
+
 /* Puts a pipe on each of descriptors 1 and 2 (standard output and error) and stores their
  * read ends (close-on-exec) in read_ends[0] and [1]; what was on 1 and 2 (the daemon's own
  * standard error) is closed. A pipe that cannot be made leaves -1 and /dev/null on that

@@ -682,11 +682,14 @@ public final class PluginWorkers: Sendable {
 
 /// Runs `operation` in a task of its own and returns its result, or nil once `deadline`
 /// has passed first; the operation then goes on in the background (its result dropped).
-/// The caller never waits longer than the deadline, whatever the operation waits on.
+/// The caller never waits longer than the deadline, whatever the operation waits on. The
+/// result is held no longer than the caller and the operation hold it: the timer, queued
+/// until the deadline whatever happens before, does not keep it (a call's result of many
+/// megabytes would otherwise stay in memory for the whole request deadline).
 package func withDeadline<T: Sendable>(_ deadline: Duration, _ operation: @escaping @Sendable () async -> T) async -> T? {
     let race = FirstResult<T?>()
     Task { race.finish(await operation()) }
-    DispatchQueue.global().asyncAfter(deadline: .now() + deadline.dispatchInterval) { race.finish(nil) }
+    DispatchQueue.global().asyncAfter(deadline: .now() + deadline.dispatchInterval) { [weak race] in race?.finish(nil) }
     return await race.wait() ?? nil
 }
 

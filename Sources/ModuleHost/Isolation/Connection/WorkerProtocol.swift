@@ -1,3 +1,4 @@
+import CDynamicLoader
 import DaemonKit
 import Glibc
 @_spi(ModuleHost) import ModuleKit
@@ -91,6 +92,23 @@ enum WorkerFrame {
             if n > 0 { return true }
             if n < 0 && errno != EINTR { return true }  // the read or write that follows says why
         }
+    }
+}
+
+/// How the daemon's memory follows what workers send it: a frame, a call's result or a
+/// reply of megabytes is returned to the system once it is freed (`FrameReader` lets go of
+/// its large buffers too), however many came before.
+public enum LargeBlocks {
+    /// The smallest block that gets a mapping of its own (glibc's default threshold).
+    static let mappedFrom = 128 << 10
+
+    /// Has every block of 128 KiB or more mapped on its own, and so unmapped when freed,
+    /// for the rest of the process's life: glibc otherwise raises that threshold to the
+    /// largest block freed so far (up to 32 MiB), after which such blocks come from heaps
+    /// that keep them once freed: a worker's frames of 16 MiB, or a call's results, then
+    /// leave the daemon tens of megabytes larger for good. Called by modhostd at its start.
+    public static func returnToTheSystemWhenFreed() {
+        _ = modhost_malloc_map_blocks_from(Int32(mappedFrom))
     }
 }
 
@@ -322,16 +340,25 @@ final class FrameOutbox: Sendable {
 }
 
 /// Reads frames from a worker socket, buffered; used by one thread only.
+///
+/// What it holds follows what has arrived, not what a header announces: the buffer grows
+/// as the bytes of a frame come (at most doubling at a time, never past the frame), so the
+/// header of a frame of 16 MiB followed by nothing costs nothing; and a buffer grown past
+/// `keptSize` is let go as soon as the frame that grew it has been taken, so one large frame
+/// costs its size while it is read, not for the rest of the reader's life.
 struct FrameReader {
     let fd: Int32
-    /// Bytes read and not yet taken are `buffer[start..<end]`; it grows to the largest
-    /// frame read (at most `WorkerFrame.maximumSize`) and never shrinks. Most frames are a
-    /// few hundred bytes.
-    private var buffer = [UInt8](repeating: 0, count: 4096)
+    /// Bytes read and not yet taken are `buffer[start..<end]`. Most frames are a few hundred
+    /// bytes.
+    private var buffer = [UInt8](repeating: 0, count: Self.smallSize)
     private var start = 0
     private var end = 0
     /// The largest frame body it takes; a larger frame is `invalid`.
     let maximumSize: Int
+    /// The size of a new buffer, and of the room a read asks for at least.
+    private static let smallSize = 4096
+    /// The largest buffer kept once the frames it held have been taken.
+    private static let keptSize = 64 << 10
 
     init(fd: Int32, maximumSize: Int = WorkerFrame.maximumSize) {
         self.fd = fd
@@ -364,6 +391,7 @@ struct FrameReader {
         try fill(4 + length, until: deadline)
         let body = buffer[(start + 4)..<(start + 4 + length)]
         start += 4 + length
+        defer { releaseIfLarge() }
         return try Self.message(body)
     }
 
@@ -375,6 +403,7 @@ struct FrameReader {
         guard end - start - 4 >= length else { return nil }
         let body = buffer[(start + 4)..<(start + 4 + length)]
         start += 4 + length
+        defer { releaseIfLarge() }
         return try Self.message(body)
     }
 
@@ -387,9 +416,9 @@ struct FrameReader {
     /// first: the buffer grows only to hold the frame being read.
     mutating func receiveAvailable() throws(End) -> Bool {
         if start > 0 { compact() }
-        var wanted = 4096
+        var wanted = Self.smallSize
         if end >= 4 { wanted = max(wanted, 4 + (try length(of: buffer[0..<4]))) }
-        if buffer.count < wanted { buffer.append(contentsOf: repeatElement(0, count: wanted - buffer.count)) }
+        makeRoom(toward: wanted)
         let room = buffer.count - end
         guard room > 0 else { return false }
         while true {
@@ -428,6 +457,31 @@ struct FrameReader {
         }
     }
 
+    /// Grows a full buffer (what is left of the last read at its front) toward `count`
+    /// bytes: to twice its size at most, so that it follows what arrives.
+    private mutating func makeRoom(toward count: Int) {
+        guard end == buffer.count, buffer.count < count else { return }
+        let grown = min(count, max(2 * buffer.count, Self.smallSize))
+        buffer.append(contentsOf: repeatElement(0, count: grown - buffer.count))
+    }
+
+    /// Lets go of a buffer grown past `keptSize` once what is left in it, the start of the
+    /// next frame if any, fits a small one: a large frame's buffer is not kept for the
+    /// frames after it, most of them a few hundred bytes.
+    private mutating func releaseIfLarge() {
+        let left = end - start
+        guard buffer.count > Self.keptSize, left <= Self.smallSize else { return }
+        var small = [UInt8](repeating: 0, count: Self.smallSize)
+        small.withUnsafeMutableBytes { to in
+            buffer.withUnsafeBytes { from in
+                if left > 0 { to.baseAddress!.copyMemory(from: from.baseAddress! + start, byteCount: left) }
+            }
+        }
+        buffer = small
+        start = 0
+        end = left
+    }
+
     /// Moves what is left of the last read to the front of the buffer.
     private mutating func compact() {
         buffer.withUnsafeMutableBytes { bytes in
@@ -447,7 +501,7 @@ struct FrameReader {
             if !WorkerFrame.wait(fd, for: Int16(POLLIN), until: deadline) { throw .timedOut }
             // What is left of the last read moves to the front (usually nothing).
             if start > 0 { compact() }
-            if buffer.count < count { buffer.append(contentsOf: repeatElement(0, count: count - buffer.count)) }
+            makeRoom(toward: count)
             let room = buffer.count - end
             let got = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress! + end, room) }
             if got < 0 {
