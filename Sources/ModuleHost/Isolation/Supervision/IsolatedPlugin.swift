@@ -175,15 +175,25 @@ public final class IsolatedPlugin: Sendable {
 
     // MARK: - What modules ask
 
-    /// Creates module `module` in the worker; nil when its factory refused. When the worker
-    /// cannot answer, the module is still created here, `crashed`, and the worker restarted.
+    /// Creates module `module` in the worker; nil when its factory refused, or when the
+    /// request to create it, with its configuration, is larger than a frame (it cannot be
+    /// sent: logged). When the worker cannot answer, the module is still created here,
+    /// `crashed`, and the worker restarted.
     func create(_ module: String, configuration: JSONValue, running: [String]) -> (info: ModuleInfo?, notifications: Set<String>)? {
         state.withLock { state in
             state.modules.removeAll { $0.name == module }
             state.modules.append((module, ModuleRecord(configuration: configuration)))
         }
-        let reply = request(.create(module: module, configuration: configuration, running: running), what: "create of \(module)", module: module)
-        guard let reply else { return (nil, []) }
+        let outcome = requestOutcome(.create(module: module, configuration: configuration, running: running), what: "create of \(module)",
+                                     module: module)
+        guard case .reply(let reply)? = outcome else {
+            // Not sent: no module of that name runs in the worker, so none stands for it here.
+            if case .tooLarge? = outcome {
+                state.withLock { $0.modules.removeAll { $0.name == module } }
+                return nil
+            }
+            return (nil, [])
+        }
         if reply["created"]?.boolValue != true {
             state.withLock { $0.modules.removeAll { $0.name == module } }
             return nil
