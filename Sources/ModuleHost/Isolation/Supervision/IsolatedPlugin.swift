@@ -249,23 +249,23 @@ public final class IsolatedPlugin: Sendable {
         return reply["running"]?.boolValue ?? true
     }
 
-    /// The info of `module` as the worker's module reports it now; nil when no worker runs
-    /// or it did not answer within the event deadline (logged: the caller answers from the
-    /// last info it had).
+    /// The info of `module` as the worker's module reports it now; nil when no worker runs,
+    /// it did not answer within the event deadline, or its answer was an error (an info
+    /// larger than a reply may be): logged, and the caller answers from the last info it had.
     func info(_ module: String) -> ModuleInfo? {
         let phase = state.withLock { $0.phase }
         let outcome = requestOutcome(.info(module: module), what: "info of \(module)")
-        guard case .reply(let reply)? = outcome else {
-            let why = switch outcome {
-            case .timedOut?: "did not answer within \(deadline.secondsText)"
-            case .gone?: "ended"
-            default: "is \(phase.rawValue)"
-            }
-            logger.warning("the info of module \(module) is the last known (from its worker, or its name and version): its worker \(why)",
-                           [("module", module)])
-            return nil
+        let why: String
+        switch outcome {
+        case .reply(let reply)?:
+            guard let error = reply["error"] else { return info(in: reply, of: module) }
+            why = "its worker could not send it: \(LogLineRate.bounded(error.text("message") ?? "no reason given"))"
+        case .timedOut?: why = "its worker did not answer within \(deadline.secondsText)"
+        case .gone?: why = "its worker ended"
+        default: why = "its worker is \(phase.rawValue)"
         }
-        return info(in: reply, of: module)
+        logger.warning("the info of module \(module) is the last known (from its worker, or its name and version): \(why)", [("module", module)])
+        return nil
     }
 
     /// The module info in a worker's `reply`, nil when it has none. The worker's replies are
