@@ -151,7 +151,10 @@ public struct DaemonCommand: Sendable {
             output.err("Error: \(DaemonConfiguration.noPluginDirectory)\nUsage: \(Self.usage)\nSee 'modhostd --help'.")
             return .usage
         }
-        let backend: any LogBackend = options.logFormat == .json ? JSONLogBackend() : TextLogBackend()
+        // On the journal, each line carries its priority (`journalctl -p err` finds errors).
+        let journal = SystemdNotifier.standardErrorIsJournal()
+        let backend: any LogBackend = options.logFormat == .json ? JSONLogBackend(priorityPrefixes: journal)
+                                                                 : TextLogBackend(priorityPrefixes: journal)
         LoggingSystem.bootstrap(backend, level: configuration.logLevel)
         do {
             return try await Daemon(options: options, configuration: configuration).run()

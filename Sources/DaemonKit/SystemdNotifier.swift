@@ -56,6 +56,32 @@ public struct SystemdNotifier: Sendable, Equatable {
         try send(["WATCHDOG=1"])
     }
 
+    /// How often the service manager wants `WATCHDOG=1` from this process: half of
+    /// `WATCHDOG_USEC` (systemd's advice), when it is a positive whole number of
+    /// microseconds, notification is enabled and `WATCHDOG_PID` is unset or this process's
+    /// pid; nil otherwise.
+    public static func watchdogInterval(environment: [String: String] = ProcessEnvironment.current,
+                                        pid: pid_t = getpid()) -> Duration? {
+        guard environment["NOTIFY_SOCKET"].map({ !$0.isEmpty }) ?? false,
+              let text = environment["WATCHDOG_USEC"], let microseconds = UInt64(text), microseconds > 0,
+              microseconds <= 365 * 24 * 3600 * 1_000_000 else { return nil }
+        if let owner = environment["WATCHDOG_PID"], pid_t(owner) != pid { return nil }
+        return .microseconds(Int64(microseconds / 2))
+    }
+
+    /// Whether standard error is the journal: `JOURNAL_STREAM` (`DEVICE:INODE`, which
+    /// systemd sets for a service whose output goes to journald) names the file on
+    /// descriptor 2. Then a line may start with a `<N>` syslog priority, which journald
+    /// takes as the line's priority.
+    public static func standardErrorIsJournal(environment: [String: String] = ProcessEnvironment.current) -> Bool {
+        guard let stream = environment["JOURNAL_STREAM"] else { return false }
+        let parts = stream.split(separator: ":")
+        guard parts.count == 2, let device = UInt64(parts[0]), let inode = UInt64(parts[1]) else { return false }
+        var status = stat()
+        guard fstat(2, &status) == 0 else { return false }
+        return UInt64(status.st_dev) == device && UInt64(status.st_ino) == inode
+    }
+
     /// Sends `assignments` (`KEY=value` each, no newlines inside) as one datagram, joined by
     /// newlines. Does nothing when disabled.
     public func send(_ assignments: [String]) throws(SystemError) {

@@ -100,6 +100,8 @@ public actor Daemon: DaemonControl {
         var watcher: DirectoryWatcher?
         /// Ends a shutdown that outlives its budget even when no task of the daemon can run.
         var watchdog: ShutdownWatchdog?
+        /// systemd's keep-alives, when it asks for them.
+        var keepAlive: DaemonWatchdog?
     }
 
     /// Whether startup has finished and no shutdown has begun.
@@ -257,6 +259,7 @@ public actor Daemon: DaemonControl {
         }
         logger.info("control socket ready", [("socket", socketPath)])
         notify { try $0.ready(status: "\(running.count) \(running.count == 1 ? "module" : "modules") running") }
+        owned.keepAlive = DaemonWatchdog.start(socketPath: socketPath, notifier: notifier, logger: logger)
     }
 
     /// Returns once startup has finished (at once afterwards): requests that act on
@@ -357,6 +360,7 @@ public actor Daemon: DaemonControl {
         // reloads (`renewIfNeeded`), not that it stops.
         if !renewing { notify { try $0.stopping(status: "stopping") } }
         enter(.stopping)
+        owned.keepAlive?.stop()
         owned.watcher?.stop()
         let clean = await stopWithinBudget()
         owned.socketLock = nil

@@ -26,6 +26,18 @@ public let standardErrorSink: LogLineSink = { line in
     }
 }
 
+/// The `<N>` prefix that gives journald a line's syslog priority: `<3>` error, `<4>`
+/// warning, `<6>` info, `<7>` debug (sd-daemon(3)).
+public func journalPriority(_ level: LogLevel) -> String {
+    switch level {
+    case .error: "<3>"
+    case .warning: "<4>"
+    case .info: "<6>"
+    case .debug: "<7>"
+    @unknown default: "<5>"  // a level added to ModuleKit later: notice
+    }
+}
+
 /// Plain text log lines, friendly to journald and terminals:
 /// `[2024-05-01T12:00:00.123Z ]level label: message key=value key="value with spaces"`.
 ///
@@ -47,11 +59,15 @@ public let standardErrorSink: LogLineSink = { line in
 public struct TextLogBackend: LogBackend {
     /// Whether each line starts with an ISO 8601 UTC timestamp with milliseconds.
     public var timestamps: Bool
+    /// Whether each line starts with its syslog priority, `<N>` (`journalPriority`), which
+    /// journald reads as the line's priority and removes.
+    public var priorityPrefixes: Bool
     private let sink: LogLineSink
 
     /// Creates a backend writing to `sink`.
-    public init(timestamps: Bool = false, sink: @escaping LogLineSink = standardErrorSink) {
+    public init(timestamps: Bool = false, priorityPrefixes: Bool = false, sink: @escaping LogLineSink = standardErrorSink) {
         self.timestamps = timestamps
+        self.priorityPrefixes = priorityPrefixes
         self.sink = sink
     }
 
@@ -67,7 +83,7 @@ public struct TextLogBackend: LogBackend {
 
     /// The line for a record with these fields, including the newline.
     public func format(level: LogLevel, label: String, message: String, metadata: [(String, String)]) -> String {
-        var line = ""
+        var line = priorityPrefixes ? journalPriority(level) : ""
         if timestamps { line += UTCTimestamp.now(milliseconds: true) + " " }
         line += "\(level) \(Self.labelText(label)): \(Self.messageText(message))"
         for (key, value) in metadata {
@@ -120,11 +136,15 @@ public struct TextLogBackend: LogBackend {
 public struct JSONLogBackend: LogBackend {
     /// Whether each object has a `time` member (ISO 8601 UTC, milliseconds).
     public var timestamps: Bool
+    /// Whether each line starts with its syslog priority, `<N>` (`journalPriority`), which
+    /// journald reads as the line's priority and removes, leaving the JSON object.
+    public var priorityPrefixes: Bool
     private let sink: LogLineSink
 
     /// Creates a backend writing to `sink`.
-    public init(timestamps: Bool = true, sink: @escaping LogLineSink = standardErrorSink) {
+    public init(timestamps: Bool = true, priorityPrefixes: Bool = false, sink: @escaping LogLineSink = standardErrorSink) {
         self.timestamps = timestamps
+        self.priorityPrefixes = priorityPrefixes
         self.sink = sink
     }
 
@@ -141,7 +161,7 @@ public struct JSONLogBackend: LogBackend {
     /// The line for a record with these fields, including the newline.
     public func format(level: LogLevel, label: String, message: String, metadata: [(String, String)]) -> String {
         var used: Set<String> = ["level", "label", "message"]
-        var line = "{"
+        var line = (priorityPrefixes ? journalPriority(level) : "") + "{"
         if timestamps {
             used.insert("time")
             line += "\"time\":\(JSONValue.quote(UTCTimestamp.now(milliseconds: true))),"

@@ -84,6 +84,30 @@ struct SystemdNotifierTests {
         #expect(listener.receive() == "WATCHDOG=1\n")
     }
 
+    /// Keep-alives are asked for by WATCHDOG_USEC (half of it between two), for this
+    /// process only (WATCHDOG_PID), and only when there is a socket to send them to.
+    @Test func theWatchdogIntervalIsHalfOfWhatTheServiceManagerAsks() {
+        let socket = ["NOTIFY_SOCKET": "/run/systemd/notify"]
+        #expect(SystemdNotifier.watchdogInterval(environment: socket.merging(["WATCHDOG_USEC": "30000000"]) { $1 }, pid: 42) == .seconds(15))
+        #expect(SystemdNotifier.watchdogInterval(environment: socket.merging(["WATCHDOG_USEC": "2000000", "WATCHDOG_PID": "42"]) { $1 }, pid: 42)
+            == .seconds(1))
+        #expect(SystemdNotifier.watchdogInterval(environment: socket.merging(["WATCHDOG_USEC": "2000000", "WATCHDOG_PID": "43"]) { $1 }, pid: 42) == nil)
+        #expect(SystemdNotifier.watchdogInterval(environment: ["WATCHDOG_USEC": "2000000"], pid: 42) == nil)
+        for bad in ["", "0", "-5", "1e6", "99999999999999999999"] {
+            #expect(SystemdNotifier.watchdogInterval(environment: socket.merging(["WATCHDOG_USEC": bad]) { $1 }, pid: 42) == nil, "\(bad)")
+        }
+    }
+
+    /// Standard error is the journal only when JOURNAL_STREAM names the file on descriptor 2.
+    @Test func standardErrorIsTheJournalOnlyWhenJournalStreamNamesIt() {
+        var status = stat()
+        #expect(fstat(2, &status) == 0)
+        #expect(SystemdNotifier.standardErrorIsJournal(environment: ["JOURNAL_STREAM": "\(status.st_dev):\(status.st_ino)"]))
+        #expect(!SystemdNotifier.standardErrorIsJournal(environment: ["JOURNAL_STREAM": "\(status.st_dev):\(status.st_ino + 1)"]))
+        #expect(!SystemdNotifier.standardErrorIsJournal(environment: ["JOURNAL_STREAM": "nonsense"]))
+        #expect(!SystemdNotifier.standardErrorIsJournal(environment: [:]))
+    }
+
     @Test func sendsToAnAbstractSocket() throws {
         let name = "@dktest-notify-\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
         let listener = try NotifySocket(name)

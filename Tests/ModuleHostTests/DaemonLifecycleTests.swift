@@ -578,6 +578,38 @@ import TestSupport
         #expect(await h.daemon.wait() == 0)
     }
 
+    /// With WatchdogSec=, systemd needs WATCHDOG=1 within each interval, or it restarts
+    /// the daemon: it comes, at half the interval, once the daemon is ready.
+    @Test func systemdHearsTheWatchdog() async throws {
+        let directory = TemporaryDirectory("notify")
+        let listener = try NotifySocketListener(path: directory.file("notify.sock"))
+        let h = try Harness(["Counter"], environment: ["NOTIFY_SOCKET": listener.path, "WATCHDOG_USEC": "600000"])
+        #expect(await listener.next(containing: "READY=1") != nil)
+        #expect(await listener.next(containing: "WATCHDOG=1") != nil)
+        #expect(await listener.next(containing: "WATCHDOG=1") != nil)
+        #expect(await h.waitFor("watchdog: WATCHDOG=1 every 0.3 s while the control socket answers"), "\(h.daemon.text)")
+        #expect(await h.stop() == 0)
+    }
+
+    /// Under systemd with its output on the journal (JOURNAL_STREAM names its standard
+    /// error), each log line carries its priority, so `journalctl -p err` finds the errors.
+    @Test func onTheJournalEachLogLineCarriesItsPriority() async throws {
+        let scratch = TemporaryDirectory("journal")
+        let plugins = scratch.directory("plugins")
+        try scratch.copy(BuildProducts.plugin("Counter"), as: "plugins/libCounter.so")
+        _ = try scratch.write("plugins/libBroken.so", text: "not a plugin")
+        let command = "JOURNAL_STREAM=$(stat -L -c %d:%i /proc/self/fd/2) exec '\(BuildProducts.modhostd)' --plugins '\(plugins)' "
+            + "--state-dir '\(scratch.file("state"))' --socket '\(scratch.file("sock"))'"
+        let daemon = try RunningProcess("/bin/sh", ["-c", command])
+        #expect(await daemon.waitFor("control socket ready", timeout: .seconds(60)), "\(daemon.text)")
+        let lines = daemon.text.split(separator: "\n")
+        #expect(lines.contains { $0.hasPrefix("<6>info modhostd: control socket ready") }, "\(daemon.text)")
+        #expect(lines.contains { $0.hasPrefix("<3>error modhostd: refused") && $0.contains("libBroken.so") }, "\(daemon.text)")
+        #expect(!lines.contains { !$0.hasPrefix("<") }, "\(daemon.text)")
+        daemon.send(SIGTERM)
+        #expect(await daemon.wait() == 0)
+    }
+
     @Test func exportedFunctionsAreCalledByNameThroughTheDaemon() async throws {
         let h = try Harness(["Greeting", "Calculator"])
         #expect(await h.waitFor("control socket ready"))

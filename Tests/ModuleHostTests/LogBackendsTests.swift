@@ -13,6 +13,18 @@ struct LogBackendsTests {
         #expect(line == "info modhostd: loaded plugin plugin=a.so reason=\"bad magic number\" empty=\"\" eq=\"a=b\"\n")
     }
 
+    /// On the journal, each line starts with its syslog priority, which journald keeps as
+    /// the entry's priority and removes from the message.
+    @Test func onTheJournalEachLineCarriesItsPriority() {
+        let text = TextLogBackend(priorityPrefixes: true)
+        let json = JSONLogBackend(timestamps: false, priorityPrefixes: true)
+        for (level, prefix) in [(LogLevel.error, "<3>"), (.warning, "<4>"), (.info, "<6>"), (.debug, "<7>")] {
+            #expect(text.format(level: level, label: "modhostd", message: "m", metadata: []) == "\(prefix)\(level) modhostd: m\n")
+            #expect(json.format(level: level, label: "modhostd", message: "m", metadata: []).hasPrefix("\(prefix){\"level\":"))
+        }
+        #expect(!TextLogBackend().format(level: .error, label: "x", message: "m", metadata: []).hasPrefix("<"))
+    }
+
     @Test func oneRecordIsAlwaysOneLine() {
         let backend = TextLogBackend()
         let line = backend.format(level: .error, label: "x", message: "first\nsecond\tthird", metadata: [("k", "v\nw")])
