@@ -88,7 +88,8 @@ public struct DaemonConfiguration: Sendable, Equatable {
         guard case .object(let fields) = value else { throw invalid(path, "is not a JSON object", "wrap the settings in { }") }
         let known = fieldNames
         if let unknown = fields.keys.sorted().first(where: { !known.contains($0) }) {
-            throw invalid(path, "has an unknown field \"\(unknown)\"", "remove it; known fields: \(known.sorted().joined(separator: ", "))")
+            throw unknownField(unknown, known: known.sorted(), path, problem: "has an unknown field \"\(unknown)\"",
+                               fix: "remove it; known fields: \(known.sorted().joined(separator: ", "))")
         }
         var configuration = DaemonConfiguration()
         if let directories = fields["pluginDirectories"] { configuration.pluginDirectories = try pluginDirectories(directories, path) }
@@ -144,6 +145,14 @@ public struct DaemonConfiguration: Sendable, Equatable {
         return configuration
     }
 
+    /// The error for field `name` of an object whose fields are `known`: `problem`, with
+    /// the known field it is probably a typo of (`Spelling`), which the fix then renames it
+    /// to; else `fix`.
+    private static func unknownField(_ name: String, known: [String], _ path: String, problem: String, fix: String) -> DaemonError {
+        guard let suggestion = Spelling.suggestion(for: name, among: known) else { return invalid(path, problem, fix) }
+        return invalid(path, problem + " (did you mean \"\(suggestion)\"?)", "rename \"\(name)\" to \"\(suggestion)\"")
+    }
+
     /// The `pluginDirectories` field: absolute paths.
     private static func pluginDirectories(_ directories: JSONValue, _ path: String) throws(DaemonError) -> [String] {
         guard case .array(let items) = directories, let strings = Optional(items.compactMap(\.stringValue)),
@@ -188,7 +197,8 @@ public struct DaemonConfiguration: Sendable, Equatable {
             }
             if let value = settings["configuration"] { module.configuration = value }
             if let extra = settings.keys.sorted().first(where: { !["enabled", "order", "configuration"].contains($0) }) {
-                throw invalid(path, "field \"modules.\(name).\(extra)\" is unknown", "use enabled, order and configuration")
+                throw unknownField(extra, known: ["enabled", "order", "configuration"], path,
+                                   problem: "field \"modules.\(name).\(extra)\" is unknown", fix: "use enabled, order and configuration")
             }
             result[name] = module
         }
@@ -218,7 +228,8 @@ public struct DaemonConfiguration: Sendable, Equatable {
             throw invalid(path, "field \"plugins.\(name)\" is not an object", "write {\"isolation\": \"process\"}")
         }
         if let extra = fields.keys.sorted().first(where: { !["isolation", "limits", "user", "group"].contains($0) }) {
-            throw invalid(path, "field \"plugins.\(name).\(extra)\" is unknown", "use isolation, limits, user and group")
+            throw unknownField(extra, known: ["isolation", "limits", "user", "group"], path,
+                               problem: "field \"plugins.\(name).\(extra)\" is unknown", fix: "use isolation, limits, user and group")
         }
         var settings = PluginIsolationSettings()
         if let isolation = fields["isolation"] {
@@ -236,7 +247,8 @@ public struct DaemonConfiguration: Sendable, Equatable {
                 throw invalid(path, "field \"plugins.\(name).limits\" is not an object", "e.g. {\"addressSpaceBytes\": 536870912, \"openFiles\": 256}")
             }
             if let extra = values.keys.sorted().first(where: { key in !limitRanges.contains { $0.key == key } }) {
-                throw invalid(path, "field \"plugins.\(name).limits.\(extra)\" is unknown", "use \(limitRanges.map(\.key).joined(separator: ", "))")
+                throw unknownField(extra, known: limitRanges.map(\.key), path, problem: "field \"plugins.\(name).limits.\(extra)\" is unknown",
+                                   fix: "use \(limitRanges.map(\.key).joined(separator: ", "))")
             }
             for (key, range, target) in limitRanges {
                 guard let value = values[key] else { continue }

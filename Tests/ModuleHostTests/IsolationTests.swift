@@ -1168,6 +1168,11 @@ struct IsolationTests {
             (#"{"plugins": {"Ledger": {"sandbox": true}}}"#, #"field "plugins.Ledger.sandbox" is unknown"#),
             (#"{"plugins": {"../x": {}}}"#, #"field "plugins" names"#),
             (#"{"plugins": {"Ledger": {"user": ""}}}"#, #"field "plugins.Ledger.user" is not a user or group name"#),
+            // A typo of a known field is named, with the fix to rename it.
+            (#"{"logLevle": "info"}"#, #"has an unknown field "logLevle" (did you mean "logLevel"?). Fix: rename "logLevle" to "logLevel""#),
+            (#"{"plugins": {"Ledger": {"limtis": {}}}}"#, #"field "plugins.Ledger.limtis" is unknown (did you mean "limits"?)"#),
+            (#"{"plugins": {"Ledger": {"limits": {"openfiles": 64}}}}"#, #"(did you mean "openFiles"?). Fix: rename "openfiles" to "openFiles""#),
+            (#"{"modules": {"m": {"enabeld": true}}}"#, #"field "modules.m.enabeld" is unknown (did you mean "enabled"?)"#),
         ]
         for (text, message) in bad {
             let path = try directory.write("bad.json", text: text)
