@@ -19,6 +19,15 @@ extension ControlCommand {
     /// The allowed `--timeout`, in seconds.
     static let timeoutRange = 0.001...86400.0
 
+    /// The variable that names the control socket when `--socket` is not given, so that a
+    /// shell talking to a private daemon sets it once.
+    static let socketVariable = "MODHOST_SOCKET"
+
+    /// `socketVariable`'s value, when it is set and not empty.
+    static func socketFromEnvironment() -> String? {
+        ProcessEnvironment.current[socketVariable].flatMap { $0.isEmpty ? nil : $0 }
+    }
+
     /// Options every daemon command takes; `send` also takes `payload`, `to` and `await`,
     /// `post` takes `payload`.
     private static let commonOptions: Set<String> = ["json", "socket", "timeout", "help"]
@@ -95,7 +104,7 @@ extension ControlCommand {
     private static let daemonOptionsHelp = """
         OPTIONS:
           --json                    Print the reply's result as JSON
-          --socket PATH             The daemon's control socket (default: \(RuntimePaths().socketPath))
+          --socket PATH             The daemon's control socket (default: $MODHOST_SOCKET, else \(RuntimePaths().socketPath))
           --timeout SECONDS         How long to wait for the daemon's reply (0.001 to 86400; default: 30)
           -h, --help                Show help information
 
@@ -157,7 +166,7 @@ extension ControlCommand {
             }
             timeout = checked
         }
-        let socketPath = parsed.value("socket") ?? RuntimePaths().socketPath
+        let socketPath = parsed.value("socket") ?? Self.socketFromEnvironment() ?? RuntimePaths().socketPath
         fields["cmd"] = .string(command)
         fields["id"] = 1
         fields["v"] = .number(Double(ControlService.protocolVersion))

@@ -39,7 +39,7 @@ public struct ControlCommand: Sendable {
 
         OPTIONS:
           --json                    Print JSON instead of text
-          --socket PATH             The daemon's control socket (default: \(RuntimePaths().socketPath))
+          --socket PATH             The daemon's control socket (default: $MODHOST_SOCKET, else \(RuntimePaths().socketPath))
           --timeout SECONDS         How long to wait for the daemon's reply (0.001 to 86400; default: 30)
           --allow-insecure-plugins  Report insecure permissions as warnings, as modhostd would with it
           -h, --help                Show help information

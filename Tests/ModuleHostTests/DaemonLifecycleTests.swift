@@ -578,6 +578,19 @@ import TestSupport
         #expect(await h.daemon.wait() == 0)
     }
 
+    /// A shell that talks to a private daemon names its socket once, in MODHOST_SOCKET;
+    /// `--socket` still wins.
+    @Test func modhostctlFindsTheSocketInModhostSocket() async throws {
+        let h = try Harness(["Counter"])
+        #expect(await h.waitFor("control socket ready"))
+        let found = try run(BuildProducts.modhostctl, ["status", "--json"], environment: ["MODHOST_SOCKET": h.socket])
+        #expect(found.status == 0 && found.standardOutput.contains(h.socket), "\(found)")
+        let overridden = try run(BuildProducts.modhostctl, ["status", "--socket", h.root.file("nothing.sock")],
+                                 environment: ["MODHOST_SOCKET": h.socket])
+        #expect(overridden.status == 69, "\(overridden)")
+        #expect(await h.stop() == 0)
+    }
+
     /// With WatchdogSec=, systemd needs WATCHDOG=1 within each interval, or it restarts
     /// the daemon: it comes, at half the interval, once the daemon is ready.
     @Test func systemdHearsTheWatchdog() async throws {
