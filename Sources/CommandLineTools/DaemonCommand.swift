@@ -34,6 +34,9 @@ public struct DaemonCommand: Sendable {
                                     they reply deadline_exceeded (0.001 to 3600; default: 10)
           --shutdown-budget SECONDS How long a shutdown may take in total
                                     (0.001 to 3600; default: 30)
+          --check-config            Read and check the configuration (the file and these options)
+                                    as a start would, say whether it is valid, and exit (0 or 65)
+                                    without starting
           -h, --help                Show help information
 
         SIGNALS:
@@ -63,7 +66,7 @@ public struct DaemonCommand: Sendable {
             let parsed = try Arguments(
                 arguments, valueOptions: ["plugins", "log-level", "log-format", "event-deadline", "request-deadline", "shutdown-budget",
                                           "state-dir", "socket", "config"],
-                flagOptions: ["allow-insecure-plugins"])
+                flagOptions: ["allow-insecure-plugins", "check-config"])
             if parsed.has("help") {
                 output.out(Self.help)
                 return .failure(.success)
@@ -107,6 +110,7 @@ public struct DaemonCommand: Sendable {
                 set(&options, duration)
             }
             options.socketPath = parsed.value("socket")
+            options.checkConfigurationOnly = parsed.has("check-config")
             options.configPathExplicit = parsed.value("config") != nil
             options.configPath = parsed.value("config").map { PathText.absolute($0) } ?? RuntimePaths().configPath
             return .success(options)
@@ -141,15 +145,22 @@ public struct DaemonCommand: Sendable {
         case .failure(let code): return code
         }
         let configuration: DaemonConfiguration
+        let file: String?
         do {
-            configuration = try DaemonConfiguration.read(for: options).configuration
+            (configuration, file) = try DaemonConfiguration.read(for: options)
         } catch {
             output.err("Error: \(error.message)")
             return .dataError
         }
         guard !configuration.pluginDirectories.isEmpty else {
             output.err("Error: \(DaemonConfiguration.noPluginDirectory)\nUsage: \(Self.usage)\nSee 'modhostd --help'.")
-            return .usage
+            return options.checkConfigurationOnly ? .dataError : .usage
+        }
+        if options.checkConfigurationOnly {
+            let directories = configuration.pluginDirectories.count
+            output.out("configuration OK: \(file ?? "no configuration file; the defaults and the command line"), "
+                       + "\(directories) plugin \(directories == 1 ? "directory" : "directories")")
+            return .success
         }
         // On the journal, each line carries its priority (`journalctl -p err` finds errors).
         let journal = SystemdNotifier.standardErrorIsJournal()

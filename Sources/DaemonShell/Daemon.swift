@@ -27,6 +27,8 @@ public struct DaemonOptions: Sendable {
     public var trialLoader: String?
     /// The isolated plugins' worker; nil finds `modhost-worker` next to the running executable.
     public var worker: String?
+    /// `--check-config`: read and check the configuration, say so, and exit without starting.
+    public var checkConfigurationOnly = false
 
     public enum LogFormat: String, Sendable { case text, json }
 

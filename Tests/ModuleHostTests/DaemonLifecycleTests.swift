@@ -578,6 +578,26 @@ import TestSupport
         #expect(await h.daemon.wait() == 0)
     }
 
+    /// `modhostd --check-config` reads the configuration as a start would and says whether
+    /// it is valid, without starting: nothing is made or loaded.
+    @Test func checkConfigSaysWhetherTheConfigurationIsValidWithoutStarting() throws {
+        let scratch = TemporaryDirectory("check-config")
+        let plugins = scratch.directory("plugins")
+        let good = try scratch.write("good.json", text: #"{"logLevel": "debug", "retiredImageLimit": 10}"#)
+        let bad = try scratch.write("bad.json", text: #"{"logLevle": "debug"}"#)
+        let state = scratch.file("state")
+        func check(_ config: String) throws -> ProcessResult {
+            try run(BuildProducts.modhostd, ["--check-config", "--config", config, "--plugins", plugins, "--state-dir", state,
+                                             "--socket", scratch.file("sock")])
+        }
+        let valid = try check(good)
+        #expect(valid.status == 0 && valid.standardOutput == "configuration OK: \(good), 1 plugin directory\n", "\(valid)")
+        let invalid = try check(bad)
+        #expect(invalid.status == 65 && invalid.standardError.contains(#"did you mean "logLevel"?"#), "\(invalid)")
+        #expect(!FileManager.default.fileExists(atPath: state), "--check-config made the state directory")
+        #expect(!FileManager.default.fileExists(atPath: scratch.file("sock")))
+    }
+
     /// A shell that talks to a private daemon names its socket once, in MODHOST_SOCKET;
     /// `--socket` still wins.
     @Test func modhostctlFindsTheSocketInModhostSocket() async throws {
