@@ -42,6 +42,8 @@ public struct ControlCommand: Sendable {
           --socket PATH             The daemon's control socket (default: $MODHOST_SOCKET, else \(RuntimePaths().socketPath))
           --timeout SECONDS         How long to wait for the daemon's reply (0.001 to 86400; default: 30)
           --allow-insecure-plugins  Report insecure permissions as warnings, as modhostd would with it
+          --version                 Print the release, the C ABI, ModuleKit's version and the
+                                    Swift compiler, and exit
           -h, --help                Show help information
 
         EXIT CODES:
@@ -84,10 +86,12 @@ public struct ControlCommand: Sendable {
         let valueOptions: Set<String> = ["language", "sdk", "library", "swift-version", "socket", "timeout", "payload", "to",
                                           "plugin", "prefix", "dir", "with"]
         // After `call`, "-5" and "-inf" are the function's arguments, not options.
-        let parsed = try Arguments(arguments, valueOptions: valueOptions, flagOptions: ["json", "allow-insecure-plugins", "await", "swift", "c", "load"],
+        let parsed = try Arguments(arguments, valueOptions: valueOptions,
+                                   flagOptions: ["json", "allow-insecure-plugins", "await", "swift", "c", "load", "version"],
                                    dashWordsArePositional: { $0.first == "call" })
         guard let command = parsed.positionals.first else {
             if parsed.has("help") { output.out(Self.help); return .success }
+            if parsed.has("version") { output.out(HostSDK.versionLine("modhostctl")); return .success }
             throw UsageError("missing command")
         }
         let operands = Array(parsed.positionals.dropFirst())

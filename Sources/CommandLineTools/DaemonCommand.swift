@@ -37,6 +37,8 @@ public struct DaemonCommand: Sendable {
           --check-config            Read and check the configuration (the file and these options)
                                     as a start would, say whether it is valid, and exit (0 or 65)
                                     without starting
+          --version                 Print the release, the C ABI, ModuleKit's version and the
+                                    Swift compiler, and exit
           -h, --help                Show help information
 
         SIGNALS:
@@ -66,9 +68,13 @@ public struct DaemonCommand: Sendable {
             let parsed = try Arguments(
                 arguments, valueOptions: ["plugins", "log-level", "log-format", "event-deadline", "request-deadline", "shutdown-budget",
                                           "state-dir", "socket", "config"],
-                flagOptions: ["allow-insecure-plugins", "check-config"])
+                flagOptions: ["allow-insecure-plugins", "check-config", "version"])
             if parsed.has("help") {
                 output.out(Self.help)
+                return .failure(.success)
+            }
+            if parsed.has("version") {
+                output.out(HostSDK.versionLine("modhostd"))
                 return .failure(.success)
             }
             guard parsed.positionals.isEmpty else { throw UsageError("unexpected argument \(shownArgument(parsed.positionals[0]))") }

@@ -176,6 +176,7 @@ public struct ControlService: Sendable {
                 "commands": .array(Self.commands.map(JSONValue.string)),
                 "moduleKit": .string(HostSDK.current.moduleKit),
                 "protocol": .number(Double(Self.protocolVersion)),
+                "release": .string(HostSDK.release),
                 "swift": .string(HostSDK.current.compilerVersion),
             ]).jsonText
         case "ping":

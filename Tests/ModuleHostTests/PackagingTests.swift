@@ -11,6 +11,22 @@ import TestSupport
     static let root = BuildProducts.packageRoot
     static let isRoot = geteuid() == 0
 
+    // MARK: versions
+
+    /// One release number everywhere: the tools' `--version`, the protocol's `version`
+    /// reply and the package's (modulehost.pc.in, which `make deb` reads).
+    @Test func everyToolSaysTheReleaseThePackageIs() throws {
+        let pkgconfig = try String(contentsOfFile: Self.root + "/share/modulehost.pc.in", encoding: .utf8)
+        let version = pkgconfig.split(separator: "\n").first { $0.hasPrefix("Version: ") }.map { String($0.dropFirst("Version: ".count)) }
+        #expect(version == HostSDK.release)
+        for (tool, name) in [(BuildProducts.modhostd, "modhostd"), (BuildProducts.modhostctl, "modhostctl")] {
+            let result = try run(tool, ["--version"])
+            #expect(result.status == 0, "\(result)")
+            #expect(result.standardOutput.hasPrefix("\(name) \(HostSDK.release) (C ABI \(HostSDK.abiMajor).\(HostSDK.abiMinor), ModuleKit "),
+                    "\(result.standardOutput)")
+        }
+    }
+
     // MARK: share/modhostd.json.example
 
     /// The example configuration is read by the daemon's own parser, sets every field the

@@ -34,6 +34,16 @@ public struct HostSDK: Sendable {
     /// when the library was not found.
     static let library: DynamicLibrary? = current.libraryPath.isEmpty ? nil : try? DynamicLibrary(path: current.libraryPath)
 
+    /// The release of ModuleHost this host is (the Debian package's and the pkg-config
+    /// file's version).
+    public static let release = "1.0.0"
+
+    /// One line naming `program`, this release and what it implements, for `--version`:
+    /// "modhostd 1.0.0 (C ABI 1.1, ModuleKit 1.0, Swift 6.2)".
+    public static func versionLine(_ program: String) -> String {
+        "\(program) \(release) (C ABI \(abiMajor).\(abiMinor), ModuleKit \(current.moduleKit), Swift \(current.compilerVersion))"
+    }
+
     /// The ABI version this host implements.
     public static let abiMajor = Int(MODHOST_ABI_MAJOR)
     public static let abiMinor = Int(MODHOST_ABI_MINOR)
