@@ -38,7 +38,9 @@ extension ControlCommand {
 
             Lists every module the daemon knows (running, disabled, stopped) and every plugin file
             it refused or quarantined, one per line: MODULE PLUGIN FILE VERSION STATE ORDER GEN
-            LAST-ERROR. GEN counts how often the plugin was loaded; "-" means none or unknown.
+            ISOLATION PID RESTARTS LAST-ERROR. GEN counts how often the plugin was loaded;
+            ISOLATION is in-process or process, and for an isolated plugin PID is its worker's and
+            RESTARTS how often that worker was restarted; "-" means none or unknown.
             """,
         "status": """
             USAGE: modhostctl status [--json] [--socket PATH]

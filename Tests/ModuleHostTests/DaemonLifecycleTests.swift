@@ -598,6 +598,18 @@ import TestSupport
         #expect(!FileManager.default.fileExists(atPath: scratch.file("sock")))
     }
 
+    /// `list --help` names every column `list` prints.
+    @Test func listHelpNamesEveryColumn() async throws {
+        let h = try Harness(["Counter"])
+        #expect(await h.waitFor("control socket ready"))
+        let header = try #require(try h.ctl("list").standardOutput.split(separator: "\n").first)
+        let help = try h.ctl("list", "--help").standardOutput
+        for column in header.split(separator: " ") {
+            #expect(help.contains(column), "list --help does not name the column \(column)")
+        }
+        #expect(await h.stop() == 0)
+    }
+
     /// A shell that talks to a private daemon names its socket once, in MODHOST_SOCKET;
     /// `--socket` still wins.
     @Test func modhostctlFindsTheSocketInModhostSocket() async throws {
