@@ -253,7 +253,7 @@ public actor Daemon: DaemonControl {
         let snapshot = await plugins.snapshot()
         let down = downModules(snapshot)
         let running = await host.moduleNames.filter { down[$0] == nil }
-        logger.info("started \(running.count) \(running.count == 1 ? "module" : "modules")\(running.isEmpty ? "" : ": " + running.joined(separator: ", "))",
+        logger.info("started \(running.count) \(running.count == 1 ? "module" : "modules")\(running.isEmpty ? "" : ": " + Self.firstNames(running))",
                     [("plugins", "\(snapshot.plugins.count)"), ("refused", "\(snapshot.filesRefused)")])
         for (module, worker) in down.sorted(by: { $0.key < $1.key }) {
             logger.warning("module \(module) is not running: its worker is \(worker.phase.rawValue)\(worker.lastCrash.map { " (last: \($0))" } ?? "")",
@@ -262,6 +262,16 @@ public actor Daemon: DaemonControl {
         logger.info("control socket ready", [("socket", socketPath)])
         notify { try $0.ready(status: "\(running.count) \(running.count == 1 ? "module" : "modules") running") }
         owned.keepAlive = DaemonWatchdog.start(socketPath: socketPath, notifier: notifier, logger: logger)
+    }
+
+    /// The most module names the "started N modules" line lists; `modhostctl list` has
+    /// them all.
+    public static let namesListed = 20
+
+    /// `names` joined by commas, the first `namesListed` of them and how many more.
+    public static func firstNames(_ names: [String]) -> String {
+        let shown = names.prefix(namesListed).joined(separator: ", ")
+        return names.count > namesListed ? shown + " and \(names.count - namesListed) more (modhostctl list)" : shown
     }
 
     /// Returns once startup has finished (at once afterwards): requests that act on

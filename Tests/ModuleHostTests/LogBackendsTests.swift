@@ -25,6 +25,17 @@ struct LogBackendsTests {
         #expect(!TextLogBackend().format(level: .error, label: "x", message: "m", metadata: []).hasPrefix("<"))
     }
 
+    /// The "started N modules" line lists the first names and how many more: at a
+    /// thousand modules it stays one short line (`modhostctl list` has them all).
+    @Test func theStartedLineListsTheFirstNames() {
+        let few = ["a", "b", "c"]
+        #expect(Daemon.firstNames(few) == "a, b, c")
+        let many = (1...1000).map { "module\($0)" }
+        let line = Daemon.firstNames(many)
+        #expect(line.hasPrefix("module1, module2, ") && line.hasSuffix(", module20 and 980 more (modhostctl list)"), "\(line)")
+        #expect(line.utf8.count < 400)
+    }
+
     @Test func oneRecordIsAlwaysOneLine() {
         let backend = TextLogBackend()
         let line = backend.format(level: .error, label: "x", message: "first\nsecond\tthird", metadata: [("k", "v\nw")])
