@@ -73,7 +73,7 @@ struct PluginScaffold: Sendable {
 
     var readme: String {
         """
-        \(name): a ModuleHost plugin in \(language == .c ? "C" : "Swift"). `make` builds build/lib\(name).so, `modhostctl verify build/lib\(name).so` checks it, `modhostd --plugins build` runs it.
+        \(name): a ModuleHost plugin in \(language == .c ? "C" : "Swift"). `make` builds build/lib\(name).so, `modhostctl verify --load build/lib\(name).so` checks it (and loads it in a child process, as the daemon would), `modhostd --plugins build` runs it.
 
         """
     }
@@ -162,7 +162,7 @@ extension ControlCommand {
         }
         output.out("""
             wrote \(shownDirectory)/: \(scaffold.files.map(\.name).joined(separator: ", "))
-            next: cd \(shownDirectory) && make && modhostctl verify build/lib\(scaffold.name).so
+            next: cd \(shownDirectory) && make && modhostctl verify --load build/lib\(scaffold.name).so
             """)
         return .success
     }

@@ -16,6 +16,8 @@ import TestSupport
     func scaffold(_ language: String, _ name: String, in directory: String) throws {
         let result = try run(BuildProducts.modhostctl, ["new", "--\(language)", name, "--dir", directory])
         try #require(result.status == 0, "modhostctl new failed: \(result.standardError)")
+        // Its next step checks the build as the daemon would load it.
+        #expect(result.standardOutput.contains("make && modhostctl verify --load build/lib\(name).so"), "\(result.standardOutput)")
     }
 
     /// `make` in `directory` (with `arguments`), standard error joined to standard output,
@@ -52,7 +54,9 @@ import TestSupport
         #expect(build.status == 0, "\(build.standardOutput)")
         #expect(!build.standardOutput.contains("warning"), "\(build.standardOutput)")
         let library = dir + "/build/libHello.so"
-        let verify = try run(BuildProducts.modhostctl, ["verify", library])
+        // The check the README's quick start runs: verify, and a trial load as the daemon's.
+        #expect(commands.contains("modhostctl verify --load build/libHello.so"))
+        let verify = try run(BuildProducts.modhostctl, ["verify", "--load", library])
         #expect(verify.status == 0, "\(verify.standardOutput)")
         let file = try Validator().validate(library)
         #expect(file.manifest.name == "Hello" && file.manifest.language.rawValue == language)
