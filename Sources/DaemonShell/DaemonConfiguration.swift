@@ -14,7 +14,7 @@ import PluginFormat
 ///       "shutdownBudgetSeconds": 30,
 ///       "logLevel": "info",
 ///       "isolation": "in-process",
-///       "plugins": { "Ledger": { "isolation": "process", "limits": { "addressSpaceBytes": 536870912 } } }
+///       "plugins": { "Parser": { "isolation": "process", "limits": { "addressSpaceBytes": 536870912 } } }
 ///     }
 ///
 /// Every field is optional. Command-line options add to or override it. SIGHUP and
