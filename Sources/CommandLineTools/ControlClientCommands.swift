@@ -1,5 +1,6 @@
 import ControlProtocol
 import DaemonKit
+import ModuleHost
 import ModuleKit
 import PluginFormat
 
@@ -14,7 +15,8 @@ import Glibc
 /// process on the socket runs as another user than root or the caller (nothing is sent to it).
 extension ControlCommand {
     /// The commands handled here.
-    static let daemonCommands: Set<String> = ["list", "status", "metrics", "info", "enable", "disable", "reload", "send", "post", "call"]
+    static let daemonCommands: Set<String> = ["list", "status", "metrics", "info", "enable", "disable", "reload", "send", "post", "call",
+                                              "version"]
 
     /// The allowed `--timeout`, in seconds.
     static let timeoutRange = 0.001...86400.0
@@ -41,6 +43,12 @@ extension ControlCommand {
             ISOLATION PID RESTARTS LAST-ERROR. GEN counts how often the plugin was loaded;
             ISOLATION is in-process or process, and for an isolated plugin PID is its worker's and
             RESTARTS how often that worker was restarted; "-" means none or unknown.
+            """,
+        "version": """
+            USAGE: modhostctl version [--json] [--socket PATH]
+
+            Shows this modhostctl's release, C ABI, ModuleKit version and Swift compiler, and the
+            daemon's (with its control protocol version); --json prints the daemon's reply.
             """,
         "status": """
             USAGE: modhostctl status [--json] [--socket PATH]
@@ -134,7 +142,7 @@ extension ControlCommand {
         let json = parsed.has("json")
         var fields: [String: JSONValue] = [:]
         switch command {
-        case "list", "status", "metrics", "info", "reload":
+        case "list", "status", "metrics", "info", "reload", "version":
             guard operands.isEmpty else { throw UsageError("\(command) takes no arguments") }
         case "enable", "disable":
             guard operands.count == 1 else { throw UsageError("\(command) takes exactly one module NAME") }
@@ -204,6 +212,8 @@ extension ControlCommand {
             output.out(Self.table(try Self.decode([ModuleRow].self, from: result["modules"] ?? .null)))
         case "status":
             output.out(Self.statusText(try Self.decode(DaemonStatus.self, from: result)))
+        case "version":
+            output.out(Self.versionText(daemon: result))
         case "metrics":
             output.out(try Self.decode(MetricsReport.self, from: result).prometheusText)
         case "reload":
@@ -236,6 +246,14 @@ extension ControlCommand {
         default:  // info
             output.out(encodeJSON(result))
         }
+    }
+
+    /// `modhostctl version`: this tool's version line and the daemon's, from its `version`
+    /// reply (the release, the C ABI, ModuleKit, the compiler and the protocol).
+    static func versionText(daemon result: JSONValue) -> String {
+        func field(_ key: String) -> String { result[key]?.stringValue ?? result[key].map(\.jsonText) ?? "?" }
+        return HostSDK.versionLine("modhostctl") + "\n"
+            + "modhostd \(field("release")) (C ABI \(field("abi")), ModuleKit \(field("moduleKit")), Swift \(field("swift")), protocol \(field("protocol")))"
     }
 
     /// `modhostctl list`: aligned columns, "-" for empty cells, then a count per state.

@@ -16,6 +16,7 @@ public struct ControlCommand: Sendable {
         COMMANDS:
           list                      List modules and refused plugin files, like lsmod
           status                    Show the daemon's counters and paths
+          version                   Show this tool's and the daemon's release, ABI and compiler
           metrics                   Print the daemon's metrics for Prometheus (text exposition format)
           info                      Show every running module's name, version and metadata
           enable NAME               Enable a module at run time

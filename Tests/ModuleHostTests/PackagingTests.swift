@@ -27,6 +27,18 @@ import TestSupport
         }
     }
 
+    /// `modhostctl version` shows its own version line and the running daemon's.
+    @Test func versionShowsTheToolAndTheDaemon() async throws {
+        let h = try DaemonLifecycleTests.Harness(["Counter"])
+        #expect(await h.waitFor("control socket ready"))
+        let result = try h.ctl("version")
+        let lines = result.standardOutput.split(separator: "\n").map(String.init)
+        #expect(result.status == 0 && lines.count == 2, "\(result)")
+        #expect(lines.first == HostSDK.versionLine("modhostctl"))
+        #expect(lines.last == HostSDK.versionLine("modhostd").dropLast() + ", protocol 1)", "\(lines)")
+        #expect(await h.stop() == 0)
+    }
+
     // MARK: share/modhostd.json.example
 
     /// The example configuration is read by the daemon's own parser, sets every field the
