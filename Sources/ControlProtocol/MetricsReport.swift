@@ -130,11 +130,19 @@ public struct MetricsReport: Codable, Sendable, Equatable {
         public var residentBytes: Int64
         public var mappings: Int
         public var uptimeSeconds: Double
+        /// When the daemon started, in seconds since the Unix epoch (absent from a daemon
+        /// that did not say).
+        public var startTimeSeconds: Double?
+        /// What the daemon is: its release, C ABI, ModuleKit and Swift versions.
+        public var build: [String: String]?
 
         public init(pluginsLoaded: Int, modulesRunning: Int, filesRefused: Int, pluginsAdded: UInt64, pluginsReplaced: UInt64,
                     pluginsRemoved: UInt64, refusals: UInt64, reloads: Int, imagesMapped: Int, imagesMappedBytes: Int64,
                     imagesRetired: Int, imagesRetiredBytes: Int64, imagesPrivate: Int, imagesPrivateBytes: Int64,
-                    residentBytes: Int64, mappings: Int, uptimeSeconds: Double) {
+                    residentBytes: Int64, mappings: Int, uptimeSeconds: Double, startTimeSeconds: Double? = nil,
+                    build: [String: String]? = nil) {
+            self.startTimeSeconds = startTimeSeconds
+            self.build = build
             self.pluginsLoaded = pluginsLoaded
             self.modulesRunning = modulesRunning
             self.filesRefused = filesRefused
@@ -180,7 +188,8 @@ extension MetricsReport {
     /// The report in the Prometheus text exposition format, version 0.0.4: for each metric
     /// family a `# HELP` and a `# TYPE` line, then its samples; counters end in `_total`,
     /// histograms have `_bucket{le=...}`, `_sum` and `_count`; label values are escaped
-    /// (`\\`, `\"`, `\n`). Every name starts with `modhost_`.
+    /// (`\\`, `\"`, `\n`). Every name starts with `modhost_`, but the standard
+    /// `process_start_time_seconds` and `process_resident_memory_bytes`.
     public var prometheusText: String {
         var out = Exposition()
         let d = daemon
@@ -200,6 +209,16 @@ extension MetricsReport {
         out.gauge("modhost_resident_memory_bytes", "The daemon's resident memory, in bytes.", [([], Double(d.residentBytes))])
         out.gauge("modhost_memory_mappings", "The daemon's memory mappings (bounded by vm.max_map_count).", [([], Double(d.mappings))])
         out.gauge("modhost_uptime_seconds", "Seconds since the daemon started.", [([], d.uptimeSeconds)])
+        if let build = d.build {
+            out.gauge("modhost_build_info", "What the daemon is: always 1, with its release, C ABI, ModuleKit and Swift versions as labels.",
+                      [(build.sorted { $0.key < $1.key }.map { ($0.key, $0.value) }, 1)])
+        }
+        // The names every Prometheus client library gives these, so that the standard
+        // dashboards and alerts find them.
+        if let start = d.startTimeSeconds {
+            out.gauge("process_start_time_seconds", "Start time of the process since unix epoch in seconds.", [([], start)])
+        }
+        out.gauge("process_resident_memory_bytes", "Resident memory size in bytes.", [([], Double(d.residentBytes))])
 
         let moduleLabels = modules.map { [("module", $0.module), ("plugin", $0.plugin)] }
         out.counter("modhost_module_events_delivered_total", "Events handed to the module's handlers: lifecycle, custom, awaited and notifications.",

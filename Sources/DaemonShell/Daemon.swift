@@ -65,6 +65,12 @@ public actor Daemon: DaemonControl {
     var configurationFile: String?
     var reloads = 0
     let startTime = ContinuousClock.now
+    /// When the daemon started, in seconds since the Unix epoch.
+    let startedAt: Double = {
+        var now = timespec()
+        clock_gettime(CLOCK_REALTIME, &now)
+        return Double(now.tv_sec) + Double(now.tv_nsec) / 1e9
+    }()
     /// Where the daemon is in its life.
     var lifecycle = Lifecycle.starting(readyWaiters: [])
     /// What the daemon holds while it runs, taken by `start()` and let go by `stop()`.
@@ -533,7 +539,9 @@ public actor Daemon: DaemonControl {
             imagesRetired: snapshot.retiredGenerations, imagesRetiredBytes: snapshot.retiredBytes,
             imagesPrivate: privateImages.count, imagesPrivateBytes: privateImages.bytes,
             residentBytes: ProcessMemory.residentBytes() ?? 0, mappings: ProcessMemory.mappings() ?? 0,
-            uptimeSeconds: ((ContinuousClock.now - startTime).seconds * 1000).rounded() / 1000)
+            uptimeSeconds: ((ContinuousClock.now - startTime).seconds * 1000).rounded() / 1000, startTimeSeconds: startedAt,
+            build: ["release": HostSDK.release, "abi": "\(HostSDK.abiMajor).\(HostSDK.abiMinor)",
+                    "modulekit": HostSDK.current.moduleKit, "swift": HostSDK.current.compilerVersion])
         let hostMetrics = host.metrics.snapshot()
         let calls = plugins.metrics.callSnapshot().map { call in
             MetricsReport.Function(plugin: call.plugin, function: call.function, calls: call.calls,

@@ -1,6 +1,7 @@
 import ControlProtocol
 import Foundation
 import Glibc
+import ModuleHost
 import ModuleKit
 import Testing
 import TestSupport
@@ -158,6 +159,12 @@ struct MetricsTests {
         #expect(before.value("modhost_reloads_total") == 0)
         #expect((before.value("modhost_resident_memory_bytes") ?? 0) > 1_000_000)
         #expect((before.value("modhost_memory_mappings") ?? 0) > 10)
+        // The standard names, and what the daemon is.
+        #expect(before.value("process_resident_memory_bytes") == before.value("modhost_resident_memory_bytes"))
+        let now = Double(time(nil))
+        #expect((before.value("process_start_time_seconds") ?? 0) > now - 3600 && (before.value("process_start_time_seconds") ?? 0) <= now + 1)
+        #expect(before.value("modhost_build_info", ["release": HostSDK.release, "abi": "\(HostSDK.abiMajor).\(HostSDK.abiMinor)",
+                                                    "modulekit": HostSDK.current.moduleKit, "swift": HostSDK.current.compilerVersion]) == 1)
 
         for _ in 0..<3 { try daemon.ctl(["send", "beat"]) }
         for _ in 0..<2 { try daemon.ctl(["send", "--to", "counter", "--await", "beat"]) }
