@@ -91,9 +91,13 @@ public struct MetricsReport: Codable, Sendable, Equatable {
         /// many waited for delivery, log lines over the rate (docs/isolation.md, "Floods").
         public var droppedNotifications: UInt64
         public var droppedLogLines: UInt64
+        /// Where its worker is: `starting`, `running`, `crashed`, `quarantined` or `stopped`
+        /// (absent from a daemon that did not say).
+        public var phase: String?
 
         public init(plugin: String, restarts: UInt64, crashes: UInt64, residentBytes: Int64?,
-                    droppedNotifications: UInt64 = 0, droppedLogLines: UInt64 = 0) {
+                    droppedNotifications: UInt64 = 0, droppedLogLines: UInt64 = 0, phase: String? = nil) {
+            self.phase = phase
             self.plugin = plugin
             self.restarts = restarts
             self.crashes = crashes
@@ -257,6 +261,10 @@ extension MetricsReport {
                     })
         out.gauge("modhost_worker_resident_memory_bytes", "Resident memory of an isolated plugin's worker process, in bytes.",
                   zip(workerLabels, workers).compactMap { labels, worker in worker.residentBytes.map { (labels, Double($0)) } })
+        out.gauge("modhost_worker_up", "1 while an isolated plugin's worker runs, 0 while it starts, is down or is quarantined.",
+                  zip(workerLabels, workers).compactMap { labels, worker in worker.phase.map { (labels, $0 == "running" ? 1 : 0) } })
+        out.gauge("modhost_worker_quarantined", "1 while an isolated plugin is quarantined (its worker ended too often; not restarted).",
+                  zip(workerLabels, workers).compactMap { labels, worker in worker.phase.map { (labels, $0 == "quarantined" ? 1 : 0) } })
         return out.text
     }
 }

@@ -554,7 +554,7 @@ public actor Daemon: DaemonControl {
                 let totals = plugins.metrics.workerTotals(plugin: plugin.name, current: $0)
                 return MetricsReport.Worker(plugin: plugin.name, restarts: UInt64(totals.restarts), crashes: UInt64(totals.crashes),
                                             residentBytes: $0.residentBytes, droppedNotifications: totals.droppedNotifications,
-                                            droppedLogLines: totals.droppedLogLines)
+                                            droppedLogLines: totals.droppedLogLines, phase: $0.phase.rawValue)
             }
         }
         return MetricsReport(daemon: daemon, modules: hostMetrics.modules.map(MetricsReport.Module.init),

@@ -225,6 +225,8 @@ struct MetricsTests {
         #expect(before.value("modhost_worker_restarts_total", ["plugin": "Calculator"]) == 0)
         #expect(before.value("modhost_worker_crashes_total", ["plugin": "Calculator"]) == 0)
         #expect((before.value("modhost_worker_resident_memory_bytes", ["plugin": "Calculator"]) ?? 0) > 100_000)
+        #expect(before.value("modhost_worker_up", ["plugin": "Calculator"]) == 1)
+        #expect(before.value("modhost_worker_quarantined", ["plugin": "Calculator"]) == 0)
         // Only the in-process plugins are mapped in the daemon.
         #expect(before.value("modhost_images_mapped") == 3)
 
@@ -239,6 +241,7 @@ struct MetricsTests {
         #expect(after.value("modhost_worker_restarts_total", ["plugin": "Calculator"]) == 1)
         #expect(after.value("modhost_worker_crashes_total", ["plugin": "Calculator"]) == 1)
         #expect((after.value("modhost_worker_resident_memory_bytes", ["plugin": "Calculator"]) ?? 0) > 100_000)
+        #expect(after.value("modhost_worker_up", ["plugin": "Calculator"]) == 1)
         let add = ["plugin": "Calculator", "function": "calc_add"]
         #expect(after.value("modhost_calls_total", add) == 4)
         #expect(after.value("modhost_call_seconds_count", add) == 4)
