@@ -68,7 +68,9 @@ extension ControlCommand {
         "info": """
             USAGE: modhostctl info [--json] [--socket PATH]
 
-            Prints every running module's info (name, version, metadata) as JSON.
+            Prints every running module's info: a line "NAME VERSION", then its metadata, one
+            "  key: value" line each (values that are not strings as JSON). --json prints the
+            daemon's reply as it is.
             """,
         "enable": """
             USAGE: modhostctl enable [--socket PATH] NAME
@@ -244,8 +246,27 @@ extension ControlCommand {
             // The result as text, like a shell command's output; nothing for void.
             if result["type"] != "void" { output.out(result["text"]?.stringValue ?? "") }
         default:  // info
-            output.out(encodeJSON(result))
+            output.out(Self.infoText(result))
         }
+    }
+
+    /// `modhostctl info`: a line per running module, `NAME VERSION`, then one indented line
+    /// per metadata member, `key: value` (strings as they are, other values as JSON), in
+    /// the order the host lists them; `--json` prints the reply itself.
+    static func infoText(_ result: JSONValue) -> String {
+        guard case .array(let modules)? = result["modules"], !modules.isEmpty else { return "no module runs" }
+        var lines: [String] = []
+        for module in modules {
+            let name = JSONValue.escapingControlCharacters(module["name"]?.stringValue ?? "-")
+            let version = JSONValue.escapingControlCharacters(module["version"]?.stringValue ?? "-")
+            lines.append("\(name) \(version)")
+            if case .object(let metadata)? = module["metadata"] {
+                for (key, value) in metadata.sorted(by: { $0.key < $1.key }) {
+                    lines.append("  \(JSONValue.escapingControlCharacters(key)): \(JSONValue.escapingControlCharacters(value.stringValue ?? value.jsonText))")
+                }
+            }
+        }
+        return lines.joined(separator: "\n")
     }
 
     /// `modhostctl version`: this tool's version line and the daemon's, from its `version`

@@ -598,6 +598,21 @@ import TestSupport
         #expect(!FileManager.default.fileExists(atPath: scratch.file("sock")))
     }
 
+    /// `info` prints text, a line per module and one per metadata member; `--json` the reply.
+    @Test func infoPrintsTextAndJSONOnlyWhenAsked() async throws {
+        let h = try Harness(["Greeting", "Welcome"])
+        #expect(await h.waitFor("started 2 modules"))
+        let text = try h.ctl("info")
+        #expect(text.status == 0)
+        let lines = text.standardOutput.split(separator: "\n").map(String.init)
+        #expect(lines.contains("greeting 1.0.0") && lines.contains("welcome 1.0.0"), "\(lines)")
+        #expect(lines.contains("  greetingsGiven: 1"), "\(lines)")
+        #expect(!text.standardOutput.contains("{"))
+        let json = try h.ctl("info", "--json")
+        #expect(json.standardOutput.hasPrefix("{"), "\(json.standardOutput)")
+        #expect(await h.stop() == 0)
+    }
+
     /// `list --help` names every column `list` prints.
     @Test func listHelpNamesEveryColumn() async throws {
         let h = try Harness(["Counter"])
