@@ -25,7 +25,7 @@ public struct DaemonCommand: Sendable {
           --allow-insecure-plugins  Accept plugin files writable by others or owned by another
                                     user, with a warning (development only)
           --log-level LEVEL         debug, info, warning or error (default: info)
-          --log-format FORMAT       text or json (default: text)
+          --log-format FORMAT       text or json (default: the configuration's logFormat, else text)
           --event-deadline SECONDS  How long a module's event handler may take before the daemon
                                     goes on without it (a C module is then stuck)
                                     (0.001 to 3600; default: 5)
@@ -170,7 +170,7 @@ public struct DaemonCommand: Sendable {
         }
         // On the journal, each line carries its priority (`journalctl -p err` finds errors).
         let journal = SystemdNotifier.standardErrorIsJournal()
-        let backend: any LogBackend = options.logFormat == .json ? JSONLogBackend(priorityPrefixes: journal)
+        let backend: any LogBackend = configuration.logFormat == .json ? JSONLogBackend(priorityPrefixes: journal)
                                                                  : TextLogBackend(priorityPrefixes: journal)
         LoggingSystem.bootstrap(backend, level: configuration.logLevel)
         do {

@@ -11,7 +11,8 @@ public struct DaemonOptions: Sendable {
     public var pluginDirectories: [String] = []
     public var allowInsecurePlugins = false
     public var logLevel: LogLevel?
-    public var logFormat: LogFormat = .text
+    /// `--log-format`: overrides the configuration's `logFormat`.
+    public var logFormat: LogFormat?
     public var eventDeadline: Duration?
     /// `--request-deadline`: overrides the configuration's `requestDeadline`.
     public var requestDeadline: Duration?
@@ -806,6 +807,7 @@ extension DaemonConfiguration {
             merged.pluginDirectories.append(directory)
         }
         if let level = options.logLevel { merged.logLevel = level }
+        if let format = options.logFormat { merged.logFormat = format }
         if let deadline = options.eventDeadline { merged.eventDeadline = deadline }
         if let deadline = options.requestDeadline { merged.requestDeadline = deadline }
         if let budget = options.shutdownBudget { merged.shutdownBudget = budget }

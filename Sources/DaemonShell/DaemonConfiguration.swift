@@ -32,6 +32,8 @@ public struct DaemonConfiguration: Sendable, Equatable {
     /// still running.
     public var shutdownBudget: Duration = .seconds(30)
     public var logLevel: LogLevel = .info
+    /// How log lines are written: text, or one JSON object per line (as `--log-format`).
+    public var logFormat: DaemonOptions.LogFormat = .text
     public var allowInsecurePlugins = false
     /// Where plugins run unless `plugins` or their manifest says otherwise (docs/isolation.md).
     public var isolation: Isolation = .inProcess
@@ -62,7 +64,8 @@ public struct DaemonConfiguration: Sendable, Equatable {
     /// share/modhostd.json.example sets each one).
     public static let fieldNames: Set<String> = ["pluginDirectories", "modules", "eventDeadlineSeconds", "requestDeadlineSeconds",
                                                  "shutdownBudgetSeconds", "logLevel", "allowInsecurePlugins", "isolation", "plugins",
-                                                 "allowCallsWithoutRunningModule", "stopPluginsWithUnsafeFiles", "retiredImageLimit"]
+                                                 "allowCallsWithoutRunningModule", "stopPluginsWithUnsafeFiles", "retiredImageLimit",
+                                                 "logFormat"]
 
     /// The largest configuration file read, in bytes (1 MiB).
     public static let maximumFileSize = 1 << 20
@@ -107,6 +110,12 @@ public struct DaemonConfiguration: Sendable, Equatable {
                               "e.g. \(example)")
             }
             set(&configuration, duration)
+        }
+        if let format = fields["logFormat"] {
+            guard let name = format.stringValue, let parsed = DaemonOptions.LogFormat(rawValue: name) else {
+                throw invalid(path, "field \"logFormat\" is \(format.jsonText), not \"text\" or \"json\"", "e.g. \"json\"")
+            }
+            configuration.logFormat = parsed
         }
         if let level = fields["logLevel"] {
             guard let name = level.stringValue, let parsed = LogLevel(name: name) else {

@@ -598,6 +598,19 @@ import TestSupport
         #expect(!FileManager.default.fileExists(atPath: scratch.file("sock")))
     }
 
+    /// The configuration chooses JSON log lines; `--log-format` overrides it.
+    @Test(arguments: [false, true])
+    func theConfigurationChoosesTheLogFormat(overridden: Bool) async throws {
+        let h = try Harness(["Counter"], arguments: overridden ? ["--log-format", "text"] : [], config: #"{"logFormat": "json"}"#)
+        #expect(await h.waitFor("control socket ready"))
+        let lines = h.daemon.text.split(separator: "\n")
+        #expect(!lines.isEmpty)
+        for line in lines {
+            #expect(line.hasPrefix("{\"") != overridden, "\(line)")
+        }
+        #expect(await h.stop() == 0)
+    }
+
     /// `info` prints text, a line per module and one per metadata member; `--json` the reply.
     @Test func infoPrintsTextAndJSONOnlyWhenAsked() async throws {
         let h = try Harness(["Greeting", "Welcome"])
