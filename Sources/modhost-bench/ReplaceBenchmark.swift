@@ -87,11 +87,12 @@ struct ReplaceBenchmark {
     /// residue of each replace, and the per-replace rows count from there.
     func leftovers(plugin: String, file: String, label: String, configuration: String? = nil, warmUp: Int = 0) async throws -> [BenchRow] {
         let root = try fresh("leftovers-" + label)
-        var arguments: [String] = []
-        if let configuration {
-            try configuration.write(toFile: root + "/modhostd.json", atomically: true, encoding: .utf8)
-            arguments = ["--config", root + "/modhostd.json"]
-        }
+        // What each replace leaves is measured over more replaces than retiredImageLimit's
+        // default: the daemon must not execute itself again meanwhile (replace.c.rss_after_10000
+        // measures that).
+        let configuration = configuration ?? #"{"retiredImageLimit": 100000}"#
+        try configuration.write(toFile: root + "/modhostd.json", atomically: true, encoding: .utf8)
+        let arguments = ["--config", root + "/modhostd.json"]
         let versions = root + "/versions"
         try FileManager.default.createDirectory(atPath: versions, withIntermediateDirectories: true)
         var variants: [(version: String, path: String)] = []
